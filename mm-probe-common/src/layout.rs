@@ -1,0 +1,26 @@
+//! Names of the `Global` offsets user space resolves from the running kernel's BTF and injects
+//! before load. Rust eBPF gets no CO-RE relocations, so every struct member a program reads goes
+//! through one of these (see mm-probe's `kernel::layout`). The value `OFFSET_UNKNOWN` means the
+//! member does not exist on this kernel and the program must not read it.
+
+/// A member offset that could not be resolved on this kernel.
+pub const OFFSET_UNKNOWN: u32 = u32::MAX;
+
+pub const TASK_STRUCT_MM: &str = "OFF_TASK_STRUCT_MM";
+pub const TASK_STRUCT_PID: &str = "OFF_TASK_STRUCT_PID";
+pub const TASK_STRUCT_TGID: &str = "OFF_TASK_STRUCT_TGID";
+pub const TASK_STRUCT_PRIO: &str = "OFF_TASK_STRUCT_PRIO";
+pub const TASK_STRUCT_COMM: &str = "OFF_TASK_STRUCT_COMM";
+pub const MM_STRUCT_FLAGS: &str = "OFF_MM_STRUCT_FLAGS";
+pub const VMA_VM_MM: &str = "OFF_VMA_VM_MM";
+pub const VMA_VM_FLAGS: &str = "OFF_VMA_VM_FLAGS";
+pub const VMA_VM_START: &str = "OFF_VMA_VM_START";
+pub const VMA_VM_END: &str = "OFF_VMA_VM_END";
+pub const NOTIFIER_RANGE_MM: &str = "OFF_NOTIFIER_RANGE_MM";
+pub const NOTIFIER_RANGE_START: &str = "OFF_NOTIFIER_RANGE_START";
+pub const NOTIFIER_RANGE_END: &str = "OFF_NOTIFIER_RANGE_END";
+pub const NOTIFIER_RANGE_EVENT: &str = "OFF_NOTIFIER_RANGE_EVENT";
+pub const HMM_RANGE_NOTIFIER: &str = "OFF_HMM_RANGE_NOTIFIER";
+pub const HMM_RANGE_START: &str = "OFF_HMM_RANGE_START";
+pub const HMM_RANGE_END: &str = "OFF_HMM_RANGE_END";
+pub const INTERVAL_NOTIFIER_MM: &str = "OFF_INTERVAL_NOTIFIER_MM";

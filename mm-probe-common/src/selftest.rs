@@ -1,0 +1,27 @@
+//! The self-test programs: one trivial program per program type, each counting the fsync(2)
+//! calls of one process. `doctor` uses them to learn which program types really load and attach
+//! here, and the end-to-end tests use the counts to prove events flow.
+
+/// Global: the tgid whose fsync calls are counted.
+pub const TARGET_TGID: &str = "SELFTEST_TGID";
+/// Global: this architecture's fsync syscall number (for raw_syscalls:sys_enter).
+pub const FSYNC_NR: &str = "SELFTEST_FSYNC_NR";
+/// Per-CPU array of hit counters, indexed by [`Slot`].
+pub const HITS_MAP: &str = "SELFTEST_HITS";
+/// The kernel function the function probes attach to: fsync(2) reaches it once per call.
+pub const FUNCTION: &str = "vfs_fsync_range";
+
+/// One counter per program type.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Tracepoint = 0,
+    RawTracepoint = 1,
+    BtfTracepoint = 2,
+    Kprobe = 3,
+    Kretprobe = 4,
+    Fentry = 5,
+    Fexit = 6,
+}
+
+pub const SLOT_COUNT: u32 = 7;

@@ -1,0 +1,86 @@
+//! Reading kernel memory at offsets user space resolved from BTF, and small shared helpers.
+
+use aya_ebpf::helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel};
+use mm_probe_common::layout::OFFSET_UNKNOWN;
+
+/// Reads a `T` at `base + offset`. `None` when the offset is unknown on this kernel or the read
+/// faults. The mask keeps the verifier's view of the offset bounded.
+#[inline(always)]
+pub fn read_at<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 || offset == OFFSET_UNKNOWN {
+        return None;
+    }
+    let addr = (base as *const u8).wrapping_add((offset & 0xffff) as usize);
+    unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
+}
+
+/// The calling thread group (process) id.
+#[inline(always)]
+pub fn current_tgid() -> u32 {
+    (bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// The calling thread id.
+#[inline(always)]
+pub fn current_pid() -> u32 {
+    bpf_get_current_pid_tgid() as u32
+}
+
+/// Adds `delta` to slot `index` of a per-CPU counter array.
+#[inline(always)]
+pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {
+    if let Some(counter) = map.get_ptr_mut(index) {
+        unsafe { *counter += delta };
+    }
+}
+
+/// Bucket index of `value` in a log2 histogram of `buckets` slots (slot k holds [2^k, 2^(k+1)),
+/// slot 0 also holds 0). Unrolled because BPF has no count-leading-zeros instruction.
+#[inline(always)]
+pub fn log2_bucket(mut value: u64, buckets: u32) -> u32 {
+    let mut bucket = 0u32;
+    if value >= 1 << 32 { value >>= 32; bucket += 32; }
+    if value >= 1 << 16 { value >>= 16; bucket += 16; }
+    if value >= 1 << 8 { value >>= 8; bucket += 8; }
+    if value >= 1 << 4 { value >>= 4; bucket += 4; }
+    if value >= 1 << 2 { value >>= 2; bucket += 2; }
+    if value >= 1 << 1 { bucket += 1; }
+    if bucket >= buckets { buckets - 1 } else { bucket }
+}
+
+/// Struct member offsets resolved by user space from this kernel's BTF (names in
+/// `mm_probe_common::layout`). `OFFSET_UNKNOWN` when the member does not exist here.
+pub mod offsets {
+    use aya_ebpf::Global;
+    use mm_probe_common::layout::OFFSET_UNKNOWN;
+
+    macro_rules! offsets {
+        ($($name:ident),* $(,)?) => {
+            $(
+                #[unsafe(no_mangle)]
+                pub static $name: Global<u32> = Global::new(OFFSET_UNKNOWN);
+            )*
+        };
+    }
+
+    offsets!(
+        OFF_TASK_STRUCT_MM,
+        OFF_TASK_STRUCT_PID,
+        OFF_TASK_STRUCT_TGID,
+        OFF_TASK_STRUCT_PRIO,
+        OFF_TASK_STRUCT_COMM,
+        OFF_MM_STRUCT_FLAGS,
+        OFF_VMA_VM_MM,
+        OFF_VMA_VM_FLAGS,
+        OFF_VMA_VM_START,
+        OFF_VMA_VM_END,
+        OFF_NOTIFIER_RANGE_MM,
+        OFF_NOTIFIER_RANGE_START,
+        OFF_NOTIFIER_RANGE_END,
+        OFF_NOTIFIER_RANGE_EVENT,
+        OFF_HMM_RANGE_NOTIFIER,
+        OFF_HMM_RANGE_START,
+        OFF_HMM_RANGE_END,
+        OFF_INTERVAL_NOTIFIER_MM,
+    );
+}

@@ -1,0 +1,99 @@
+//! Command-line definitions (clap derive) and nothing else.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::units::parse_duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "mm-probe", version, about = "Diagnose Linux memory-management performance problems with eBPF", long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// What this kernel offers: BTF, program types (tried, not guessed) and each capability's attach plan.
+    Doctor(DoctorArgs),
+    /// Why a process gets no transparent huge pages, with evidence and the fix.
+    ThpWhy(ThpWhyArgs),
+    /// Wakeup latency of real-time tasks and the mm code that delays them.
+    Latency(LatencyArgs),
+    /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
+    RetryStorm(RetryStormArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Args)]
+pub struct ThpWhyArgs {
+    /// The process to examine.
+    pub pid: u32,
+    /// How long to watch THP checks and page faults live (e.g. 5s, 500ms; 0s skips live tracing).
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub duration: Duration,
+    /// List every VMA, not only the largest.
+    #[arg(long)]
+    pub all_vmas: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s).
+    #[arg(long, default_value = "500us", value_parser = duration)]
+    pub threshold: Duration,
+    /// Only these tasks (repeatable); default: every real-time task.
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// Measure every task's wakeup latency, not only real-time ones.
+    #[arg(long)]
+    pub all_tasks: bool,
+    /// Also time this kernel function, entry to return (repeatable).
+    #[arg(long = "func")]
+    pub functions: Vec<String>,
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_parser = duration)]
+    pub duration: Option<Duration>,
+    /// Print a line per interval.
+    #[arg(long, value_parser = duration)]
+    pub interval: Option<Duration>,
+    /// How many spikes to list, worst first.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Newline-delimited JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RetryStormArgs {
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_parser = duration)]
+    pub duration: Option<Duration>,
+    /// Print a line per interval.
+    #[arg(long, value_parser = duration)]
+    pub interval: Option<Duration>,
+    /// Only these processes (repeatable); default: every process that mirrors memory.
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// A retry chain longer than this counts as a timeout (the driver's HMM timeout).
+    #[arg(long, default_value = "1000ms", value_parser = duration)]
+    pub timeout: Duration,
+    /// Newline-delimited JSON: one object per interval, then a summary.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,15 @@
+//! mm-probe's user-space agent: kernel facts, the attach planner, collectors, reports, and one
+//! module per capability. `main.rs` only parses and dispatches.
+
+pub mod cli;
+pub mod collect;
+pub mod doctor;
+pub mod error;
+pub mod kernel;
+pub mod latency;
+pub mod probes;
+pub mod report;
+pub mod retry_storm;
+pub mod selftest;
+pub mod thp_why;
+pub mod units;

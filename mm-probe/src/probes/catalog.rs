@@ -1,0 +1,77 @@
+//! The vocabulary of the probe catalog. The catalogs themselves live with their capabilities
+//! (`thp_why::probes`, `latency::probes`, `retry_storm::probes`, `selftest`).
+
+use serde::Serialize;
+
+/// How a program hooks into the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    Fentry,
+    Fexit,
+    Kprobe,
+    Kretprobe,
+    /// Classic tracepoint, target `category:event`.
+    Tracepoint,
+    /// Raw tracepoint, target `event`.
+    RawTracepoint,
+    /// BTF-typed tracepoint (tp_btf), target `event`.
+    BtfTracepoint,
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Fentry => "fentry",
+            Mechanism::Fexit => "fexit",
+            Mechanism::Kprobe => "kprobe",
+            Mechanism::Kretprobe => "kretprobe",
+            Mechanism::Tracepoint => "tracepoint",
+            Mechanism::RawTracepoint => "raw_tracepoint",
+            Mechanism::BtfTracepoint => "tp_btf",
+        }
+    }
+
+    /// Function probes need a kernel function symbol; the others attach to trace events.
+    pub fn is_function_probe(self) -> bool {
+        matches!(self, Mechanism::Fentry | Mechanism::Fexit | Mechanism::Kprobe | Mechanism::Kretprobe)
+    }
+}
+
+/// One program of the object and how it attaches.
+#[derive(Clone, Copy, Debug)]
+pub struct Hook {
+    pub mechanism: Mechanism,
+    /// The program's name in the eBPF object.
+    pub program: &'static str,
+}
+
+/// A kernel symbol or event a candidate may attach to, with the kernels known to carry it.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    pub name: &'static str,
+    pub kernels: &'static str,
+}
+
+/// One way to implement a logical probe: every hook attaches to the same target.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate {
+    pub hooks: &'static [Hook],
+    pub targets: &'static [Target],
+}
+
+impl Candidate {
+    /// "fentry+fexit", "kprobe+kretprobe", "tracepoint".
+    pub fn label(&self) -> String {
+        self.hooks.iter().map(|h| h.mechanism.name()).collect::<Vec<_>>().join("+")
+    }
+}
+
+/// What a capability wants to observe, and the ways to observe it, best first.
+#[derive(Clone, Copy, Debug)]
+pub struct LogicalProbe {
+    pub name: &'static str,
+    /// What is lost when it cannot attach (printed by `doctor` and in degraded output).
+    pub purpose: &'static str,
+    pub candidates: &'static [Candidate],
+}

@@ -1,0 +1,14 @@
+//! The probe catalog and the attach planner.
+//!
+//! Each capability names its logical probes ("THP allow-check", "hmm_range_fault walk") with an
+//! ordered list of candidates (fentry/fexit, then kprobe/kretprobe, then tracepoints), each with
+//! the kernel symbol names it may carry. The planner really loads and attaches them in order and
+//! returns a plan: what attached, and for what did not, every attempt and why it failed.
+
+pub mod catalog;
+pub mod object;
+pub mod planner;
+
+pub use catalog::{Candidate, Hook, LogicalProbe, Mechanism, Target};
+pub use object::{GlobalValue, load_object};
+pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan};

@@ -1,0 +1,309 @@
+//! The attach planner: tries each logical probe's candidates in order, really loading and
+//! attaching (a BTF or kallsyms hit alone proves nothing: fentry can still be refused, a kprobe
+//! can still be blacklisted), and records the outcome of every attempt.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf,
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, RawTracePoint, TracePoint},
+};
+use serde::Serialize;
+
+use super::catalog::{Candidate, Hook, LogicalProbe, Mechanism};
+use crate::kernel::{Kernel, kallsyms::SymbolMatch, tracefs};
+
+/// The file whose absence means the kernel was built without kprobes (CONFIG_KPROBES off).
+const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
+
+/// One failed try: which mechanism, on which target, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    pub mechanism: String,
+    pub target: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Attached {
+        mechanism: String,
+        /// The symbol or event actually used (e.g. `foo.isra.0`, `sched:sched_switch`).
+        target: String,
+        /// Set when the attachment is partial, e.g. a compiler clone that misses inlined calls.
+        caveat: Option<String>,
+    },
+    Unavailable,
+}
+
+/// What happened to one logical probe.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbePlan {
+    pub probe: &'static str,
+    pub purpose: &'static str,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Candidates tried before the one that attached (or all of them, if none did).
+    pub failed_attempts: Vec<Attempt>,
+}
+
+impl ProbePlan {
+    pub fn attached(&self) -> bool {
+        matches!(self.outcome, Outcome::Attached { .. })
+    }
+
+    /// The mechanism that attached, if any.
+    pub fn mechanism(&self) -> Option<&str> {
+        match &self.outcome {
+            Outcome::Attached { mechanism, .. } => Some(mechanism),
+            Outcome::Unavailable => None,
+        }
+    }
+
+    /// One line: why nothing attached (the last, most portable, attempt's reason first).
+    pub fn why_unavailable(&self) -> String {
+        self.failed_attempts
+            .iter()
+            .map(|a| format!("{} {}: {}", a.mechanism, a.target, a.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// The plan of one capability: every logical probe's outcome.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Plan {
+    pub probes: Vec<ProbePlan>,
+}
+
+impl Plan {
+    pub fn get(&self, probe: &str) -> Option<&ProbePlan> {
+        self.probes.iter().find(|p| p.probe == probe)
+    }
+
+    pub fn is_attached(&self, probe: &str) -> bool {
+        self.get(probe).is_some_and(ProbePlan::attached)
+    }
+
+    pub fn unavailable(&self) -> impl Iterator<Item = &ProbePlan> {
+        self.probes.iter().filter(|p| !p.attached())
+    }
+}
+
+pub struct Planner<'k> {
+    kernel: &'k Kernel,
+    tracefs: Result<PathBuf, String>,
+}
+
+impl<'k> Planner<'k> {
+    pub fn new(kernel: &'k Kernel) -> Self {
+        Self { kernel, tracefs: tracefs::root().map_err(|e| format!("{e:#}")) }
+    }
+
+    /// Attaches every probe it can, in catalog order.
+    pub fn attach_all(&self, ebpf: &mut Ebpf, probes: &[LogicalProbe]) -> Plan {
+        Plan { probes: probes.iter().map(|p| self.attach(ebpf, p)).collect() }
+    }
+
+    /// Tries `probe`'s candidates in order until one attaches.
+    pub fn attach(&self, ebpf: &mut Ebpf, probe: &LogicalProbe) -> ProbePlan {
+        let mut failed_attempts = Vec::new();
+        for candidate in probe.candidates {
+            for target in candidate.targets {
+                match self.attach_candidate(ebpf, candidate, target.name) {
+                    Ok((used, caveat)) => {
+                        return ProbePlan {
+                            probe: probe.name,
+                            purpose: probe.purpose,
+                            outcome: Outcome::Attached { mechanism: candidate.label(), target: used, caveat },
+                            failed_attempts,
+                        };
+                    }
+                    Err(reason) => failed_attempts.push(Attempt {
+                        mechanism: candidate.label(),
+                        target: target.name.to_string(),
+                        reason,
+                    }),
+                }
+            }
+        }
+        ProbePlan { probe: probe.name, purpose: probe.purpose, outcome: Outcome::Unavailable, failed_attempts }
+    }
+
+    /// Attaches every hook of `candidate` to `target`, or none of them.
+    fn attach_candidate(
+        &self,
+        ebpf: &mut Ebpf,
+        candidate: &Candidate,
+        target: &str,
+    ) -> Result<(String, Option<String>), String> {
+        let mut attached: Vec<&Hook> = Vec::new();
+        let mut resolved = (target.to_string(), None);
+        for hook in candidate.hooks {
+            match self.attach_hook(ebpf, hook, target) {
+                Ok(used) => {
+                    resolved = used;
+                    attached.push(hook);
+                }
+                Err(reason) => {
+                    for done in attached {
+                        unload(ebpf, done.program);
+                    }
+                    return Err(reason);
+                }
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// Loads and attaches one program to one target. Public so that capabilities that attach one
+    /// program to many user-chosen functions (`latency --func`) use the same checks.
+    pub fn attach_hook(
+        &self,
+        ebpf: &mut Ebpf,
+        hook: &Hook,
+        target: &str,
+    ) -> Result<(String, Option<String>), String> {
+        let symbol = self.preflight(hook.mechanism, target)?;
+        let program = ebpf
+            .program_mut(hook.program)
+            .ok_or_else(|| format!("program {} is missing from mm-probe's object", hook.program))?;
+        load_and_attach(self.kernel, program, hook.mechanism, &symbol.0).map_err(|e| {
+            unload_program(program);
+            e
+        })?;
+        Ok(symbol)
+    }
+
+    /// Checks that make a failure's reason plain before trying: the symbol or event exists, the
+    /// kernel has the facility. Returns the exact name to attach to, and any caveat.
+    fn preflight(&self, mechanism: Mechanism, target: &str) -> Result<(String, Option<String>), String> {
+        match mechanism {
+            Mechanism::Fentry | Mechanism::Fexit => {
+                let btf = self.kernel.btf().map_err(|e| format!("no kernel BTF ({e})"))?;
+                btf.function_params(target).ok_or_else(|| {
+                    format!("{target} is not in this kernel's BTF (absent, renamed or inlined)")
+                })?;
+                Ok((target.to_string(), None))
+            }
+            Mechanism::Kprobe | Mechanism::Kretprobe => {
+                if !Path::new(KPROBE_PMU).exists() {
+                    return Err("kprobes are not built into this kernel (CONFIG_KPROBES is off)".into());
+                }
+                let kallsyms = self.kernel.kallsyms().map_err(|e| format!("cannot read kallsyms ({e})"))?;
+                match kallsyms.resolve(target) {
+                    Some(SymbolMatch::Exact(name)) => Ok((name, None)),
+                    Some(SymbolMatch::Clone(name)) => Ok((
+                        name.clone(),
+                        Some(format!("only the compiler clone {name} exists; calls inlined elsewhere are not seen")),
+                    )),
+                    None => Err(format!("no function {target} in /proc/kallsyms on this kernel")),
+                }
+            }
+            Mechanism::Tracepoint => {
+                let root = self.tracefs.as_ref().map_err(Clone::clone)?;
+                let (category, event) = split_event(target)?;
+                if !tracefs::event_exists(root, category, event) {
+                    return Err(format!("no tracepoint {target} on this kernel"));
+                }
+                Ok((target.to_string(), None))
+            }
+            Mechanism::RawTracepoint => Ok((target.to_string(), None)),
+            Mechanism::BtfTracepoint => {
+                let btf = self.kernel.btf().map_err(|e| format!("no kernel BTF ({e})"))?;
+                if !btf.has_type(&format!("btf_trace_{target}")) {
+                    return Err(format!("no BTF-typed tracepoint {target} on this kernel"));
+                }
+                Ok((target.to_string(), None))
+            }
+        }
+    }
+}
+
+fn split_event(target: &str) -> Result<(&str, &str), String> {
+    target.split_once(':').ok_or_else(|| format!("tracepoint {target} is not written category:event"))
+}
+
+fn load_and_attach(kernel: &Kernel, program: &mut Program, mechanism: Mechanism, target: &str) -> Result<(), String> {
+    let btf = || kernel.btf().map(|b| &b.aya).map_err(|e| format!("no kernel BTF ({e})"));
+    let result = match mechanism {
+        Mechanism::Fentry => {
+            let p: &mut FEntry = program.try_into().map_err(|e| describe(&e))?;
+            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+        }
+        Mechanism::Fexit => {
+            let p: &mut FExit = program.try_into().map_err(|e| describe(&e))?;
+            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+        }
+        Mechanism::Kprobe | Mechanism::Kretprobe => {
+            let p: &mut KProbe = program.try_into().map_err(|e| describe(&e))?;
+            p.load().and_then(|()| p.attach(target, 0).map(drop))
+        }
+        Mechanism::Tracepoint => {
+            let (category, event) = split_event(target)?;
+            let p: &mut TracePoint = program.try_into().map_err(|e| describe(&e))?;
+            p.load().and_then(|()| p.attach(category, event).map(drop))
+        }
+        Mechanism::RawTracepoint => {
+            let p: &mut RawTracePoint = program.try_into().map_err(|e| describe(&e))?;
+            p.load().and_then(|()| p.attach(target).map(drop))
+        }
+        Mechanism::BtfTracepoint => {
+            let p: &mut BtfTracePoint = program.try_into().map_err(|e| describe(&e))?;
+            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+        }
+    };
+    result.map_err(|e| explain(mechanism, &e))
+}
+
+/// Turns aya's error into the reason a kernel engineer wants to read.
+fn explain(mechanism: Mechanism, error: &aya::programs::ProgramError) -> String {
+    use aya::programs::ProgramError;
+    let text = describe(error);
+    match error {
+        ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
+            if matches!(mechanism, Mechanism::Fentry | Mechanism::Fexit) {
+                "the kernel refused to load it (EPERM): BPF trampolines are not permitted on this \
+                 kernel (lockdown, or no DYNAMIC_FTRACE_WITH_DIRECT_CALLS)"
+                    .to_string()
+            } else {
+                format!("the kernel refused to load it (EPERM): {text}")
+            }
+        }
+        ProgramError::LoadError { verifier_log, .. } => {
+            let last = verifier_log.to_string();
+            let last = last.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+            format!("the verifier rejected it: {last}")
+        }
+        _ => text,
+    }
+}
+
+/// An error and its sources, on one line.
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn unload(ebpf: &mut Ebpf, program: &str) {
+    if let Some(p) = ebpf.program_mut(program) {
+        unload_program(p);
+    }
+}
+
+/// Unloads a program (detaching its links) so that a later candidate can load it again.
+fn unload_program(program: &mut Program) {
+    macro_rules! unload_as {
+        ($($ty:ty),*) => {
+            $( if let Ok(p) = <&mut $ty>::try_from(&mut *program) { let _ = p.unload(); return; } )*
+        };
+    }
+    unload_as!(FEntry, FExit, KProbe, TracePoint, RawTracePoint, BtfTracePoint);
+}

@@ -1,0 +1,44 @@
+//! The kernel hooks thp-why uses, best first.
+
+use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
+
+/// The THP allow-check: `hugepage_vma_check` (6.0–6.7), `__thp_vma_allowable_orders` (6.8+).
+const ALLOW_CHECK_FUNCTIONS: &[Target] = &[
+    Target { name: "__thp_vma_allowable_orders", kernels: "6.8+" },
+    Target { name: "hugepage_vma_check", kernels: "6.0-6.7" },
+];
+
+pub const ALLOW_CHECK: LogicalProbe = LogicalProbe {
+    name: "THP allow-check",
+    purpose: "live count of THP checks on the target's memory and the reason for each denial",
+    candidates: &[
+        Candidate { hooks: &[Hook { mechanism: Mechanism::Fexit, program: "thp_allowable_exit" }], targets: ALLOW_CHECK_FUNCTIONS },
+        Candidate {
+            hooks: &[
+                Hook { mechanism: Mechanism::Kprobe, program: "thp_allowable_entry" },
+                Hook { mechanism: Mechanism::Kretprobe, program: "thp_allowable_return" },
+            ],
+            targets: ALLOW_CHECK_FUNCTIONS,
+        },
+    ],
+};
+
+pub const PAGE_FAULTS: LogicalProbe = LogicalProbe {
+    name: "user page faults",
+    purpose: "the target's page faults during the run",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "thp_page_fault_user" }],
+        targets: &[Target { name: "exceptions:page_fault_user", kernels: "x86, 3.13+" }],
+    }],
+};
+
+pub const PRCTL: LogicalProbe = LogicalProbe {
+    name: "prctl(PR_SET_THP_DISABLE)",
+    purpose: "catching processes that disable THP while the tool runs",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "thp_prctl_enter" }],
+        targets: &[Target { name: "syscalls:sys_enter_prctl", kernels: "CONFIG_FTRACE_SYSCALLS" }],
+    }],
+};
+
+pub const PROBES: &[LogicalProbe] = &[ALLOW_CHECK, PAGE_FAULTS, PRCTL];

@@ -4,8 +4,11 @@
 //! read the same bytes. The `user` feature adds `aya::Pod` so user space can read them from maps.
 #![no_std]
 
+pub mod hmm;
+pub mod latency;
 pub mod layout;
 pub mod selftest;
+pub mod thp;
 
 /// Implements `aya::Pod` for records that user space reads out of maps (user side only).
 #[macro_export]

@@ -3,8 +3,11 @@
 #![no_std]
 #![no_main]
 
+mod hmm;
 mod kernel;
+mod sched;
 mod selftest;
+mod thp;
 
 #[cfg(not(test))]
 #[panic_handler]

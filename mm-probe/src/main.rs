@@ -1,11 +1,17 @@
 use clap::Parser as _;
+
 use mm_probe::{
     cli::{Cli, Command},
     doctor, error, latency, retry_storm, thp_why,
 };
 
 fn main() {
-    let cli = Cli::parse();
+    // Bad input is a usage error (exit 1), not clap's default 2, which mm-probe keeps for its
+    // own failures.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { error::EXIT_USAGE } else { 0 });
+    });
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(&args),
         Command::ThpWhy(args) => thp_why::run(&args),

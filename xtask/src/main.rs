@@ -1,1 +1,48 @@
-fn main(){}
+//! mm-probe's own tasks: `setup` (toolchain and packages on a fresh machine), `run` (build and
+//! run the tool, with sudo only when not root), `test` (everything: unit, host end-to-end, and
+//! the real-kernel matrix), `vm-test` (the matrix alone) and `bench`.
+
+mod cmd;
+mod modules;
+mod run;
+mod setup;
+mod test;
+mod vm;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent): rust-src, bpf-linker, Debian packages.
+    Setup,
+    /// Build mm-probe and run it with these arguments (as root; via sudo when not root).
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Every test: unit tests, host end-to-end tests, and the real-kernel matrix.
+    Test {
+        /// Skip the real-kernel matrix (for quick iterations; CI never sets this).
+        #[arg(long)]
+        no_vm: bool,
+    },
+    /// The real-kernel matrix: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
+    VmTest(vm::VmTestArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Run { args } => run::run(&args),
+        Task::Test { no_vm } => test::run(no_vm),
+        Task::VmTest(args) => vm::run(&args),
+    }
+}

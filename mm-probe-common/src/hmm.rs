@@ -1,0 +1,1 @@
+//! Records shared by the hmm programs and user space (filled in by that capability).

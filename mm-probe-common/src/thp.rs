@@ -1,0 +1,1 @@
+//! Records shared by the thp programs and user space (filled in by that capability).

@@ -1,0 +1,1 @@
+//! Kernel programs for this hook area (filled in by its capability).

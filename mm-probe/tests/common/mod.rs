@@ -1,0 +1,62 @@
+//! What every end-to-end test needs: the tool and the workloads as built binaries, running them,
+//! reading their NDJSON, and knowing which kernel of the matrix this is. The same test binaries
+//! run on the host and inside each qemu guest (`cargo xtask vm-test`).
+#![allow(dead_code)]
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
+
+use serde_json::Value;
+
+/// The mm-probe binary built with these tests.
+pub fn mm_probe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_mm-probe"))
+}
+
+/// A workload binary from testing/workloads (built by `cargo xtask test` before the tests run).
+pub fn workload(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/<workload>
+    let path = exe.parent().and_then(|deps| deps.parent()).expect("target dir").join(name);
+    assert!(path.exists(), "workload {} not built: run `cargo build --workspace --bins` first", path.display());
+    path
+}
+
+/// Runs the tool and returns its output, with stderr shown in the test log.
+pub fn run_tool(args: &[&str]) -> Output {
+    let output = Command::new(mm_probe()).args(args).output().expect("running mm-probe");
+    eprintln!("$ mm-probe {}\n{}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+/// Parses NDJSON output into values (one per non-empty line).
+pub fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+/// The first line of type `kind`.
+pub fn first_of<'a>(lines: &'a [Value], kind: &str) -> Option<&'a Value> {
+    lines.iter().find(|v| v["type"] == kind)
+}
+
+/// The matrix kernel this runs on (`6.1`, `6.12-rt`…), or `None` on the host.
+pub fn vm_kernel() -> Option<String> {
+    std::env::var("MM_PROBE_VM_KERNEL").ok()
+}
+
+/// Directory holding the test kernel modules built for the running kernel (set by the harness).
+pub fn module_dir() -> Option<PathBuf> {
+    std::env::var_os("MM_PROBE_TEST_MODULES").map(PathBuf::from)
+}
+
+/// End-to-end tests load eBPF programs: fail loudly (not skip) when not root.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests load eBPF programs: run them as root");
+}

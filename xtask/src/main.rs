@@ -41,8 +41,10 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::run(),
-        Task::Run { args } => run::run(&args),
-        Task::Test { no_vm } => test::run(no_vm),
+        // `run` and `test` set the machine up first (each step is a cheap check when done), so
+        // each is one command on a fresh machine.
+        Task::Run { args } => setup::run().and_then(|()| run::run(&args)),
+        Task::Test { no_vm } => setup::run().and_then(|()| test::run(no_vm)),
         Task::VmTest(args) => vm::run(&args),
     }
 }

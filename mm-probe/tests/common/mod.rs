@@ -60,3 +60,22 @@ pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests load eBPF programs: run them as root");
 }
+
+/// Names of eBPF programs from mm-probe's object still loaded in the kernel. After the tool has
+/// exited (normally or by Ctrl-C) this must be empty: nothing of ours stays attached. Program
+/// names are truncated by the kernel to 15 bytes; every program of the object starts with one of
+/// these prefixes.
+pub fn leftover_programs() -> Vec<String> {
+    const PREFIXES: [&str; 6] = ["selftest_", "thp_", "lat_", "hmm_", "inv_", "mmu_"];
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|name| PREFIXES.iter().any(|prefix| name.starts_with(prefix)))
+        .collect()
+}
+
+/// Sends SIGINT to a running tool, as Ctrl-C would.
+pub fn interrupt(child: &std::process::Child) {
+    // SAFETY: kill with a valid pid and signal number has no memory-safety preconditions.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}

@@ -25,3 +25,23 @@ pub enum Slot {
 }
 
 pub const SLOT_COUNT: u32 = 7;
+
+/// Ring-buffer capacity check: one record per getppid(2) call of the target process, so the
+/// number of calls a workload made equals records received plus records lost, exactly.
+pub const RING_MAP: &str = "SELFTEST_EVENTS";
+/// Per-CPU count of records the kernel side could not reserve (ring full).
+pub const RING_LOST_MAP: &str = "SELFTEST_RING_LOST";
+/// Ring size in bytes (power of two, multiple of the page size).
+pub const RING_BYTES: u32 = 256 * 1024;
+/// Wake user space only when this much is waiting (user space also drains on a timer).
+pub const RING_WAKEUP_BYTES: u64 = (RING_BYTES / 8) as u64;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RingRecord {
+    pub timestamp_ns: u64,
+    pub pid: u32,
+    pub cpu: u32,
+}
+
+crate::user_pod!(RingRecord);

@@ -26,6 +26,21 @@ pub fn current_pid() -> u32 {
     bpf_get_current_pid_tgid() as u32
 }
 
+/// Submit flags that wake user space only once `wake_at_bytes` are waiting: a wakeup per record
+/// would cost a context switch per event at high rates. User space must then also drain on a
+/// timer (`RingReader::read_within`), so records below the mark are read within one tick.
+#[inline(always)]
+pub fn wakeup_flags(ring: &aya_ebpf::maps::RingBuf, wake_at_bytes: u64) -> u64 {
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    if ring.query(BPF_RB_AVAIL_DATA) >= wake_at_bytes {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}
+
 /// Adds `delta` to slot `index` of a per-CPU counter array.
 #[inline(always)]
 pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {

@@ -4,16 +4,17 @@
 
 use aya_ebpf::{
     Global,
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, tracepoint},
-    maps::PerCpuArray,
+    maps::{PerCpuArray, RingBuf},
     programs::{
         BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
         RetProbeContext, TracePointContext,
     },
 };
-use mm_probe_common::selftest::{SLOT_COUNT, Slot};
+use mm_probe_common::selftest::{RING_BYTES, RING_WAKEUP_BYTES, RingRecord, SLOT_COUNT, Slot};
 
-use crate::kernel::{bump, current_tgid};
+use crate::kernel::{bump, current_pid, current_tgid, wakeup_flags};
 
 #[unsafe(no_mangle)]
 static SELFTEST_TGID: Global<u32> = Global::new(0);
@@ -74,4 +75,29 @@ pub fn selftest_fentry(_ctx: FEntryContext) -> u32 {
 #[fexit]
 pub fn selftest_fexit(_ctx: FExitContext) -> u32 {
     count(Slot::Fexit)
+}
+
+#[map]
+static SELFTEST_EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+#[map]
+static SELFTEST_RING_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// syscalls:sys_enter_getppid: one record per call of the target process.
+#[tracepoint]
+pub fn selftest_ring(_ctx: TracePointContext) -> u32 {
+    if current_tgid() != SELFTEST_TGID.load() {
+        return 0;
+    }
+    match SELFTEST_EVENTS.reserve::<RingRecord>(0) {
+        Some(mut entry) => {
+            entry.write(RingRecord {
+                timestamp_ns: unsafe { bpf_ktime_get_ns() },
+                pid: current_pid(),
+                cpu: unsafe { bpf_get_smp_processor_id() },
+            });
+            entry.submit(wakeup_flags(&SELFTEST_EVENTS, RING_WAKEUP_BYTES));
+        }
+        None => bump(&SELFTEST_RING_LOST, 0, 1),
+    }
+    0
 }

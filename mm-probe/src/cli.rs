@@ -23,6 +23,12 @@ pub enum Command {
     Latency(LatencyArgs),
     /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
     RetryStorm(RetryStormArgs),
+    /// Benchmark hook (cargo xtask bench): one ring-buffer record per getppid(2) call of PID,
+    /// until SIGINT; prints records received and lost, and this process's CPU time and RSS.
+    #[command(hide = true)]
+    BenchRing {
+        pid: u32,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -100,3 +100,86 @@ fn fsync_repeatedly(calls: u64) -> Result<()> {
     let _ = std::fs::remove_file(&path);
     Ok(())
 }
+
+/// The shared ring-buffer path under load: records received and lost for one process's
+/// getppid(2) calls, and what reading them cost this process.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RingCheck {
+    pub received: u64,
+    pub lost: u64,
+    pub malformed: u64,
+    pub cpu_user_ns: u64,
+    pub cpu_system_ns: u64,
+    pub max_rss_bytes: u64,
+}
+
+const RING_PROBE: LogicalProbe = LogicalProbe {
+    name: "ring buffer",
+    purpose: "ring-buffer capacity check",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "selftest_ring" }],
+        targets: &[Target { name: "syscalls:sys_enter_getppid", kernels: "CONFIG_FTRACE_SYSCALLS" }],
+    }],
+};
+
+/// How often user space drains a ring whose programs wake it only in batches.
+const DRAIN_TICK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Attaches the ring program for `tgid`, calls `on_attached`, reads until `stop` resolves, then
+/// drains what is left and reports. Used by `cargo xtask bench` through a hidden subcommand.
+pub async fn check_ring(kernel: &Kernel, tgid: u32, on_attached: impl FnOnce(), stop: impl std::future::Future<Output = ()>) -> Result<RingCheck> {
+    let settings = [(names::TARGET_TGID, GlobalValue::U32(tgid))];
+    let mut ebpf = load_object(kernel, &settings)?;
+    let plan = Planner::new(kernel).attach(&mut ebpf, &RING_PROBE);
+    if !plan.attached() {
+        anyhow::bail!("the ring-buffer check cannot attach: {}", plan.why_unavailable());
+    }
+    let mut reader = crate::collect::RingReader::<names::RingRecord>::new(
+        ebpf.take_map(names::RING_MAP).context("ring map missing")?,
+    )?;
+    let mut received = 0u64;
+    on_attached();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            read = reader.read_within(DRAIN_TICK, |_| received += 1) => { read?; }
+        }
+    }
+    reader.drain_now(|_| received += 1);
+    let lost = crate::collect::counters::percpu_sum(&ebpf, names::RING_LOST_MAP, 0)?;
+    let usage = self_usage();
+    Ok(RingCheck { received, lost, malformed: reader.malformed, ..usage })
+}
+
+/// CPU time and peak RSS of this process so far.
+fn self_usage() -> RingCheck {
+    // SAFETY: getrusage writes into the zeroed struct we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    RingCheck {
+        cpu_user_ns: ns(usage.ru_utime),
+        cpu_system_ns: ns(usage.ru_stime),
+        max_rss_bytes: usage.ru_maxrss as u64 * 1024,
+        ..RingCheck::default()
+    }
+}
+
+/// `mm-probe bench-ring PID`: prints `attached` once the program is in place, then one JSON
+/// line with the [`RingCheck`] after SIGINT.
+pub fn run_ring_check(tgid: u32) -> Result<()> {
+    crate::kernel::privileges::require_tracing()?;
+    let kernel = Kernel::running()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let check = runtime.block_on(check_ring(
+        &kernel,
+        tgid,
+        || println!("attached"),
+        async {
+            crate::collect::wait_for_stop(None).await;
+        },
+    ))?;
+    println!("{}", crate::report::json::line("ring_check", &check));
+    Ok(())
+}

@@ -32,6 +32,20 @@ impl<T: Copy> RingReader<T> {
         Ok(count)
     }
 
+    /// Waits until records are available or `tick` has passed, then drains the ring. For rings
+    /// whose programs wake user space only in batches (`wakeup_flags` on the kernel side).
+    pub async fn read_within(&mut self, tick: std::time::Duration, mut on_record: impl FnMut(T)) -> Result<usize> {
+        match tokio::time::timeout(tick, self.ring.readable_mut()).await {
+            Ok(guard) => {
+                let mut guard = guard.context("waiting on the ring buffer")?;
+                let count = drain(guard.get_inner_mut(), &mut self.malformed, &mut on_record);
+                guard.clear_ready();
+                Ok(count)
+            }
+            Err(_elapsed) => Ok(self.drain_now(on_record)),
+        }
+    }
+
     /// Takes whatever is in the ring right now, without waiting (for the final summary).
     pub fn drain_now(&mut self, mut on_record: impl FnMut(T)) -> usize {
         drain(self.ring.get_mut(), &mut self.malformed, &mut on_record)

@@ -2,31 +2,43 @@
 //!
 //! Rust eBPF programs get no CO-RE relocations, so every struct member a program reads is looked
 //! up here at start-up and handed to the programs as a global (see `layout`).
+//!
+//! The reader is deliberately small: it indexes where each type record starts and answers the
+//! few questions mm-probe asks by walking the raw records. General-purpose BTF libraries build a
+//! map of every type, which costs ~50 MiB for a 5 MiB vmlinux BTF; this costs the blob plus
+//! four bytes per type.
 
-use anyhow::{Context as _, Result, anyhow};
-use btfparse::{Offset, Readable, TypeInformation, TypeVariant};
+use anyhow::{Context as _, Result, anyhow, bail};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// The kernel's BTF, parsed twice: by aya (which needs it to load fentry and tp_btf programs)
-/// and by btfparse (which can answer member offsets; aya keeps those private).
-pub struct KernelBtf {
-    pub aya: aya::Btf,
-    types: TypeInformation,
+const BTF_MAGIC: u16 = 0xeb9f;
+
+/// BTF type kinds (include/uapi/linux/btf.h).
+mod kind {
+    pub const INT: u32 = 1;
+    pub const ARRAY: u32 = 3;
+    pub const STRUCT: u32 = 4;
+    pub const UNION: u32 = 5;
+    pub const ENUM: u32 = 6;
+    pub const TYPEDEF: u32 = 8;
+    pub const VOLATILE: u32 = 9;
+    pub const CONST: u32 = 10;
+    pub const RESTRICT: u32 = 11;
+    pub const FUNC: u32 = 12;
+    pub const FUNC_PROTO: u32 = 13;
+    pub const VAR: u32 = 14;
+    pub const DATASEC: u32 = 15;
+    pub const DECL_TAG: u32 = 17;
+    pub const TYPE_TAG: u32 = 18;
+    pub const ENUM64: u32 = 19;
 }
 
-struct Bytes(Vec<u8>);
-
-impl Readable for Bytes {
-    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
-        let start = usize::try_from(offset).unwrap_or(usize::MAX);
-        let end = start.saturating_add(buffer.len());
-        let source = self.0.get(start..end).ok_or_else(|| {
-            btfparse::Error::new(btfparse::ErrorKind::IOError, "read past the end of the BTF blob")
-        })?;
-        buffer.copy_from_slice(source);
-        Ok(())
-    }
+/// The kernel's BTF, held twice: by aya (which needs it to load fentry and tp_btf programs) and
+/// as raw records indexed here (aya keeps member offsets private).
+pub struct KernelBtf {
+    pub aya: aya::Btf,
+    raw: RawBtf,
 }
 
 impl KernelBtf {
@@ -40,61 +52,199 @@ impl KernelBtf {
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
         let aya = aya::Btf::parse(&bytes, aya::Endianness::default())
             .map_err(|e| anyhow!("parsing kernel BTF: {e}"))?;
-        let types = TypeInformation::new(&Bytes(bytes))
-            .map_err(|e| anyhow!("parsing kernel BTF: {e:?}"))?;
-        Ok(Self { aya, types })
+        let raw = RawBtf::new(bytes).context("parsing kernel BTF")?;
+        Ok(Self { aya, raw })
     }
 
     /// Byte offset of `path` (e.g. `flags`, `vm_start`, `interval_tree.start`) inside
     /// `struct_name`, looking through anonymous unions and structs. `None` if any part is absent
     /// or the member is a bitfield.
     pub fn member_offset(&self, struct_name: &str, path: &str) -> Option<u32> {
-        member_offset(&self.types, struct_name, path)
+        let mut id = self.raw.find(struct_name, |k| k == kind::STRUCT || k == kind::UNION)?;
+        let mut offset = 0;
+        for component in path.split('.') {
+            let (member_type, member_offset) = self.raw.member(id, component)?;
+            offset += member_offset;
+            id = self.raw.strip_modifiers(member_type);
+        }
+        Some(offset)
     }
 
     /// Whether a named type (struct, typedef, enum, function…) exists.
     pub fn has_type(&self, name: &str) -> bool {
-        self.types.id_of(name).is_some()
+        self.raw.find(name, |_| true).is_some()
     }
 
-    /// Whether an enumerator (e.g. `TVA_PAGEFAULT`) exists in any enum.
+    /// Whether an enumerator (e.g. `TVA_PAGEFAULT`) exists in any enum, and its value.
     pub fn enumerator(&self, name: &str) -> Option<i64> {
-        enumerator(&self.types, name)
+        self.raw.enumerator(name)
     }
 
     /// Parameter names of a kernel function, in order; `None` if BTF has no such function
     /// (absent, inlined everywhere, or static and deduplicated away).
     pub fn function_params(&self, function: &str) -> Option<Vec<String>> {
-        function_params(&self.types, function)
+        let func = self.raw.find(function, |k| k == kind::FUNC)?;
+        let proto = self.raw.header(func)?.size_or_type;
+        let header = self.raw.header(proto)?;
+        (header.kind == kind::FUNC_PROTO).then(|| {
+            (0..header.vlen)
+                .map(|i| self.raw.string(self.raw.word(header.data + i * 8)).unwrap_or_default().to_string())
+                .collect()
+        })
     }
 }
 
-fn member_offset(types: &TypeInformation, struct_name: &str, path: &str) -> Option<u32> {
-    let id = types.id_of(struct_name)?;
-    match types.offset_of(id, path).ok()?.1 {
-        Offset::ByteOffset(offset) => Some(offset),
-        Offset::BitOffsetAndSize(..) => None,
+/// One type record's fixed part, and where its kind-specific data starts.
+#[derive(Clone, Copy, Debug)]
+struct TypeHeader {
+    name_off: u32,
+    kind: u32,
+    vlen: usize,
+    kind_flag: bool,
+    size_or_type: u32,
+    /// Byte position of the data after the 12-byte header.
+    data: usize,
+}
+
+/// The BTF blob and the start of every type record, indexed by type id (id 0 is void).
+struct RawBtf {
+    bytes: Vec<u8>,
+    strings: usize,
+    strings_len: usize,
+    type_starts: Vec<u32>,
+}
+
+impl RawBtf {
+    fn new(bytes: Vec<u8>) -> Result<Self> {
+        let u16_at = |p: usize| bytes.get(p..p + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let u32_at = |p: usize| bytes.get(p..p + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        if u16_at(0) != Some(BTF_MAGIC) {
+            bail!("not little-endian BTF (bad magic)");
+        }
+        let field = |p: usize| u32_at(p).map(|v| v as usize).context("truncated BTF header");
+        let header_len = field(4)?;
+        let (types, types_len) = (header_len + field(8)?, field(12)?);
+        let (strings, strings_len) = (header_len + field(16)?, field(20)?);
+        if types + types_len > bytes.len() || strings + strings_len > bytes.len() {
+            bail!("BTF sections run past the end of the blob");
+        }
+        let mut raw = Self { bytes, strings, strings_len, type_starts: vec![0] };
+        let mut position = types;
+        while position < types + types_len {
+            raw.type_starts.push(position as u32);
+            let header = raw.header_at(position).context("truncated BTF type")?;
+            position = header.data + raw.data_len(&header).context("unknown BTF kind")?;
+        }
+        Ok(raw)
     }
-}
 
-fn function_params(types: &TypeInformation, function: &str) -> Option<Vec<String>> {
-    let TypeVariant::Func(func) = types.from_id(types.id_of(function)?)? else { return None };
-    let TypeVariant::FuncProto(proto) = types.from_id(*func.prototype_tid())? else { return None };
-    Some(proto.parameter_list().iter().map(|p| p.name().unwrap_or_default()).collect())
-}
+    fn word(&self, position: usize) -> u32 {
+        self.bytes
+            .get(position..position + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .unwrap_or(0)
+    }
 
-fn enumerator(types: &TypeInformation, name: &str) -> Option<i64> {
-    types.get().values().find_map(|variant| match variant {
-        TypeVariant::Enum(e) => e
-            .named_value_list()
-            .iter()
-            .find(|v| v.name == name)
-            .map(|v| match v.value {
-                btfparse::Integer32Value::Signed(x) => i64::from(x),
-                btfparse::Integer32Value::Unsigned(x) => i64::from(x),
-            }),
-        _ => None,
-    })
+    fn header_at(&self, position: usize) -> Option<TypeHeader> {
+        self.bytes.get(position..position + 12)?;
+        let info = self.word(position + 4);
+        Some(TypeHeader {
+            name_off: self.word(position),
+            kind: (info >> 24) & 0x1f,
+            vlen: (info & 0xffff) as usize,
+            kind_flag: info >> 31 == 1,
+            size_or_type: self.word(position + 8),
+            data: position + 12,
+        })
+    }
+
+    fn header(&self, id: u32) -> Option<TypeHeader> {
+        self.header_at(*self.type_starts.get(id as usize).filter(|_| id != 0)? as usize)
+    }
+
+    /// Length of the kind-specific data after the header.
+    fn data_len(&self, header: &TypeHeader) -> Option<usize> {
+        Some(match header.kind {
+            kind::INT | kind::VAR | kind::DECL_TAG => 4,
+            kind::ARRAY => 12,
+            kind::STRUCT | kind::UNION | kind::DATASEC => 12 * header.vlen,
+            kind::ENUM | kind::FUNC_PROTO => 8 * header.vlen,
+            kind::ENUM64 => 12 * header.vlen,
+            2 | 7 | kind::TYPEDEF | kind::VOLATILE | kind::CONST | kind::RESTRICT | kind::FUNC | 16 | kind::TYPE_TAG => 0,
+            _ => return None,
+        })
+    }
+
+    fn string(&self, offset: u32) -> Option<&str> {
+        let start = self.strings + offset as usize;
+        let end = self.strings + self.strings_len;
+        let bytes = self.bytes.get(start..end)?;
+        let len = bytes.iter().position(|&b| b == 0)?;
+        std::str::from_utf8(&bytes[..len]).ok()
+    }
+
+    /// The first type named `name` whose kind passes `wanted`.
+    fn find(&self, name: &str, wanted: impl Fn(u32) -> bool) -> Option<u32> {
+        (1..self.type_starts.len() as u32).find(|&id| {
+            self.header(id)
+                .is_some_and(|h| h.name_off != 0 && wanted(h.kind) && self.string(h.name_off) == Some(name))
+        })
+    }
+
+    /// Follows typedefs and qualifiers to the underlying type.
+    fn strip_modifiers(&self, mut id: u32) -> u32 {
+        for _ in 0..32 {
+            match self.header(id) {
+                Some(h) if matches!(h.kind, kind::TYPEDEF | kind::VOLATILE | kind::CONST | kind::RESTRICT | kind::TYPE_TAG) => {
+                    id = h.size_or_type;
+                }
+                _ => break,
+            }
+        }
+        id
+    }
+
+    /// Type id and byte offset of member `name` of struct/union `id`, searching anonymous
+    /// members too (the kernel wraps members in anonymous unions as it evolves).
+    fn member(&self, id: u32, name: &str) -> Option<(u32, u32)> {
+        let header = self.header(id).filter(|h| matches!(h.kind, kind::STRUCT | kind::UNION))?;
+        for i in 0..header.vlen {
+            let at = header.data + i * 12;
+            let (name_off, member_type, raw_offset) = (self.word(at), self.word(at + 4), self.word(at + 8));
+            let (bit_offset, bitfield_size) =
+                if header.kind_flag { (raw_offset & 0xff_ffff, raw_offset >> 24) } else { (raw_offset, 0) };
+            if name_off == 0 {
+                if let Some((t, inner)) = self.member(self.strip_modifiers(member_type), name) {
+                    return Some((t, bit_offset / 8 + inner));
+                }
+            } else if self.string(name_off) == Some(name) {
+                return (bitfield_size == 0 && bit_offset % 8 == 0).then_some((member_type, bit_offset / 8));
+            }
+        }
+        None
+    }
+
+    fn enumerator(&self, name: &str) -> Option<i64> {
+        (1..self.type_starts.len() as u32).find_map(|id| {
+            let h = self.header(id)?;
+            let stride = match h.kind {
+                kind::ENUM => 8,
+                kind::ENUM64 => 12,
+                _ => return None,
+            };
+            (0..h.vlen).find_map(|i| {
+                let at = h.data + i * stride;
+                (self.string(self.word(at)) == Some(name)).then(|| {
+                    if h.kind == kind::ENUM {
+                        // Signedness is in kind_flag; every enumerator mm-probe asks about is small.
+                        if h.kind_flag { i64::from(self.word(at + 4) as i32) } else { i64::from(self.word(at + 4)) }
+                    } else {
+                        (i64::from(self.word(at + 8)) << 32) | i64::from(self.word(at + 4))
+                    }
+                })
+            })
+        })
+    }
 }
 
 #[cfg(test)]

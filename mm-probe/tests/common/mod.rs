@@ -1,6 +1,8 @@
 //! What every end-to-end test needs: the tool and the workloads as built binaries, running them,
 //! reading their NDJSON, and knowing which kernel of the matrix this is. The same test binaries
-//! run on the host and inside each qemu guest (`cargo xtask vm-test`).
+//! run on the host and inside each qemu guest (`cargo xtask vm-test`). They load programs and check
+//! what is left loaded afterwards, so they run one at a time (`cargo xtask test` passes
+//! `--test-threads=1`).
 #![allow(dead_code)]
 
 use std::{

@@ -172,14 +172,13 @@ pub fn run_ring_check(tgid: u32) -> Result<()> {
     crate::kernel::privileges::require_tracing()?;
     let kernel = Kernel::running()?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let check = runtime.block_on(check_ring(
-        &kernel,
-        tgid,
-        || println!("attached"),
-        async {
-            crate::collect::wait_for_stop(None).await;
-        },
-    ))?;
+    let check = runtime.block_on(async {
+        let mut signals = crate::collect::StopSignals::install()?;
+        check_ring(&kernel, tgid, || println!("attached"), async {
+            signals.wait(None).await;
+        })
+        .await
+    })?;
     println!("{}", crate::report::json::line("ring_check", &check));
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! run the tool, with sudo only when not root), `test` (everything: unit, host end-to-end, and
 //! the real-kernel matrix), `vm-test` (the matrix alone) and `bench`.
 
+mod bench;
 mod cmd;
 mod modules;
 mod run;
@@ -36,6 +37,8 @@ enum Task {
     },
     /// The real-kernel matrix: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
     VmTest(vm::VmTestArgs),
+    /// Overhead, capacity and start-up, against a baseline and bpftrace measured in the same run.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -46,5 +49,6 @@ fn main() -> Result<()> {
         Task::Run { args } => setup::run().and_then(|()| run::run(&args)),
         Task::Test { no_vm } => setup::run().and_then(|()| test::run(no_vm)),
         Task::VmTest(args) => vm::run(&args),
+        Task::Bench(args) => setup::run().and_then(|()| bench::run(&args)),
     }
 }

@@ -6,4 +6,4 @@ pub mod ringbuf;
 pub mod shutdown;
 
 pub use ringbuf::RingReader;
-pub use shutdown::{Stop, wait_for_stop};
+pub use shutdown::{Stop, StopSignals, wait_for_stop};

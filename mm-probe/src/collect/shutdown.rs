@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use tokio::signal::unix::{SignalKind, signal};
+use anyhow::{Context as _, Result};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -11,24 +12,55 @@ pub enum Stop {
     Interrupted,
 }
 
-/// Resolves when the run should end.
+/// SIGINT and SIGTERM handlers. Install them before attaching anything: a signal that arrives
+/// before the handler exists would kill the tool without its summary (or, when the parent shell
+/// ignores SIGINT, as non-interactive shells do for background jobs, be lost).
+pub struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    /// Must be called inside a tokio runtime.
+    pub fn install() -> Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
+
+    /// Resolves when the run should end.
+    pub async fn wait(&mut self, duration: Option<Duration>) -> Stop {
+        let signalled = async {
+            tokio::select! {
+                _ = self.interrupt.recv() => {},
+                _ = self.terminate.recv() => {},
+            }
+        };
+        match duration {
+            Some(limit) => tokio::select! {
+                _ = tokio::time::sleep(limit) => Stop::DurationElapsed,
+                _ = signalled => Stop::Interrupted,
+            },
+            None => {
+                signalled.await;
+                Stop::Interrupted
+            }
+        }
+    }
+}
+
+/// Installs the handlers and waits. Prefer [`StopSignals::install`] before attaching, then
+/// [`StopSignals::wait`]: this form leaves a window before the handlers exist.
 pub async fn wait_for_stop(duration: Option<Duration>) -> Stop {
-    let mut interrupt = signal(SignalKind::interrupt()).ok();
-    let mut terminate = signal(SignalKind::terminate()).ok();
-    let interrupted = async {
-        tokio::select! {
-            _ = async { if let Some(s) = interrupt.as_mut() { s.recv().await } else { std::future::pending().await } } => {},
-            _ = async { if let Some(s) = terminate.as_mut() { s.recv().await } else { std::future::pending().await } } => {},
-        }
-    };
-    match duration {
-        Some(limit) => tokio::select! {
-            _ = tokio::time::sleep(limit) => Stop::DurationElapsed,
-            _ = interrupted => Stop::Interrupted,
+    match StopSignals::install() {
+        Ok(mut signals) => signals.wait(duration).await,
+        Err(_) => match duration {
+            Some(limit) => {
+                tokio::time::sleep(limit).await;
+                Stop::DurationElapsed
+            }
+            None => std::future::pending().await,
         },
-        None => {
-            interrupted.await;
-            Stop::Interrupted
-        }
     }
 }

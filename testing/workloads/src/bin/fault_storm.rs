@@ -1,0 +1,67 @@
+//! A page-fault-heavy (or pageout-heavy) loop for overhead benchmarks: maps fresh anonymous
+//! memory with THP off (MADV_NOHUGEPAGE), touches it page by page, and unmaps it, N times.
+//! With `--pageout` it instead keeps one mapping and alternates touching it with
+//! madvise(MADV_PAGEOUT), which drives madvise_cold_or_pageout_pte_range.
+//!
+//! Usage: fault_storm MIB ROUNDS [--pageout] [--wait]
+//! Prints `{"elapsed_ns":…,"pages":…}`. With --wait it first prints its pid and waits for a line
+//! on stdin, so a tracer can attach before the timed part.
+
+use std::{io::BufRead as _, time::Instant};
+
+const PAGE: usize = 4096;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: fault_storm MIB ROUNDS [--pageout] [--wait]";
+    let mib: usize = args.get(1).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!(usage))?;
+    let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!(usage))?;
+    let pageout = args.iter().any(|a| a == "--pageout");
+    if args.iter().any(|a| a == "--wait") {
+        println!("{}", std::process::id());
+        std::io::stdin().lock().lines().next();
+    }
+    let bytes = mib << 20;
+    let start = Instant::now();
+    let pages = if pageout { pageout_rounds(bytes, rounds)? } else { fault_rounds(bytes, rounds)? };
+    println!("{{\"elapsed_ns\":{},\"pages\":{pages}}}", start.elapsed().as_nanos());
+    Ok(())
+}
+
+fn map(bytes: usize) -> anyhow::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping with no address hint.
+    let addr = unsafe {
+        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    anyhow::ensure!(addr != libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
+    // SAFETY: addr..addr+bytes is the mapping just created. THP off: one fault per 4 KiB page.
+    unsafe { libc::madvise(addr, bytes, libc::MADV_NOHUGEPAGE) };
+    Ok(addr.cast())
+}
+
+fn touch(base: *mut u8, bytes: usize) {
+    for offset in (0..bytes).step_by(PAGE) {
+        // SAFETY: offset < bytes, inside the mapping.
+        unsafe { base.add(offset).write_volatile(1) };
+    }
+}
+
+fn fault_rounds(bytes: usize, rounds: usize) -> anyhow::Result<usize> {
+    for _ in 0..rounds {
+        let base = map(bytes)?;
+        touch(base, bytes);
+        // SAFETY: unmapping exactly what map() returned.
+        unsafe { libc::munmap(base.cast(), bytes) };
+    }
+    Ok(rounds * bytes / PAGE)
+}
+
+fn pageout_rounds(bytes: usize, rounds: usize) -> anyhow::Result<usize> {
+    let base = map(bytes)?;
+    for _ in 0..rounds {
+        touch(base, bytes);
+        // SAFETY: advice on our own mapping. MADV_PAGEOUT = 21 (5.4+).
+        unsafe { libc::madvise(base.cast(), bytes, 21) };
+    }
+    Ok(rounds * bytes / PAGE)
+}

@@ -1,0 +1,72 @@
+//! Event capacity and agent cost: one ring-buffer record per getppid(2) call of a workload, at
+//! fixed rates and unpaced. Records received plus records the kernel could not reserve must
+//! equal the calls made, exactly: loss is counted, never silent. The agent's CPU time and peak
+//! RSS come from its own getrusage; its fixed start-up cost is measured at rate 0 and subtracted.
+
+use std::{fmt::Write as _, process::Command, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use super::{
+    Binaries,
+    process::{Ready, Tracer, WaitingWorkload},
+};
+
+const SECONDS: f64 = 3.0;
+/// Calls per second; u64::MAX means as fast as one thread can call.
+const RATES: [u64; 5] = [0, 10_000, 100_000, 1_000_000, u64::MAX];
+
+struct Sample {
+    calls: u64,
+    elapsed_s: f64,
+    received: u64,
+    lost: u64,
+    cpu_s: f64,
+    rss_mib: f64,
+}
+
+pub fn run(bins: &Binaries) -> Result<String> {
+    let mut out = String::from("### Ring-buffer capacity and agent cost (mm-probe bench-ring)\n\n");
+    out += "| target rate | achieved rate | received | lost | received + lost = calls | agent CPU (% of a core, start-up excluded) | agent peak RSS |\n|---|---|---|---|---|---|---|\n";
+    let idle = measure(bins, 0)?;
+    for rate in RATES.into_iter().skip(1) {
+        let s = measure(bins, rate)?;
+        let cpu_percent = 100.0 * (s.cpu_s - idle.cpu_s).max(0.0) / s.elapsed_s;
+        let _ = writeln!(
+            out,
+            "| {} | {:.0}/s | {} | {} | {} | {:.2} % | {:.1} MiB |",
+            if rate == u64::MAX { "unpaced".to_string() } else { format!("{rate}/s") },
+            s.calls as f64 / s.elapsed_s,
+            s.received,
+            s.lost,
+            if s.received + s.lost == s.calls { "exact" } else { "MISMATCH" },
+            cpu_percent,
+            s.rss_mib,
+        );
+    }
+    let _ = writeln!(out, "\nEach run lasts {SECONDS} s; start-up cost at rate 0: {:.0} ms CPU, {:.1} MiB RSS.\n", idle.cpu_s * 1e3, idle.rss_mib);
+    Ok(out)
+}
+
+fn measure(bins: &Binaries, rate: u64) -> Result<Sample> {
+    let workload = WaitingWorkload::start(&bins.workload("getppid_storm"), &[rate.to_string(), SECONDS.to_string()])?;
+    let mut command = Command::new(&bins.mm_probe);
+    command.args(["bench-ring", &workload.pid.to_string()]);
+    let tracer = Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?;
+    let result = workload.go()?;
+    let lines = tracer.stop()?;
+    let check: serde_json::Value = lines
+        .iter()
+        .find(|l| l.contains("ring_check"))
+        .context("bench-ring printed no result")
+        .and_then(|l| serde_json::from_str(l).context("bench-ring result is not JSON"))?;
+    let number = |v: &serde_json::Value, k: &str| v[k].as_f64().with_context(|| format!("missing {k} in {v}"));
+    Ok(Sample {
+        calls: number(&result, "calls")? as u64,
+        elapsed_s: number(&result, "elapsed_ns")? / 1e9,
+        received: number(&check, "received")? as u64,
+        lost: number(&check, "lost")? as u64,
+        cpu_s: (number(&check, "cpu_user_ns")? + number(&check, "cpu_system_ns")?) / 1e9,
+        rss_mib: number(&check, "max_rss_bytes")? / 1048576.0,
+    })
+}

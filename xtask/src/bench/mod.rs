@@ -1,0 +1,102 @@
+//! `cargo xtask bench`: what mm-probe costs the machine it diagnoses, as ratios against a
+//! baseline measured in the same run (never as timed assertions in tests), side by side with
+//! the bpftrace script a user would otherwise run.
+
+mod capacity;
+mod overhead;
+mod process;
+mod startup;
+
+use std::{fmt::Write as _, path::PathBuf, process::Command};
+
+use anyhow::Result;
+
+use crate::cmd;
+
+/// Binaries the benchmarks run, built in release mode: overhead is judged on optimised code.
+pub struct Binaries {
+    pub mm_probe: PathBuf,
+    pub workloads: PathBuf,
+}
+
+impl Binaries {
+    pub fn workload(&self, name: &str) -> PathBuf {
+        self.workloads.join(name)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Repetitions of each measurement (the median and the spread are reported).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Run only these parts (overhead, capacity, startup); default: all.
+    #[arg(long = "only")]
+    pub only: Vec<String>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    if !cmd::is_root() {
+        anyhow::bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench` (or as root)");
+    }
+    cmd::run(Command::new("cargo").args(["build", "--release", "--bins"]))?;
+    let release = crate::test::target_dir()?.join("release");
+    let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release };
+    let mut report = header()?;
+    let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
+    if wanted("overhead") {
+        report += &overhead::run(&bins, args.rounds)?;
+    }
+    if wanted("capacity") {
+        report += &capacity::run(&bins)?;
+    }
+    if wanted("startup") {
+        report += &startup::run(&bins, args.rounds)?;
+    }
+    let dir = crate::test::target_dir()?.join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("results.md");
+    std::fs::write(&path, &report)?;
+    println!("{report}");
+    eprintln!("xtask bench: results written to {}", path.display());
+    Ok(())
+}
+
+fn header() -> Result<String> {
+    let mut out = String::from("## Benchmark results (cargo xtask bench)\n\n");
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")?
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim().to_string();
+    let bpftrace = cmd::output(Command::new("bpftrace").arg("--version")).unwrap_or_else(|e| format!("unavailable: {e}"));
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let _ = writeln!(out, "- machine: {cores} CPUs, {cpu}");
+    let _ = writeln!(out, "- kernel: {kernel}");
+    let _ = writeln!(out, "- mm-probe {} (release build); {}", env!("CARGO_PKG_VERSION"), bpftrace.trim());
+    out.push('\n');
+    Ok(out)
+}
+
+/// Median and range of a sample.
+pub fn median_and_range(values: &mut [f64]) -> (f64, f64, f64) {
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let mid = values.len() / 2;
+    let median = if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 };
+    (median, values[0], values[values.len() - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_samples() {
+        assert_eq!(median_and_range(&mut [3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(median_and_range(&mut [4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+        assert!(median_and_range(&mut []).0.is_nan());
+    }
+}

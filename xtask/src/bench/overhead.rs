@@ -1,0 +1,122 @@
+//! Overhead: a workload's run time with a tracer attached to it ÷ without, for mm-probe and for
+//! the bpftrace script that counts the same events. Rounds rotate the order of the three runs so
+//! drift (thermal, page cache) does not favour one of them.
+
+use std::{fmt::Write as _, process::Command, time::Duration};
+
+use anyhow::Result;
+
+use super::{
+    Binaries, median_and_range,
+    process::{Ready, Tracer, WaitingWorkload},
+};
+
+struct Scenario {
+    name: &'static str,
+    workload: &'static str,
+    workload_args: &'static [&'static str],
+    /// mm-probe arguments; `{pid}` is replaced by the workload's pid.
+    mm_probe_args: &'static [&'static str],
+    /// How to tell mm-probe has attached: NDJSON commands print their `probe_plan` line then;
+    /// thp-why prints one object at the end, so it gets a settle time.
+    mm_probe_ready: Ready,
+    /// The equivalent bpftrace program; `{pid}` as above.
+    bpftrace: &'static str,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "page faults (256 MiB × 8, THP off) — thp-why",
+        workload: "fault_storm",
+        workload_args: &["256", "8"],
+        mm_probe_args: &["thp-why", "{pid}", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::After(Duration::from_secs(3)),
+        bpftrace: "tracepoint:exceptions:page_fault_user /pid == {pid}/ { @faults = count(); }",
+    },
+    Scenario {
+        name: "madvise(MADV_PAGEOUT) loop (256 MiB × 8) — latency",
+        workload: "fault_storm",
+        workload_args: &["256", "8", "--pageout"],
+        mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        bpftrace: "tracepoint:sched:sched_wakeup { @ts[args->pid] = nsecs; } \
+                   tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
+    },
+    Scenario {
+        name: "pipe ping-pong (200k round trips) — latency --all-tasks",
+        workload: "pingpong",
+        workload_args: &["200000"],
+        mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        bpftrace: "tracepoint:sched:sched_wakeup { @ts[args->pid] = nsecs; } \
+                   tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
+    },
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Baseline,
+    MmProbe,
+    Bpftrace,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace];
+
+/// bpftrace prints `Attaching` before it attaches; give it this long to finish.
+const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
+
+pub fn run(bins: &Binaries, rounds: usize) -> Result<String> {
+    let mut out = String::from("### Overhead on the traced workload (time with tracer ÷ without)\n\n");
+    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) |\n|---|---|---|---|\n";
+    for scenario in SCENARIOS {
+        let mut times: [Vec<f64>; 3] = Default::default();
+        for round in 0..rounds {
+            for i in 0..VARIANTS.len() {
+                let variant = VARIANTS[(i + round) % VARIANTS.len()];
+                let index = VARIANTS.iter().position(|v| *v == variant).unwrap_or(0);
+                times[index].push(run_once(bins, scenario, variant)?);
+            }
+        }
+        let baseline = median_and_range(&mut times[0].clone()).0;
+        let cell = |samples: &[f64]| -> String {
+            let mut ratios: Vec<f64> = samples.iter().map(|t| t / baseline).collect();
+            let (median, low, high) = median_and_range(&mut ratios);
+            format!("{median:.3}× ({low:.3}–{high:.3})")
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} ms | {} | {} |",
+            scenario.name,
+            baseline / 1e6,
+            cell(&times[1]),
+            cell(&times[2])
+        );
+    }
+    let _ = writeln!(out, "\n{rounds} rounds; ratios are each run's time over the baseline median.\n");
+    Ok(out)
+}
+
+/// One timed run of the workload; returns its elapsed nanoseconds.
+fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<f64> {
+    let args: Vec<String> = scenario.workload_args.iter().map(|s| s.to_string()).collect();
+    let workload = WaitingWorkload::start(&bins.workload(scenario.workload), &args)?;
+    let pid = workload.pid.to_string();
+    let tracer = match variant {
+        Variant::Baseline => None,
+        Variant::MmProbe => {
+            let mut command = Command::new(&bins.mm_probe);
+            command.args(scenario.mm_probe_args.iter().map(|a| a.replace("{pid}", &pid)));
+            Some(Tracer::start(command, scenario.mm_probe_ready, Duration::from_secs(60))?)
+        }
+        Variant::Bpftrace => {
+            let mut command = Command::new("bpftrace");
+            command.arg("-e").arg(scenario.bpftrace.replace("{pid}", &pid));
+            Some(Tracer::start(command, Ready::Line("Attaching", BPFTRACE_ATTACH_SETTLE), Duration::from_secs(60))?)
+        }
+    };
+    let result = workload.go()?;
+    if let Some(tracer) = tracer {
+        tracer.stop()?;
+    }
+    result["elapsed_ns"].as_f64().ok_or_else(|| anyhow::anyhow!("workload printed no elapsed_ns: {result}"))
+}

@@ -8,9 +8,7 @@ use anyhow::{Context as _, Result, bail};
 pub fn run(command: &mut Command) -> Result<()> {
     let line = format!("{command:?}");
     eprintln!("xtask: {line}");
-    let status = command
-        .status()
-        .with_context(|| format!("starting {line}"))?;
+    let status = command.status().with_context(|| format!("starting {line}"))?;
     if !status.success() {
         bail!("{line} failed with {status}");
     }
@@ -20,15 +18,9 @@ pub fn run(command: &mut Command) -> Result<()> {
 /// Runs `command` and returns its standard output; fails with its stderr when it exits non-zero.
 pub fn output(command: &mut Command) -> Result<String> {
     let line = format!("{command:?}");
-    let out = command
-        .output()
-        .with_context(|| format!("starting {line}"))?;
+    let out = command.output().with_context(|| format!("starting {line}"))?;
     if !out.status.success() {
-        bail!(
-            "{line} failed with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{line} failed with {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

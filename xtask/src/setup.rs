@@ -43,29 +43,12 @@ pub fn run() -> Result<()> {
 fn ensure_nightly_rust_src() -> Result<()> {
     let toolchains = cmd::output(Command::new("rustup").args(["toolchain", "list"]))?;
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
-        cmd::run(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-        ]))?;
+        cmd::run(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
     }
-    let components = cmd::output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        "nightly",
-    ]))?;
+    let components =
+        cmd::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
-        cmd::run(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))?;
+        cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
     }
     Ok(())
 }
@@ -77,9 +60,7 @@ fn nightly_llvm_major() -> Result<u32> {
 }
 
 fn parse_llvm_major(rustc_vv: &str) -> Option<u32> {
-    let line = rustc_vv
-        .lines()
-        .find_map(|l| l.strip_prefix("LLVM version: "))?;
+    let line = rustc_vv.lines().find_map(|l| l.strip_prefix("LLVM version: "))?;
     line.split('.').next()?.trim().parse().ok()
 }
 
@@ -93,9 +74,7 @@ fn bpf_linker_works() -> bool {
     Command::new("bpf-linker")
         .arg("--version")
         .output()
-        .is_ok_and(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION)
-        })
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
 }
 
 fn ensure_bpf_linker() -> Result<()> {
@@ -109,22 +88,12 @@ fn ensure_bpf_linker() -> Result<()> {
     }
     cmd::run(
         Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                BPF_LINKER_VERSION,
-                "--no-default-features",
-            ])
+            .args(["install", "bpf-linker", "--locked", "--version", BPF_LINKER_VERSION, "--no-default-features"])
             .args(["--features", &format!("llvm-{major}")])
             .env("LLVM_PREFIX", &prefix),
     )?;
     if !bpf_linker_works() {
-        bail!(
-            "bpf-linker was installed but does not run; check {}",
-            prefix.display()
-        );
+        bail!("bpf-linker was installed but does not run; check {}", prefix.display());
     }
     Ok(())
 }
@@ -138,10 +107,7 @@ fn link_nightly_llvm(prefix: &Path, major: u32) -> Result<()> {
     let library = std::fs::read_dir(&lib_dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&wanted))
-        })
+        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&wanted)))
         .with_context(|| format!("no {wanted}* in {}", lib_dir.display()))?;
     let links = prefix.join("lib");
     std::fs::create_dir_all(&links)?;
@@ -149,28 +115,19 @@ fn link_nightly_llvm(prefix: &Path, major: u32) -> Result<()> {
     for name in [Path::new("libLLVM.so"), Path::new(soname)] {
         let link = links.join(name);
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link)
-            .with_context(|| format!("linking {}", link.display()))?;
+        std::os::unix::fs::symlink(&library, &link).with_context(|| format!("linking {}", link.display()))?;
     }
     Ok(())
 }
 
 fn ensure_debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !dpkg_installed(p))
-        .collect();
+    let missing: Vec<&str> = DEBIAN_PACKAGES.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
     let sudo = !cmd::is_root();
     let apt = |args: &[&str]| {
-        let mut c = if sudo {
-            Command::new("sudo")
-        } else {
-            Command::new("apt-get")
-        };
+        let mut c = if sudo { Command::new("sudo") } else { Command::new("apt-get") };
         if sudo {
             c.arg("apt-get");
         }

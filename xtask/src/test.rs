@@ -9,9 +9,7 @@ use crate::{cmd, vm};
 
 pub fn run(no_vm: bool) -> Result<()> {
     if !cmd::is_root() {
-        bail!(
-            "the end-to-end tests load eBPF programs: run `sudo -E cargo xtask test` (or as root)"
-        );
+        bail!("the end-to-end tests load eBPF programs: run `sudo -E cargo xtask test` (or as root)");
     }
     // Workloads and the tool are built first: the end-to-end tests run them as the user would.
     cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
@@ -25,12 +23,7 @@ pub fn run(no_vm: bool) -> Result<()> {
 
 /// The workspace's target directory (honours CARGO_TARGET_DIR).
 pub fn target_dir() -> Result<PathBuf> {
-    let metadata =
-        cmd::output(Command::new("cargo").args(["metadata", "--format-version=1", "--no-deps"]))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&metadata).context("parsing cargo metadata")?;
-    value["target_directory"]
-        .as_str()
-        .map(PathBuf::from)
-        .context("cargo metadata has no target_directory")
+    let metadata = cmd::output(Command::new("cargo").args(["metadata", "--format-version=1", "--no-deps"]))?;
+    let value: serde_json::Value = serde_json::from_str(&metadata).context("parsing cargo metadata")?;
+    value["target_directory"].as_str().map(PathBuf::from).context("cargo metadata has no target_directory")
 }

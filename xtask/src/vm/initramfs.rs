@@ -44,20 +44,13 @@ fn module_name(path: &str) -> String {
 /// The modules.dep paths to insmod, dependencies first, so that `wanted` are all loaded.
 /// Modules built into the kernel (modules.builtin) are skipped; a module in neither file is an
 /// error, since the guest could not mount its root without it.
-pub fn load_order(
-    modules_dep: &str,
-    modules_builtin: &str,
-    wanted: &[&str],
-) -> Result<Vec<String>> {
+pub fn load_order(modules_dep: &str, modules_builtin: &str, wanted: &[&str]) -> Result<Vec<String>> {
     let mut deps: HashMap<String, (&str, Vec<&str>)> = HashMap::new();
     for line in modules_dep.lines() {
         let Some((path, rest)) = line.split_once(':') else {
             continue;
         };
-        deps.insert(
-            module_name(path),
-            (path.trim(), rest.split_whitespace().collect()),
-        );
+        deps.insert(module_name(path), (path.trim(), rest.split_whitespace().collect()));
     }
     let builtin: HashSet<String> = modules_builtin.lines().map(module_name).collect();
     let mut order = Vec::new();
@@ -95,28 +88,20 @@ pub fn build(kernel: &KernelBuild, work: &Path) -> Result<PathBuf> {
         let path = modules_dir.join(name);
         fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
     };
-    let order = load_order(
-        &read("modules.dep")?,
-        &read("modules.builtin").unwrap_or_default(),
-        NINEP_MODULES,
-    )
-    .with_context(|| format!("{} {}", kernel.package, kernel.version))?;
+    let order = load_order(&read("modules.dep")?, &read("modules.builtin").unwrap_or_default(), NINEP_MODULES)
+        .with_context(|| format!("{} {}", kernel.package, kernel.version))?;
 
     let staging = work.join("initramfs");
     let _ = fs::remove_dir_all(&staging);
     for dir in ["bin", "dev", "proc", "sys", "host", "modules"] {
         fs::create_dir_all(staging.join(dir))?;
     }
-    fs::copy(BUSYBOX, staging.join("bin/busybox")).with_context(|| {
-        format!("copying {BUSYBOX} (install busybox-static: `cargo xtask setup`)")
-    })?;
+    fs::copy(BUSYBOX, staging.join("bin/busybox"))
+        .with_context(|| format!("copying {BUSYBOX} (install busybox-static: `cargo xtask setup`)"))?;
     let mut files = Vec::new();
     for path in &order {
         let file = format!("{}.ko", module_name(path));
-        write_uncompressed(
-            &modules_dir.join(path),
-            &staging.join("modules").join(&file),
-        )?;
+        write_uncompressed(&modules_dir.join(path), &staging.join("modules").join(&file))?;
         files.push(file);
     }
     let init = staging.join("init");
@@ -163,8 +148,7 @@ fn write_uncompressed(source: &Path, dest: &Path) -> Result<()> {
 
 fn set_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("chmod {}", path.display()))
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", path.display()))
 }
 
 /// `find . | cpio -o -H newc` in `staging`, uncompressed: the kernel unpacks it without a
@@ -312,9 +296,6 @@ kernel/drivers/virtio/virtio_pci.ko: kernel/drivers/virtio/virtio_pci_legacy_dev
 
     #[test]
     fn dashes_and_underscores_name_the_same_module() {
-        assert_eq!(
-            module_name("kernel/drivers/char/hw_random/virtio-rng.ko.zst"),
-            "virtio_rng"
-        );
+        assert_eq!(module_name("kernel/drivers/char/hw_random/virtio-rng.ko.zst"), "virtio_rng");
     }
 }

@@ -28,45 +28,24 @@ pub struct KernelLine {
 /// madvise_cold_or_pageout_pte_range without cond_resched(); 6.12 has
 /// `__thp_vma_allowable_orders` and the 6.7+ cond_resched(); the -rt builds are PREEMPT_RT.
 pub const LINES: &[KernelLine] = &[
-    KernelLine {
-        name: "6.1",
-        package_prefix: "linux-image-6.1.0-",
-        package_suffix: "-amd64-unsigned",
-    },
-    KernelLine {
-        name: "6.1-rt",
-        package_prefix: "linux-image-6.1.0-",
-        package_suffix: "-rt-amd64-unsigned",
-    },
-    KernelLine {
-        name: "6.12",
-        package_prefix: "linux-image-6.12.",
-        package_suffix: "+deb12-amd64-unsigned",
-    },
-    KernelLine {
-        name: "6.12-rt",
-        package_prefix: "linux-image-6.12.",
-        package_suffix: "+deb12-rt-amd64-unsigned",
-    },
+    KernelLine { name: "6.1", package_prefix: "linux-image-6.1.0-", package_suffix: "-amd64-unsigned" },
+    KernelLine { name: "6.1-rt", package_prefix: "linux-image-6.1.0-", package_suffix: "-rt-amd64-unsigned" },
+    KernelLine { name: "6.12", package_prefix: "linux-image-6.12.", package_suffix: "+deb12-amd64-unsigned" },
+    KernelLine { name: "6.12-rt", package_prefix: "linux-image-6.12.", package_suffix: "+deb12-rt-amd64-unsigned" },
 ];
 
 impl KernelLine {
     pub fn by_name(name: &str) -> Result<&'static KernelLine> {
         LINES.iter().find(|l| l.name == name).with_context(|| {
             let known: Vec<&str> = LINES.iter().map(|l| l.name).collect();
-            format!(
-                "no kernel line {name:?}; the matrix has {}",
-                known.join(", ")
-            )
+            format!("no kernel line {name:?}; the matrix has {}", known.join(", "))
         })
     }
 
     /// The build number of `package` when it is a build of this line (`…6.1.0-57-amd64…` → 57).
     /// Other flavours of the same release (cloud, rt, dbg) do not match.
     fn build_of(&self, package: &str) -> Option<u32> {
-        let build = package
-            .strip_prefix(self.package_prefix)?
-            .strip_suffix(self.package_suffix)?;
+        let build = package.strip_prefix(self.package_prefix)?.strip_suffix(self.package_suffix)?;
         if build.is_empty() || !build.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
@@ -105,9 +84,7 @@ pub struct KernelBuild {
 
 impl KernelBuild {
     pub fn vmlinuz(&self) -> PathBuf {
-        self.root
-            .join("boot")
-            .join(format!("vmlinuz-{}", self.release))
+        self.root.join("boot").join(format!("vmlinuz-{}", self.release))
     }
 
     pub fn modules_dir(&self) -> PathBuf {
@@ -119,26 +96,19 @@ impl KernelBuild {
 /// cached build (said so in `origin`). Fails only when neither exists.
 pub fn obtain(line: &KernelLine) -> Result<KernelBuild> {
     let cache = cache_root()?;
-    let fresh = resolve_newest(line)
-        .and_then(|(package, version)| ensure_unpacked(&cache, &package, &version));
+    let fresh = resolve_newest(line).and_then(|(package, version)| ensure_unpacked(&cache, &package, &version));
     match fresh {
         Ok(build) => Ok(build),
         Err(error) => {
             let why = format!("{error:#}");
             let Some(build) = newest_cached(line, &cache)? else {
-                bail!(
-                    "kernel line {line}: {why}; and no cached build of it in {}",
-                    cache.display()
-                );
+                bail!("kernel line {line}: {why}; and no cached build of it in {}", cache.display());
             };
             eprintln!(
                 "xtask vm-test: {line}: {why}; using the newest cached build {} {}",
                 build.package, build.version
             );
-            Ok(KernelBuild {
-                origin: Origin::Fallback { why },
-                ..build
-            })
+            Ok(KernelBuild { origin: Origin::Fallback { why }, ..build })
         }
     }
 }
@@ -148,10 +118,9 @@ pub fn obtain(line: &KernelLine) -> Result<KernelBuild> {
 fn cache_root() -> Result<PathBuf> {
     let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(
-            std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?,
-        )
-        .join(".cache"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?).join(".cache")
+        }
     };
     Ok(base.join("mm-probe/kernels"))
 }
@@ -172,8 +141,7 @@ fn resolve_newest(line: &KernelLine) -> Result<(String, String)> {
         )
     })?;
     let policy = apt_cache(&["policy", &package])?;
-    let version = candidate_version(&policy)
-        .with_context(|| format!("apt has no installable version of {package}"))?;
+    let version = candidate_version(&policy).with_context(|| format!("apt has no installable version of {package}"))?;
     Ok((package, version))
 }
 
@@ -205,10 +173,7 @@ pub fn newest_package(line: &KernelLine, pkgnames: &str) -> Option<String> {
 
 /// The `Candidate:` of `apt-cache policy` output (`(none)` when nothing is installable).
 pub fn candidate_version(policy: &str) -> Option<String> {
-    let candidate = policy
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Candidate:"))?
-        .trim();
+    let candidate = policy.lines().find_map(|l| l.trim().strip_prefix("Candidate:"))?.trim();
     (!candidate.is_empty() && candidate != "(none)").then(|| candidate.to_owned())
 }
 
@@ -234,18 +199,13 @@ fn ensure_unpacked(cache: &Path, package: &str, version: &str) -> Result<KernelB
 /// an interrupted run or a second harness running at the same time never sees half a kernel.
 fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()> {
     let final_dir = entry_dir(cache, package, version);
-    let staging = cache.join(format!(
-        ".staging-{package}_{version}-{}",
-        std::process::id()
-    ));
+    let staging = cache.join(format!(".staging-{package}_{version}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let result = (|| {
         eprintln!("xtask vm-test: downloading {package} {version}");
         cmd::output(
-            Command::new("apt-get")
-                .args(["download", "-qq", &format!("{package}={version}")])
-                .current_dir(&staging),
+            Command::new("apt-get").args(["download", "-qq", &format!("{package}={version}")]).current_dir(&staging),
         )?;
         let deb = std::fs::read_dir(&staging)?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -262,9 +222,7 @@ fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()>
             Ok(()) => Ok(()),
             // Another harness finished the same build first: theirs is as good as ours.
             Err(_) if final_dir.join(COMPLETE_MARKER).exists() => Ok(()),
-            Err(e) => {
-                Err(e).with_context(|| format!("moving the kernel into {}", final_dir.display()))
-            }
+            Err(e) => Err(e).with_context(|| format!("moving the kernel into {}", final_dir.display())),
         }
     })();
     let _ = std::fs::remove_dir_all(&staging);
@@ -281,28 +239,15 @@ fn release_of(root: &Path) -> Result<String> {
         .collect();
     match releases.len() {
         1 => Ok(releases.remove(0)),
-        _ => bail!(
-            "{} holds {releases:?}, expected exactly one kernel release",
-            modules.display()
-        ),
+        _ => bail!("{} holds {releases:?}, expected exactly one kernel release", modules.display()),
     }
 }
 
 fn build_at(root: PathBuf, package: &str, version: &str, origin: Origin) -> Result<KernelBuild> {
     let release = release_of(&root)?;
-    let build = KernelBuild {
-        package: package.to_owned(),
-        version: version.to_owned(),
-        release,
-        root,
-        origin,
-    };
+    let build = KernelBuild { package: package.to_owned(), version: version.to_owned(), release, root, origin };
     if !build.vmlinuz().exists() {
-        bail!(
-            "{} has no kernel image {}",
-            package,
-            build.vmlinuz().display()
-        );
+        bail!("{} has no kernel image {}", package, build.vmlinuz().display());
     }
     Ok(build)
 }
@@ -355,9 +300,7 @@ fn compare_versions(a: &str, b: &str) -> Ordering {
     let (ca, cb) = (chunks(a), chunks(b));
     for ((digits_a, x), (digits_b, y)) in ca.iter().zip(cb.iter()) {
         let ordering = if *digits_a && *digits_b {
-            x.parse::<u64>()
-                .unwrap_or(0)
-                .cmp(&y.parse::<u64>().unwrap_or(0))
+            x.parse::<u64>().unwrap_or(0).cmp(&y.parse::<u64>().unwrap_or(0))
         } else {
             x.cmp(y)
         };
@@ -386,15 +329,9 @@ linux-image-6.1.0-61-amd64
     #[test]
     fn newest_build_is_the_highest_number_of_the_same_flavour() {
         let line = KernelLine::by_name("6.1").unwrap();
-        assert_eq!(
-            newest_package(line, PKGNAMES_6_1).as_deref(),
-            Some("linux-image-6.1.0-57-amd64-unsigned")
-        );
+        assert_eq!(newest_package(line, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-57-amd64-unsigned"));
         let rt = KernelLine::by_name("6.1-rt").unwrap();
-        assert_eq!(
-            newest_package(rt, PKGNAMES_6_1).as_deref(),
-            Some("linux-image-6.1.0-59-rt-amd64-unsigned")
-        );
+        assert_eq!(newest_package(rt, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-59-rt-amd64-unsigned"));
     }
 
     #[test]
@@ -402,15 +339,9 @@ linux-image-6.1.0-61-amd64
         let names = "linux-image-6.12.57+deb12-amd64-unsigned\nlinux-image-6.12.117+deb12-amd64-unsigned\n\
                      linux-image-6.12.120+deb12-rt-amd64-unsigned\nlinux-image-6.12.111+deb12-cloud-amd64-unsigned\n";
         let line = KernelLine::by_name("6.12").unwrap();
-        assert_eq!(
-            newest_package(line, names).as_deref(),
-            Some("linux-image-6.12.117+deb12-amd64-unsigned")
-        );
+        assert_eq!(newest_package(line, names).as_deref(), Some("linux-image-6.12.117+deb12-amd64-unsigned"));
         let rt = KernelLine::by_name("6.12-rt").unwrap();
-        assert_eq!(
-            newest_package(rt, names).as_deref(),
-            Some("linux-image-6.12.120+deb12-rt-amd64-unsigned")
-        );
+        assert_eq!(newest_package(rt, names).as_deref(), Some("linux-image-6.12.120+deb12-rt-amd64-unsigned"));
         assert_eq!(newest_package(line, ""), None);
     }
 
@@ -419,10 +350,7 @@ linux-image-6.1.0-61-amd64
         let policy = "linux-image-6.1.0-57-amd64-unsigned:\n  Installed: (none)\n  Candidate: 6.1.192-3\n  \
                       Version table:\n     6.1.192-3 500\n        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\n";
         assert_eq!(candidate_version(policy).as_deref(), Some("6.1.192-3"));
-        assert_eq!(
-            candidate_version("x:\n  Installed: (none)\n  Candidate: (none)\n"),
-            None
-        );
+        assert_eq!(candidate_version("x:\n  Installed: (none)\n  Candidate: (none)\n"), None);
         assert_eq!(candidate_version(""), None);
     }
 
@@ -446,14 +374,8 @@ linux-image-6.1.0-61-amd64
         let line = KernelLine::by_name("6.1").unwrap();
         assert_eq!(
             newest_cached_entry(line, &names),
-            Some((
-                "linux-image-6.1.0-57-amd64-unsigned".to_owned(),
-                "6.1.192-10".to_owned()
-            ))
+            Some(("linux-image-6.1.0-57-amd64-unsigned".to_owned(), "6.1.192-10".to_owned()))
         );
-        assert_eq!(
-            newest_cached_entry(KernelLine::by_name("6.12").unwrap(), &names),
-            None
-        );
+        assert_eq!(newest_cached_entry(KernelLine::by_name("6.12").unwrap(), &names), None);
     }
 }

@@ -41,11 +41,7 @@ pub struct VmTestArgs {
     #[arg(long, value_enum, default_value_t)]
     pub accel: AccelChoice,
     /// Passed to each test executable after `--test-threads=1` (a libtest name filter, `--exact`…).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "LIBTEST_ARGS"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "LIBTEST_ARGS")]
     pub libtest_args: Vec<String>,
 }
 
@@ -69,10 +65,7 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
         t if t.ends_with('s') => (&t[..t.len() - 1], 1),
         t => (t, 1),
     };
-    let value: u64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 480, 300s or 8m"))?;
+    let value: u64 = number.trim().parse().map_err(|_| format!("{text:?} is not a duration like 480, 300s or 8m"))?;
     if value == 0 {
         return Err("the timeout must be positive".to_owned());
     }
@@ -84,9 +77,7 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
     let lines = select_lines(&args.kernels)?;
     let binaries = binaries::build(&args.tests)?;
     let work_root = crate::test::target_dir()?.join("vm-test");
-    let timeout = args
-        .timeout
-        .unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32);
+    let timeout = args.timeout.unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32);
     let mut accel = match args.accel {
         AccelChoice::Auto => None,
         AccelChoice::Tcg => Some(Accel::Tcg),
@@ -121,11 +112,7 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
         }
     }
     print!("{}", report::render_summary(&runs, total));
-    let failed: Vec<&str> = runs
-        .iter()
-        .filter(|r| r.failed())
-        .map(|r| r.line.as_str())
-        .collect();
+    let failed: Vec<&str> = runs.iter().filter(|r| r.failed()).map(|r| r.line.as_str()).collect();
     if !failed.is_empty() {
         bail!("vm-test failed on {}", failed.join(", "));
     }
@@ -137,10 +124,7 @@ fn select_lines(names: &[String]) -> Result<Vec<&'static KernelLine>> {
     if names.is_empty() {
         return Ok(LINES.iter().collect());
     }
-    let requested: Vec<&'static KernelLine> = names
-        .iter()
-        .map(|n| KernelLine::by_name(n))
-        .collect::<Result<_>>()?;
+    let requested: Vec<&'static KernelLine> = names.iter().map(|n| KernelLine::by_name(n)).collect::<Result<_>>()?;
     Ok(LINES.iter().filter(|l| requested.contains(l)).collect())
 }
 
@@ -154,17 +138,11 @@ struct KernelSetup<'a> {
 
 /// Everything for one kernel line. An Err is a failure of the run (no kernel, no initramfs);
 /// test failures are in the returned KernelRun.
-fn run_kernel(
-    line: &'static KernelLine,
-    setup: &KernelSetup<'_>,
-    accel: &mut Option<Accel>,
-) -> Result<KernelRun> {
+fn run_kernel(line: &'static KernelLine, setup: &KernelSetup<'_>, accel: &mut Option<Accel>) -> Result<KernelRun> {
     let kernel = kernels::obtain(line)?;
     let mut notes = Vec::new();
     if let Origin::Fallback { why } = &kernel.origin {
-        notes.push(format!(
-            "the archive's newest build was not available ({why}); ran the newest cached build"
-        ));
+        notes.push(format!("the archive's newest build was not available ({why}); ran the newest cached build"));
     }
     let _ = fs::remove_dir_all(setup.work);
     let results = setup.work.join("results");
@@ -174,25 +152,16 @@ fn run_kernel(
         Ok(dir) => Some(dir),
         Err(error) => {
             eprintln!("xtask vm-test: {line}: test modules not built: {error:#}");
-            notes.push(format!(
-                "test modules not built, MM_PROBE_TEST_MODULES unset: {error:#}"
-            ));
+            notes.push(format!("test modules not built, MM_PROBE_TEST_MODULES unset: {error:#}"));
             None
         }
     };
     let initramfs = initramfs::build(&kernel, setup.work)?;
-    let accel =
-        *accel.get_or_insert_with(|| qemu::choose_accel(&kernel.vmlinuz(), &initramfs, setup.work));
+    let accel = *accel.get_or_insert_with(|| qemu::choose_accel(&kernel.vmlinuz(), &initramfs, setup.work));
 
-    let guest = GuestRun {
-        kernel_line: line.name,
-        module_dir: module_dir.as_deref(),
-        libtest_args: setup.libtest_args,
-    };
-    fs::write(
-        results.join(initramfs::TEST_SCRIPT),
-        binaries::guest_script(setup.binaries, &guest),
-    )?;
+    let guest =
+        GuestRun { kernel_line: line.name, module_dir: module_dir.as_deref(), libtest_args: setup.libtest_args };
+    fs::write(results.join(initramfs::TEST_SCRIPT), binaries::guest_script(setup.binaries, &guest))?;
 
     eprintln!(
         "xtask vm-test: booting {line}: {} {} under {} (timeout {})",
@@ -258,34 +227,17 @@ fn describe(kernel: &KernelBuild, accel: Accel, boot: Duration) -> String {
 fn boot_failures(boot: &qemu::BootRun, timeout: Duration) -> Vec<String> {
     const TAIL_LINES: usize = 40;
     let mut failures = Vec::new();
-    let tail = || {
-        format!(
-            "console tail ({}):\n{}",
-            boot.console_log.display(),
-            boot.console_tail(TAIL_LINES)
-        )
-    };
+    let tail = || format!("console tail ({}):\n{}", boot.console_log.display(), boot.console_tail(TAIL_LINES));
     if boot.timed_out {
-        failures.push(format!(
-            "guest killed after {}; {}",
-            format_duration(timeout),
-            tail()
-        ));
+        failures.push(format!("guest killed after {}; {}", format_duration(timeout), tail()));
     }
     if !boot.kernel_failures.is_empty() {
-        failures.push(format!(
-            "the kernel reported: {}; {}",
-            boot.kernel_failures.join(" | "),
-            tail()
-        ));
+        failures.push(format!("the kernel reported: {}; {}", boot.kernel_failures.join(" | "), tail()));
     }
     if let Some(init_failure) = boot.markers.iter().find(|m| m.starts_with("init failed")) {
         failures.push(format!("guest {init_failure}; {}", tail()));
     } else if !boot.timed_out && !boot.saw_marker("tests finished") {
-        failures.push(format!(
-            "the guest stopped before the tests finished; {}",
-            tail()
-        ));
+        failures.push(format!("the guest stopped before the tests finished; {}", tail()));
     }
     failures
 }
@@ -305,11 +257,8 @@ mod tests {
 
     #[test]
     fn lines_run_in_matrix_order_and_unknown_ones_are_errors() {
-        let names: Vec<&str> = select_lines(&["6.12-rt".into(), "6.1".into()])
-            .unwrap()
-            .iter()
-            .map(|l| l.name)
-            .collect();
+        let names: Vec<&str> =
+            select_lines(&["6.12-rt".into(), "6.1".into()]).unwrap().iter().map(|l| l.name).collect();
         assert_eq!(names, ["6.1", "6.12-rt"]);
         assert_eq!(select_lines(&[]).unwrap().len(), 4);
         assert!(select_lines(&["6.6".into()]).is_err());

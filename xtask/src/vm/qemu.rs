@@ -46,12 +46,7 @@ const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// KVM when /dev/kvm opens and a probe boot of `kernel` reaches /init, else TCG.
 pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_err()
-    {
+    if std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_err() {
         return Accel::Tcg;
     }
     let spec = BootSpec {
@@ -67,9 +62,7 @@ pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
     match boot(&spec, KVM_PROBE_TIMEOUT) {
         Ok(run) if run.saw_marker("probe booted") => Accel::Kvm,
         Ok(_) => {
-            eprintln!(
-                "xtask vm-test: /dev/kvm is there but a KVM guest does not boot (nested KVM?); using TCG"
-            );
+            eprintln!("xtask vm-test: /dev/kvm is there but a KVM guest does not boot (nested KVM?); using TCG");
             Accel::Tcg
         }
         Err(error) => {
@@ -123,9 +116,7 @@ pub fn kernel_failure(line: &str) -> bool {
     if line.contains(MARKER) {
         return false;
     }
-    ["Kernel panic", "BUG:", "Oops"]
-        .iter()
-        .any(|p| line.contains(p))
+    ["Kernel panic", "BUG:", "Oops"].iter().any(|p| line.contains(p))
 }
 
 /// Everything but the accelerator and the shares is the same for every kernel: 2 CPUs, 2 GiB,
@@ -134,45 +125,22 @@ pub fn kernel_failure(line: &str) -> bool {
 fn qemu_command(spec: &BootSpec<'_>) -> Command {
     let mut command = Command::new("qemu-system-x86_64");
     command
-        .args([
-            "-accel",
-            spec.accel.qemu_arg(),
-            "-smp",
-            "2",
-            "-m",
-            "2048",
-            "-nographic",
-            "-no-reboot",
-            "-nic",
-            "none",
-        ])
+        .args(["-accel", spec.accel.qemu_arg(), "-smp", "2", "-m", "2048", "-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
         .arg(spec.vmlinuz)
         .arg("-initrd")
         .arg(spec.initramfs)
         .arg("-append")
-        .arg(
-            format!(
-                "console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off {}",
-                spec.extra_cmdline
-            )
-            .trim_end(),
-        )
+        .arg(format!("console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off {}", spec.extra_cmdline).trim_end())
         // multidevs=remap: the host root spans several file systems whose inode numbers collide.
         .arg("-virtfs")
-        .arg(format!(
-            "local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"
-        ));
+        .arg(format!("local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"));
     if let Some(results) = spec.results {
-        command.arg("-virtfs").arg(format!(
-            "local,path={},mount_tag={RESULTS_TAG},security_model=none",
-            results.display()
-        ));
+        command
+            .arg("-virtfs")
+            .arg(format!("local,path={},mount_tag={RESULTS_TAG},security_model=none", results.display()));
     }
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     command
 }
 
@@ -181,18 +149,14 @@ fn qemu_command(spec: &BootSpec<'_>) -> Command {
 pub fn boot(spec: &BootSpec<'_>, timeout: Duration) -> Result<BootRun> {
     let start = Instant::now();
     let mut command = qemu_command(spec);
-    let mut child = command
-        .spawn()
-        .context("starting qemu-system-x86_64 (install qemu-system-x86: `cargo xtask setup`)")?;
+    let mut child =
+        command.spawn().context("starting qemu-system-x86_64 (install qemu-system-x86: `cargo xtask setup`)")?;
     let log = Arc::new(Mutex::new(
-        File::create(spec.console_log)
-            .with_context(|| format!("creating {}", spec.console_log.display()))?,
+        File::create(spec.console_log).with_context(|| format!("creating {}", spec.console_log.display()))?,
     ));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let readers = [
-        spawn_reader(child.stdout.take(), &log, &seen, spec),
-        spawn_reader(child.stderr.take(), &log, &seen, spec),
-    ];
+    let readers =
+        [spawn_reader(child.stdout.take(), &log, &seen, spec), spawn_reader(child.stderr.take(), &log, &seen, spec)];
     let timed_out = wait_until(&mut child, start + timeout)?;
     for reader in readers.into_iter().flatten() {
         let _ = reader.join();
@@ -268,15 +232,9 @@ mod tests {
 
     #[test]
     fn kernel_failures_are_recognised_and_harness_lines_are_not() {
-        assert!(kernel_failure(
-            "[   12.3] Kernel panic - not syncing: Attempted to kill init!"
-        ));
-        assert!(kernel_failure(
-            "[    5.1] BUG: kernel NULL pointer dereference, address: 0000000000000008"
-        ));
-        assert!(kernel_failure(
-            "[    5.1] Oops: 0002 [#1] PREEMPT SMP NOPTI"
-        ));
+        assert!(kernel_failure("[   12.3] Kernel panic - not syncing: Attempted to kill init!"));
+        assert!(kernel_failure("[    5.1] BUG: kernel NULL pointer dereference, address: 0000000000000008"));
+        assert!(kernel_failure("[    5.1] Oops: 0002 [#1] PREEMPT SMP NOPTI"));
         assert!(!kernel_failure("mm-probe-vm: running Oops_BUG:_tests"));
         assert!(!kernel_failure("[    1.0] Run /init as init process"));
     }

@@ -45,16 +45,10 @@ pub fn parse_libtest(output: &str) -> Vec<TestResult> {
         if let Some(rest) = line.strip_prefix("test ")
             && let Some((name, tail)) = rest.split_once(" ... ")
         {
-            results.push(TestResult {
-                name: name.trim().to_owned(),
-                verdict: Verdict::Unfinished,
-            });
+            results.push(TestResult { name: name.trim().to_owned(), verdict: Verdict::Unfinished });
             open = None;
             match verdict_word(tail) {
-                Some(verdict) => results
-                    .last_mut()
-                    .into_iter()
-                    .for_each(|r| r.verdict = verdict),
+                Some(verdict) => results.last_mut().into_iter().for_each(|r| r.verdict = verdict),
                 None => open = Some(results.len() - 1),
             }
             continue;
@@ -137,9 +131,9 @@ impl BinaryRun {
     fn binary_problem(&self) -> Option<String> {
         match self.status {
             None => Some("did not finish (guest stopped or was killed)".to_owned()),
-            Some(code) if code != 0 && !self.tests.iter().any(|t| t.verdict.failed()) => Some(
-                format!("exited with status {code} without a failed test (crash?)"),
-            ),
+            Some(code) if code != 0 && !self.tests.iter().any(|t| t.verdict.failed()) => {
+                Some(format!("exited with status {code} without a failed test (crash?)"))
+            }
             Some(_) => None,
         }
     }
@@ -179,45 +173,22 @@ impl KernelRun {
 
 pub fn format_duration(d: Duration) -> String {
     let secs = d.as_secs_f64();
-    if secs < 60.0 {
-        format!("{secs:.1} s")
-    } else {
-        format!("{}m{:04.1}s", (secs / 60.0) as u64, secs % 60.0)
-    }
+    if secs < 60.0 { format!("{secs:.1} s") } else { format!("{}m{:04.1}s", (secs / 60.0) as u64, secs % 60.0) }
 }
 
 /// The table of one kernel: one row per test, then the binary and run problems.
 pub fn render_kernel(run: &KernelRun) -> String {
     let mut out = String::new();
     let verdict = if run.failed() { "FAILED" } else { "ok" };
-    let _ = writeln!(
-        out,
-        "== kernel {}: {verdict} in {} ({})",
-        run.line,
-        format_duration(run.elapsed),
-        run.description
-    );
+    let _ =
+        writeln!(out, "== kernel {}: {verdict} in {} ({})", run.line, format_duration(run.elapsed), run.description);
     for note in &run.notes {
         let _ = writeln!(out, "   note: {note}");
     }
-    let name_width = run
-        .binaries
-        .iter()
-        .flat_map(|b| &b.tests)
-        .map(|t| t.name.len())
-        .max()
-        .unwrap_or(0);
-    let binary_width = run
-        .binaries
-        .iter()
-        .map(|b| b.binary.len())
-        .max()
-        .unwrap_or(0);
+    let name_width = run.binaries.iter().flat_map(|b| &b.tests).map(|t| t.name.len()).max().unwrap_or(0);
+    let binary_width = run.binaries.iter().map(|b| b.binary.len()).max().unwrap_or(0);
     for binary in &run.binaries {
-        let elapsed = binary
-            .elapsed
-            .map(format_duration)
-            .unwrap_or_else(|| "-".to_owned());
+        let elapsed = binary.elapsed.map(format_duration).unwrap_or_else(|| "-".to_owned());
         for test in &binary.tests {
             let _ = writeln!(
                 out,
@@ -230,12 +201,8 @@ pub fn render_kernel(run: &KernelRun) -> String {
         if let Some(problem) = binary.binary_problem() {
             let _ = writeln!(out, "   {:binary_width$}  {problem}", binary.binary);
         }
-        let _ = writeln!(
-            out,
-            "   {:binary_width$}  ({} tests, {elapsed} in the guest)",
-            binary.binary,
-            binary.tests.len()
-        );
+        let _ =
+            writeln!(out, "   {:binary_width$}  ({} tests, {elapsed} in the guest)", binary.binary, binary.tests.len());
         if binary.failed() && !binary.failure_details.is_empty() {
             let _ = writeln!(out, "   --- {} failures on {} ---", binary.binary, run.line);
             for line in binary.failure_details.lines() {
@@ -281,9 +248,7 @@ pub fn read_binary_run(
     elapsed_file: &str,
 ) -> BinaryRun {
     let output = std::fs::read_to_string(results.join(output_file)).unwrap_or_default();
-    let status = std::fs::read_to_string(results.join(status_file))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
+    let status = std::fs::read_to_string(results.join(status_file)).ok().and_then(|s| s.trim().parse().ok());
     let elapsed = std::fs::read_to_string(results.join(elapsed_file))
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -322,10 +287,7 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
 ";
 
     fn verdicts(output: &str) -> Vec<(String, Verdict)> {
-        parse_libtest(output)
-            .into_iter()
-            .map(|r| (r.name, r.verdict))
-            .collect()
+        parse_libtest(output).into_iter().map(|r| (r.name, r.verdict)).collect()
     }
 
     #[test]
@@ -333,19 +295,10 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert_eq!(
             verdicts(FAILED_RUN),
             [
-                (
-                    "bad_units_are_rejected_with_a_hint".to_owned(),
-                    Verdict::Passed
-                ),
-                (
-                    "doctor_json_reports_plans_with_reasons".to_owned(),
-                    Verdict::Failed
-                ),
+                ("bad_units_are_rejected_with_a_hint".to_owned(), Verdict::Passed),
+                ("doctor_json_reports_plans_with_reasons".to_owned(), Verdict::Failed),
                 ("slow_one".to_owned(), Verdict::Ignored),
-                (
-                    "function_probes_work_where_the_kernel_allows_them".to_owned(),
-                    Verdict::Passed
-                ),
+                ("function_probes_work_where_the_kernel_allows_them".to_owned(), Verdict::Passed),
             ]
         );
     }
@@ -355,10 +308,7 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         let output = "running 2 tests\ntest first ... ok\ntest second ... ";
         assert_eq!(
             verdicts(output),
-            [
-                ("first".to_owned(), Verdict::Passed),
-                ("second".to_owned(), Verdict::Unfinished)
-            ]
+            [("first".to_owned(), Verdict::Passed), ("second".to_owned(), Verdict::Unfinished)]
         );
     }
 
@@ -371,14 +321,8 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
     #[test]
     fn failure_details_are_the_captured_outputs() {
         let details = failure_details(FAILED_RUN);
-        assert!(
-            details.starts_with("---- doctor_json_reports_plans_with_reasons stdout ----"),
-            "{details}"
-        );
-        assert!(
-            details.ends_with("assertion `left == right` failed"),
-            "{details}"
-        );
+        assert!(details.starts_with("---- doctor_json_reports_plans_with_reasons stdout ----"), "{details}");
+        assert!(details.ends_with("assertion `left == right` failed"), "{details}");
     }
 
     #[test]
@@ -392,10 +336,7 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         };
         assert!(run.failed());
         assert!(run.binary_problem().unwrap().contains("101"));
-        let unfinished = BinaryRun {
-            status: None,
-            ..run
-        };
+        let unfinished = BinaryRun { status: None, ..run };
         assert!(unfinished.failed());
     }
 }

@@ -28,7 +28,8 @@ pub struct TestBinary {
 pub fn build(only: &[String], release: bool) -> Result<Vec<TestBinary>> {
     let profile: &[&str] = if release { &["--release"] } else { &[] };
     // The tests run the tool and the workloads as binaries found next to them.
-    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins"]).args(profile))?;
+    // (xtask itself is already built and need not be built again optimised.)
+    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins", "--exclude", "xtask"]).args(profile))?;
     let mut command = Command::new("cargo");
     command.args(["test", "--package", "mm-probe", "--tests", "--no-run", "--message-format=json"]).args(profile);
     eprintln!("xtask: {command:?}");

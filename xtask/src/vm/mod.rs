@@ -49,9 +49,9 @@ pub struct VmTestArgs {
     /// slower in the TCG guests (measured: foundation 60-100 s against 11-20 s per kernel).
     #[arg(long)]
     pub debug: bool,
-    /// Boot this many guests at a time (each uses 2 vCPUs and 2 GiB). Two at a time took the
-    /// matrix from 7m00s to 4m13s on the shared 2-core host: single-threaded tests leave one
-    /// vCPU of each guest idle.
+    /// Boot this many guests at a time (each uses 2 vCPUs and 2 GiB). Single-threaded tests leave
+    /// one vCPU of each guest idle: on the shared 2-core host the matrix took 1m40s two at a
+    /// time against 2m06s one at a time.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_JOBS)]
     pub jobs: usize,
     /// Passed to each test executable after `--test-threads=1` (a libtest name filter, `--exact`…).

@@ -155,7 +155,7 @@ impl Window {
 
     pub fn add_walk(&mut self, walk: &Walk) {
         self.walk_events += 1;
-        self.walk_bytes_total += walk.bytes();
+        self.walk_bytes_total = self.walk_bytes_total.saturating_add(walk.bytes());
         self.max_walk_bytes = self.max_walk_bytes.max(walk.bytes());
         if let Some(ns) = walk.duration_ns {
             let _ = self.walk_ns.record(ns.max(1));
@@ -189,7 +189,8 @@ impl Window {
         self.invalidation_sizes[bucket] += 1;
         let slot = self.invalidators.entry((invalidation.comm.clone(), invalidation.event)).or_default();
         slot.0 += 1;
-        slot.1 += bytes;
+        // RELEASE (exit_mmap) invalidates [0, ULONG_MAX): byte totals saturate.
+        slot.1 = slot.1.saturating_add(bytes);
     }
 
     pub fn add_busy_cause(&mut self, walk: &Walk, cause: BusyCause) {
@@ -199,7 +200,7 @@ impl Window {
                 self.busy_causes.false_sharing += 1;
                 if let Some((start, last)) = walk.interval {
                     self.max_false_sharing_interval_bytes =
-                        self.max_false_sharing_interval_bytes.max(last.saturating_sub(start) + 1);
+                        self.max_false_sharing_interval_bytes.max(last.saturating_sub(start).saturating_add(1));
                 }
             }
             BusyCause::Unexplained => self.busy_causes.unexplained += 1,
@@ -226,7 +227,7 @@ impl Window {
         let _ = self.walk_ns.add(&other.walk_ns);
         let _ = self.chain_ns.add(&other.chain_ns);
         self.walk_events += other.walk_events;
-        self.walk_bytes_total += other.walk_bytes_total;
+        self.walk_bytes_total = self.walk_bytes_total.saturating_add(other.walk_bytes_total);
         self.walk_ns_total += other.walk_ns_total;
         self.busy_walk_ns += other.busy_walk_ns;
         self.max_walk_bytes = self.max_walk_bytes.max(other.max_walk_bytes);
@@ -243,7 +244,7 @@ impl Window {
         for (key, (count, bytes)) in &other.invalidators {
             let slot = self.invalidators.entry(key.clone()).or_default();
             slot.0 += count;
-            slot.1 += bytes;
+            slot.1 = slot.1.saturating_add(*bytes);
         }
         self.busy_causes.true_conflict += other.busy_causes.true_conflict;
         self.busy_causes.false_sharing += other.busy_causes.false_sharing;

@@ -159,7 +159,9 @@ impl Tool {
 
 /// Runs hmm_storm under the tool; returns (the driver's counters, the tool's summary).
 fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
+    let started = Instant::now();
     let tool = Tool::start(&["--timeout", "1000ms"]);
+    eprintln!("{label}: mm-probe attached after {:?}", started.elapsed());
     let out = Command::new(workload("hmm_storm"))
         .args(["--size", "64M", "--duration-ms", "2000", "--interval-us", "50", "--timeout-ms", "1000"])
         .args(workload_args)
@@ -168,7 +170,7 @@ fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
     assert!(out.status.success(), "hmm_storm {label}: {}", String::from_utf8_lossy(&out.stderr));
     let driver: Value = serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object");
     let summary = tool.interrupt();
-    eprintln!("== {label}\ndriver: {driver}\ntool: {summary}");
+    eprintln!("== {label} ({:?})\ndriver: {driver}\ntool: {summary}", started.elapsed());
     (driver, summary)
 }
 
@@ -213,15 +215,18 @@ fn assert_counts_match(label: &str, driver: &Value, summary: &Value) {
 #[test]
 fn retry_storms_are_measured_exactly_and_chunking_helps() {
     require_root();
-    let plan = run_tool(&["retry-storm", "--json", "--duration", "1s"]);
-    let lines = json_lines(&plan.stdout);
-    let walk = walk_probe(first_of(&lines, "probe_plan").expect("a probe_plan line")).clone();
-    if vm_kernel().is_none() && walk["status"] != "attached" {
-        // The host kernel has no HMM: the scenario cannot run here, and the first test checks
-        // that the tool says so. State it rather than pass silently.
-        eprintln!("retry storms cannot be provoked on this kernel: {}", walk["failed_attempts"]);
-        assert!(!walk["failed_attempts"].as_array().expect("attempts").is_empty(), "an unavailable probe names why");
-        return;
+    if vm_kernel().is_none() {
+        // Decide from the tool's own plan whether this kernel can mirror memory at all.
+        let plan = run_tool(&["retry-storm", "--json", "--duration", "1s"]);
+        let lines = json_lines(&plan.stdout);
+        let walk = walk_probe(first_of(&lines, "probe_plan").expect("a probe_plan line")).clone();
+        if walk["status"] != "attached" {
+            // The host kernel has no HMM: the scenario cannot run here, and the first test
+            // checks that the tool says so. State it rather than pass silently.
+            eprintln!("retry storms cannot be provoked on this kernel: {}", walk["failed_attempts"]);
+            assert!(!walk["failed_attempts"].as_array().expect("attempts").is_empty(), "an unavailable probe names why");
+            return;
+        }
     }
     let _module = MirrorModule::load();
 
@@ -235,7 +240,9 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     // madvise(MADV_DONTNEED) from the thread named madv-storm is MMU_NOTIFY_CLEAR.
     let top = &whole["invalidations"]["top_invalidators"][0];
     assert_eq!((top["comm"].as_str(), top["event"].as_str()), (Some("madv-storm"), Some("CLEAR")), "{top}");
-    assert!(f(&top["count"]) > 0.0 && f(&top["count"]) <= f(&whole_driver["storm_ops"]), "{top} vs {whole_driver}");
+    // One madvise can invalidate twice (splitting a THP, then zapping), and the storm starts
+    // just before the mm is first seen mirrored: most, not exactly all, of its calls.
+    assert!(2.0 * f(&top["count"]) >= f(&whole_driver["storm_ops"]), "{top} vs {whole_driver}");
 
     let (chunk_driver, chunked) = storm("2 MiB chunks, one notifier", &["--chunk", "2M"]);
     assert_counts_match("chunked", &chunk_driver, &chunked);
@@ -255,32 +262,33 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     assert!(severity(&fine) < severity(&whole), "the verdict must improve: {} vs {}", fine["verdict"], whole["verdict"]);
     assert!(has_advice(&fine, "large walks").is_none(), "2 MiB walks need no chunking advice: {}", fine["verdict"]);
 
+    let row = |label: &str, s: &Value| {
+        format!(
+            "{:<30} {:>7} {:>7} {:>12.1} {:>13.1} {:>11.0} {:>9} {:>8}",
+            label,
+            s["walks"]["calls"].as_u64().unwrap_or(0),
+            s["walks"]["ebusy"].as_u64().unwrap_or(0),
+            per_walk(s) * 100.0,
+            per_invalidation(s) * 100.0,
+            f(&s["walks"]["latency"]["mean_ns"]) / 1000.0,
+            s["retry_loops"]["timeouts"].as_u64().unwrap_or(0),
+            s["verdict"]["overall"].as_str().unwrap_or("?")
+        )
+    };
     eprintln!(
-        "\nretry-storm before/after on {} (64 MiB, madv-storm DONTNEED 64 KiB every 50 µs, 2 s):\n\
-         {:<32} {:>8} {:>8} {:>10} {:>12} {:>10} {:>9} {}\n{}",
+        "\nretry-storm before/after on {} (64 MiB mirror; madv-storm DONTNEED 64 KiB every 50 µs; 2 s):\n\
+         {:<30} {:>7} {:>7} {:>12} {:>13} {:>11} {:>9} {:>8}\n{}\n{}\n{}",
         vm_kernel().unwrap_or_default(),
+        "walk / notifier",
         "walks",
-        "calls",
         "-EBUSY",
-        "-EBUSY/walk",
-        "-EBUSY/inval",
-        "avg walk",
+        "-EBUSY/walk%",
+        "-EBUSY/inval%",
+        "avg walk µs",
         "timeouts",
         "verdict",
-        [("whole range, 1 notifier", &whole), ("2 MiB chunks, 1 notifier", &chunked), ("2 MiB chunks, 2 MiB notifiers", &fine)]
-            .iter()
-            .map(|(label, s)| format!(
-                "{:<32} {:>8} {:>8} {:>9.1}% {:>11.1}% {:>8.0}µs {:>9} {}",
-                label,
-                s["walks"]["calls"],
-                s["walks"]["ebusy"],
-                per_walk(s) * 100.0,
-                per_invalidation(s) * 100.0,
-                f(&s["walks"]["latency"]["mean_ns"]) / 1000.0,
-                s["retry_loops"]["timeouts"],
-                s["verdict"]["overall"]
-            ))
-            .collect::<Vec<_>>()
-            .join("\n")
+        row("whole range / 1 notifier", &whole),
+        row("2 MiB chunks / 1 notifier", &chunked),
+        row("2 MiB chunks / 2 MiB each", &fine),
     );
 }

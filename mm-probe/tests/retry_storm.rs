@@ -74,12 +74,16 @@ fn the_plan_says_what_is_observable_and_the_run_exits_0() {
 }
 
 #[test]
-fn bad_threshold_overrides_are_usage_errors() {
+fn bad_thresholds_and_missing_processes_are_usage_errors() {
     require_root();
     let out = run_tool(&["retry-storm", "--duration", "1s", "--retry-rate-warn", "20", "--retry-rate-crit", "10"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--retry-rate-warn"), "{stderr}");
+    let out = run_tool(&["retry-storm", "--duration", "1s", "-p", "2147483647"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("process 2147483647 does not exist"), "{stderr}");
 }
 
 /// Loads hmm_mirror.ko for the test and unloads it afterwards (also on failure).
@@ -146,30 +150,44 @@ impl Tool {
         }
     }
 
-    /// Ctrl-C, then the summary it must print.
-    fn interrupt(mut self) -> Value {
+    /// Ctrl-C, then the summary it must print; also returns every line before it.
+    fn interrupt(mut self) -> (Value, Vec<Value>) {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) }, 0);
         let summary = self.wait_for("summary", Duration::from_secs(60));
         let status = self.child.wait().expect("waiting for mm-probe");
         assert_eq!(status.code(), Some(0), "Ctrl-C ends the run with a summary and exit 0");
-        summary
+        (summary, self.seen)
     }
 }
 
 /// Runs hmm_storm under the tool; returns (the driver's counters, the tool's summary).
 fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
+    storm_with_timeout(label, "1000", workload_args)
+}
+
+/// As [`storm`], with the driver's and the tool's retry timeout set to `timeout_ms`.
+fn storm_with_timeout(label: &str, timeout_ms: &str, workload_args: &[&str]) -> (Value, Value) {
     let started = Instant::now();
-    let tool = Tool::start(&["--timeout", "1000ms"]);
+    let tool_timeout = format!("{timeout_ms}ms");
+    let tool = Tool::start(&["--timeout", &tool_timeout, "--interval", "1s"]);
     eprintln!("{label}: mm-probe attached after {:?}", started.elapsed());
     let out = Command::new(workload("hmm_storm"))
-        .args(["--size", "64M", "--duration-ms", "2000", "--interval-us", "50", "--timeout-ms", "1000"])
+        .args(["--size", "64M", "--duration-ms", "2000", "--interval-us", "50", "--timeout-ms", timeout_ms])
         .args(workload_args)
         .output()
         .expect("running hmm_storm");
     assert!(out.status.success(), "hmm_storm {label}: {}", String::from_utf8_lossy(&out.stderr));
     let driver: Value = serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object");
-    let summary = tool.interrupt();
+    let (summary, lines) = tool.interrupt();
+    // The intervals add up to the summary: nothing is counted twice or dropped between them.
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(!intervals.is_empty(), "{label}: --interval 1s printed no interval line");
+    let interval_busy: u64 = intervals.iter().map(|i| i["walks"]["ebusy"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(interval_busy, summary["walks"]["ebusy"].as_u64().unwrap(), "{label}: intervals vs summary");
+    let callers = summary["read_begins_by_caller"].as_array().expect("read_begin callers");
+    let tgid = driver["tgid"].as_u64().unwrap();
+    assert!(callers.iter().all(|c| c["tgid"].as_u64() == Some(tgid)), "{label}: only the mirror calls read_begin: {callers:?}");
     eprintln!("== {label} ({:?})\ndriver: {driver}\ntool: {summary}", started.elapsed());
     (driver, summary)
 }
@@ -261,6 +279,15 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     assert!(metric_level(&fine, "retry_rate") <= metric_level(&whole, "retry_rate"), "{}", fine["verdict"]);
     assert!(severity(&fine) < severity(&whole), "the verdict must improve: {} vs {}", fine["verdict"], whole["verdict"]);
     assert!(has_advice(&fine, "large walks").is_none(), "2 MiB walks need no chunking advice: {}", fine["verdict"]);
+
+    // Retry loops that give up: with a 1 ms timeout, nearly every loop that meets an -EBUSY
+    // outlives it (a 64 MiB walk takes milliseconds), so the driver gives up often. The tool
+    // must count exactly the same loops.
+    let (timeout_driver, timeouts) = storm_with_timeout("whole range, 1 ms timeout", "1", &["--duration-ms", "1000"]);
+    assert_counts_match("1 ms timeout", &timeout_driver, &timeouts);
+    assert!(timeout_driver["timeouts"].as_u64().unwrap() > 0, "the driver must give up: {timeout_driver}");
+    let loops = &timeouts["retry_loops"]["tally"];
+    eprintln!("1 ms timeout: driver gave up {} times; tool: {loops}", timeout_driver["timeouts"]);
 
     let row = |label: &str, s: &Value| {
         format!(

@@ -371,6 +371,14 @@ pub struct LostEvents {
     pub walk_entries_missed: u64,
 }
 
+/// mmu_interval_read_begin() calls of one process on one notifier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReadBeginCaller {
+    pub tgid: u32,
+    pub notifier: String,
+    pub calls: u64,
+}
+
 /// One window's report: what the renderers print and `--json` emits.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Snapshot {
@@ -383,6 +391,8 @@ pub struct Snapshot {
     pub invalidations: Option<InvalidationMetrics>,
     pub kvm: Option<KvmMetrics>,
     pub lost_events: LostEvents,
+    /// Sequence starts per (process, notifier), most first (whole run only; empty per interval).
+    pub read_begins_by_caller: Vec<ReadBeginCaller>,
     pub verdict: Verdict,
 }
 
@@ -497,6 +507,7 @@ impl Snapshot {
                 invalidate_events: c.get(Counter::LostInvalidateEvents),
                 walk_entries_missed: c.get(Counter::StashMisses),
             },
+            read_begins_by_caller: Vec::new(),
             verdict: verdict::judge(&evidence, thresholds),
         }
     }

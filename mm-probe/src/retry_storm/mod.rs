@@ -15,13 +15,16 @@ pub mod verdict;
 use std::{future::pending, time::Duration};
 
 use anyhow::{Context as _, Result};
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
-use mm_probe_common::hmm::{self as names, HmmEvent};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, PerCpuHashMap},
+};
+use mm_probe_common::hmm::{self as names, HmmEvent, ReadBeginKey};
 
 use self::{
     chains::ChainJoiner,
     events::{Event, decode},
-    metrics::{KernelCounters, Observability, Snapshot, Window, bucket_delta},
+    metrics::{KernelCounters, Observability, ReadBeginCaller, Snapshot, Window, bucket_delta},
     overlap::OverlapJoiner,
     verdict::{Band, Thresholds},
 };
@@ -279,6 +282,20 @@ impl Collector {
     }
 }
 
+/// The kernel's per-(notifier, tgid) read_begin counts, most first.
+fn read_begins_by_caller(ebpf: &Ebpf) -> Result<Vec<ReadBeginCaller>> {
+    let map: PerCpuHashMap<_, ReadBeginKey, u64> =
+        PerCpuHashMap::try_from(ebpf.map(names::READ_BEGINS_MAP).context("read_begin map missing from the object")?)?;
+    let mut callers = Vec::new();
+    for entry in map.iter() {
+        let (key, per_cpu) = entry?;
+        callers.push(ReadBeginCaller { tgid: key.tgid, notifier: format!("{:#x}", key.notifier), calls: per_cpu.iter().sum() });
+    }
+    callers.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.tgid.cmp(&b.tgid)));
+    callers.truncate(metrics::TOP_INVALIDATORS);
+    Ok(callers)
+}
+
 async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs) -> Result<()> {
     let mut walk_ring: RingReader<HmmEvent> =
         RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
@@ -335,7 +352,10 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
         }
     }
     let total = collector.total.clone();
-    let summary = collector.snapshot(&total);
+    let mut summary = collector.snapshot(&total);
+    if collector.seen.read_begins {
+        summary.read_begins_by_caller = read_begins_by_caller(ebpf)?;
+    }
     let stopped_by = match stopped_by {
         Stop::DurationElapsed => "duration elapsed",
         Stop::Interrupted => "interrupted",

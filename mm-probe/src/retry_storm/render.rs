@@ -211,6 +211,12 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
             Log2Histogram::new(i.callback_ns_log2_hist.clone()).render("nsecs", Some(super::verdict::SLOW_CALLBACK_NS))
         );
     }
+    if !s.read_begins_by_caller.is_empty() {
+        let _ = writeln!(out, "\nSequence starts (mmu_interval_read_begin) by process and notifier");
+        for caller in &s.read_begins_by_caller {
+            let _ = writeln!(out, "    tgid {:<8} notifier {:<20} {:>10}", caller.tgid, caller.notifier, caller.calls);
+        }
+    }
     if let Some(k) = &s.kvm {
         let _ = writeln!(out, "\nKVM secondary MMU: unmap_hva_range {}  age_hva {}", k.unmap_hva_range, k.age_hva);
     }

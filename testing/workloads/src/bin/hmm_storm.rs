@@ -8,7 +8,7 @@
 //!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
 //!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
-//!                  [--piece 64K] [--interval-us 50] [--device /dev/hmm_mirror]
+//!                  [--piece 64K] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
 
 use std::{
     ffi::CString,
@@ -77,6 +77,9 @@ struct Options {
     piece_bytes: u64,
     interval: Duration,
     device: String,
+    /// madvise(MADV_NOHUGEPAGE) the region: 4 KiB pages make every walk visit every PTE, as a
+    /// driver mirroring a fragmented buffer does.
+    no_huge: bool,
 }
 
 fn main() -> Result<()> {
@@ -91,6 +94,12 @@ fn main() -> Result<()> {
         .open(&options.device)
         .with_context(|| format!("opening {} (load hmm_mirror.ko first: insmod hmm_mirror.ko)", options.device))?;
     let region = map_region(options.size_bytes)?;
+    if options.no_huge {
+        // SAFETY: the region was just mapped with this length.
+        if unsafe { libc::madvise(region as *mut libc::c_void, options.size_bytes as usize, libc::MADV_NOHUGEPAGE) } != 0 {
+            bail!("madvise(MADV_NOHUGEPAGE): {}", std::io::Error::last_os_error());
+        }
+    }
     touch(region, options.size_bytes, page);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -101,6 +110,10 @@ fn main() -> Result<()> {
             .name(STORM_COMM.into())
             .spawn(move || invalidate_until(region, &options, &stop, &storm_ops))?
     };
+    // Start mirroring only once the storm runs, so every call meets it.
+    while storm_ops.load(Ordering::Relaxed) == 0 && options.mode != Mode::None && !storm.is_finished() {
+        thread::yield_now();
+    }
 
     let started = Instant::now();
     let mut total = MirrorWalk::default();
@@ -294,6 +307,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         piece_bytes: 64 << 10,
         interval: Duration::from_micros(50),
         device: "/dev/hmm_mirror".into(),
+        no_huge: false,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -308,6 +322,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--piece" => options.piece_bytes = parse_bytes(&value()?)?,
             "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
             "--device" => options.device = value()?,
+            "--no-huge" => options.no_huge = true,
             "--mode" => {
                 options.mode = match value()?.as_str() {
                     "dontneed" => Mode::DontNeed,

@@ -7,6 +7,7 @@
 
 mod hmm;
 mod kernel;
+mod notifier;
 mod sched;
 mod selftest;
 mod thp;

@@ -12,8 +12,10 @@ pub fn run(no_vm: bool) -> Result<()> {
         bail!("the end-to-end tests load eBPF programs: run `sudo -E cargo xtask test` (or as root)");
     }
     // Workloads and the tool are built first: the end-to-end tests run them as the user would.
-    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
-    cmd::run(Command::new("cargo").args(["test", "--workspace", "--", "--test-threads=1"]))?;
+    // Everything is built optimised, once: the real-kernel matrix runs the same release test
+    // executables (emulated guests are slow enough without debug builds).
+    cmd::run(Command::new("cargo").args(["build", "--release", "--workspace", "--bins", "--exclude", "xtask"]))?;
+    cmd::run(Command::new("cargo").args(["test", "--release", "--workspace", "--", "--test-threads=1"]))?;
     if no_vm {
         eprintln!("xtask test: real-kernel matrix skipped (--no-vm)");
         return Ok(());

@@ -109,6 +109,15 @@ pub struct VmaEntry {
     pub live: VmaLive,
     #[serde(skip)]
     start_addr: u64,
+    /// The detail of each of `reasons`, same order.
+    #[serde(skip)]
+    details: Vec<String>,
+}
+
+impl VmaEntry {
+    fn detail_of(&self, code: ReasonCode) -> &str {
+        self.reasons.iter().position(|c| *c == code).and_then(|i| self.details.get(i)).map_or(&self.detail, |d| d)
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -256,7 +265,7 @@ pub fn build(input: Inputs) -> Report {
     let faults = fault_facts(&input, &vmas);
     let reasons = aggregate_reasons(&input, &vmas, &live);
     let fix: Vec<String> = reasons.iter().filter(|r| r.code != ReasonCode::None).map(|r| r.fix.clone()).collect();
-    let verdict = verdict_line(&input, &vmas, &live, &reasons);
+    let verdict = verdict_line(&input, &vmas, &live, &faults, &reasons);
     Report {
         pid: input.pid,
         comm: input.comm.clone(),
@@ -315,6 +324,10 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
     let facts = VmaFacts::from_smaps(vma, mounts);
     let eval = evaluate(ctx, Call::Smaps, &facts);
     let mut reasons = eval.codes();
+    let mut details: Vec<String> = reasons
+        .iter()
+        .map(|c| eval.denials.iter().find(|d| d.code == *c).map(|d| d.detail.clone()).unwrap_or_default())
+        .collect();
     let mut detail = eval.first().map(|d| d.detail.clone()).unwrap_or_default();
     let mut in_wrapper = eval.first().is_some_and(|d| d.in_wrapper);
     // What the kernel itself answered for smaps.
@@ -322,6 +335,7 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
     if eval.uncertain && vma.thp_eligible == Some(true) {
         // Read-only file THP or ->huge_fault allowed it: the kernel knows.
         reasons.clear();
+        details.clear();
         in_wrapper = false;
         detail = "eligible as the kernel reports (read-only file THP or the driver's huge_fault)".into();
     }
@@ -337,8 +351,10 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
                 orders.iter().map(|o| format_bytes(4096 << o)).collect::<Vec<_>>().join(", ")
             )
         } else if facts.is_anonymous() && vma.anonymous_kb * 1024 >= HUGE_BYTES && fallback_seen {
+            let why = "eligible, but the kernel fell back to small pages (thp_fault_fallback grew during the run)";
             reasons.push(ReasonCode::AllocFallback);
-            "eligible, but the kernel fell back to small pages (thp_fault_fallback grew during the run)".into()
+            details.push(why.into());
+            why.into()
         } else if facts.is_anonymous() && vma.anonymous_kb * 1024 >= HUGE_BYTES {
             "eligible, but no huge page is mapped: populated before THP was allowed, or in pieces; khugepaged \
              may collapse it later"
@@ -370,6 +386,7 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
         kernel_agrees,
         live: VmaLive::default(),
         start_addr: vma.start,
+        details,
     }
 }
 
@@ -604,18 +621,14 @@ fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) -> Vec
     for v in vmas {
         let codes: Vec<ReasonCode> = if v.reasons.is_empty() { vec![ReasonCode::None] } else { v.reasons.clone() };
         for code in codes.into_iter().filter(|c| c.is_public()) {
-            let e = reason_entry(&mut by_code, code, &v.detail);
+            let e = reason_entry(&mut by_code, code, v.detail_of(code));
             e.vmas += 1;
             e.bytes += v.size_bytes;
             e.faults += v.live.faults;
-            // Prefer the detail of the VMA where this code comes first.
-            if v.reason == code && e.vmas == 1 {
-                e.detail = v.detail.clone();
-            }
         }
         for (code, n) in &v.live.denied_by {
             if code.is_public() {
-                reason_entry(&mut by_code, *code, &v.detail).count += n;
+                reason_entry(&mut by_code, *code, v.detail_of(*code)).count += n;
             }
         }
     }
@@ -735,7 +748,7 @@ fn fix_for(code: ReasonCode, input: &Inputs) -> String {
     }
 }
 
-fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, reasons: &[ReasonEntry]) -> String {
+fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, faults: &FaultFacts, reasons: &[ReasonEntry]) -> String {
     let who = format!("pid {} ({})", input.pid, input.comm);
     let mode = input.disable.mode.unwrap_or(DisableMode::None);
     let calls = prctl_calls(input);
@@ -769,6 +782,9 @@ fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, reasons: &[
     };
     if live.allow_check_observed {
         line.push_str(&format!("; {} THP checks, {} denied", live.checks, live.denied));
+    } else if faults.observed && faults.total > 0 {
+        // Without the allow-check probe (no kprobes, no trampolines) the faults still tell.
+        line.push_str(&format!("; {} page faults, ~{} in huge pages", faults.total, faults.in_huge_pages));
     }
     line
 }

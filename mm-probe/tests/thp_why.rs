@@ -1,0 +1,633 @@
+//! `thp-why` on a real kernel: workloads set up each reason a process gets no huge pages, and the
+//! tool must name it, with the right ancestor, the right per-VMA reason, and — where the kernel
+//! lets the allow-check be probed (the Debian guests) — live counts matching the checks the
+//! workload causes. What is observable is decided from the tool's own plan and the kernel's BTF,
+//! never assumed.
+
+mod common;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::mpsc::{Receiver, channel},
+    time::Duration,
+};
+
+use common::{mm_probe, require_root, run_tool, vm_kernel, workload};
+use mm_probe::{
+    kernel::{Kernel, layout::ThpDisableBits},
+    probes::{Planner, load_object},
+    thp_why::{checks::AllowCheck, probes},
+};
+use serde_json::Value;
+
+/// How long a workload or the tool may take to answer; the guests are emulated and slow.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The live window: long enough for the trigger to finish inside it, in a guest too.
+fn live_duration() -> &'static str {
+    if vm_kernel().is_some() { "20s" } else { "3s" }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workloads
+
+/// A running workload with its stdin and the JSON lines it prints.
+struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<Value>,
+    /// Every pid the workload announced (tree: wrapper, relay, then thp_regions).
+    pids: Vec<u32>,
+}
+
+impl Workload {
+    fn spawn(program: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(workload(program))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting the workload");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(v) => {
+                        if tx.send(v).is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => eprintln!("workload: {line}"),
+                }
+            }
+        });
+        Self { child, stdin, lines, pids: Vec::new() }
+    }
+
+    fn next(&mut self) -> Value {
+        let v = self.lines.recv_timeout(ANSWER_TIMEOUT).expect("the workload stopped answering");
+        if let Some(pid) = v["pid"].as_u64().map(|p| p as u32).filter(|p| !self.pids.contains(p)) {
+            self.pids.push(pid);
+        }
+        v
+    }
+
+    /// thp_regions directly; returns it with its first round.
+    fn regions(args: &[&str]) -> (Self, Value) {
+        let mut w = Self::spawn("thp_regions", args);
+        let round = w.next();
+        (w, round)
+    }
+
+    /// thp_tree (wrapper) -> thp_tree (relay) -> thp_regions; returns it with the first round.
+    fn tree(args: &[&str]) -> (Self, Value) {
+        let mut full = args.to_vec();
+        full.extend(["--", "thp_regions"]);
+        let mut w = Self::spawn("thp_tree", &full);
+        assert_eq!(w.next()["role"], "wrapper");
+        assert_eq!(w.next()["role"], "relay");
+        let round = w.next();
+        (w, round)
+    }
+
+    fn target(&self) -> u32 {
+        *self.pids.last().unwrap()
+    }
+
+    fn command(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("writing to the workload");
+        self.stdin.flush().unwrap();
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        // The innermost process first: the tree's relays exit when it does.
+        for &pid in self.pids.iter().rev() {
+            // SAFETY: signalling a process this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The regions of one round, by name.
+fn region<'a>(round: &'a Value, name: &str) -> &'a Value {
+    round["regions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap()
+}
+
+fn start_of(region: &Value) -> String {
+    format!("{:#x}", region["start"].as_u64().unwrap())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tool
+
+/// The report's VMA at `start` (the JSON carries every VMA).
+fn vma<'a>(report: &'a Value, start: &str) -> &'a Value {
+    report["vmas"].as_array().unwrap().iter().find(|v| v["start"] == start).unwrap_or_else(|| panic!("no VMA at {start}"))
+}
+
+fn reason<'a>(report: &'a Value, code: &str) -> Option<&'a Value> {
+    report["reasons"].as_array().unwrap().iter().find(|r| r["code"] == code)
+}
+
+fn codes(vma: &Value) -> Vec<&str> {
+    vma["reasons"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect()
+}
+
+fn parse_report(stdout: &[u8]) -> Value {
+    let text = String::from_utf8_lossy(stdout);
+    let v: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"));
+    assert_eq!(v["type"], "thp_why");
+    v
+}
+
+/// `thp-why --json` with no live window.
+fn thp_why_static(pid: u32) -> Value {
+    let out = run_tool(&["thp-why", &pid.to_string(), "--json", "--duration", "0s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    parse_report(&out.stdout)
+}
+
+/// `thp-why --json` over a live window; `during` runs once the programs are attached (the tool
+/// says so on stderr) and must finish well inside the window.
+fn thp_why_live(pid: u32, during: impl FnOnce()) -> Value {
+    let mut child = Command::new(mm_probe())
+        .args(["thp-why", &pid.to_string(), "--json", "--duration", live_duration()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running mm-probe");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("watching pid") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    rx.recv_timeout(ANSWER_TIMEOUT).expect("the tool never started watching");
+    during();
+    let out = child.wait_with_output().expect("waiting for mm-probe");
+    let stderr = reader.join().unwrap();
+    eprintln!("mm-probe stderr:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    parse_report(&out.stdout)
+}
+
+fn allow_check_observed(report: &Value) -> bool {
+    report["live"]["allow_check_observed"].as_bool().unwrap()
+}
+
+/// Whether the allow-check probe attaches here, asked of the planner before a test changes
+/// sysfs for it. Where it does not, only the development host is excused, and only for the
+/// reasons it really has (no kprobes, trampolines refused).
+fn allow_check_attachable() -> bool {
+    let kernel = Kernel::running().unwrap();
+    let mut ebpf = load_object(&kernel, &[]).unwrap();
+    let plan = Planner::new(&kernel).attach(&mut ebpf, &probes::ALLOW_CHECK);
+    if !plan.attached() {
+        let why = plan.why_unavailable();
+        assert!(vm_kernel().is_none(), "the allow-check must attach in the guests: {why}");
+        assert!(why.contains("EPERM") || why.contains("CONFIG_KPROBES"), "unexplained: {why}");
+        eprintln!("allow-check not attachable on this kernel ({why}); the live-count test does not apply");
+    }
+    plan.attached()
+}
+
+fn kernel_allow_check() -> AllowCheck {
+    let kernel = Kernel::running().unwrap();
+    kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release))
+}
+
+fn split_disable_bits() -> bool {
+    let kernel = Kernel::running().unwrap();
+    matches!(kernel.btf().map(ThpDisableBits::from_btf), Ok(ThpDisableBits::Split { .. }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// sysfs, set for a test and restored
+
+const ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// Sets transparent_hugepage/enabled for the test's duration; the old value comes back on drop
+/// (also when the test fails).
+struct EnabledGuard(Option<String>);
+
+impl EnabledGuard {
+    fn set(mode: &str) -> Self {
+        let text = std::fs::read_to_string(ENABLED).expect("THP sysfs");
+        let current = text.split('[').nth(1).and_then(|s| s.split(']').next()).unwrap().to_string();
+        if current == mode {
+            return Self(None);
+        }
+        std::fs::write(ENABLED, mode).expect("setting transparent_hugepage/enabled");
+        eprintln!("transparent_hugepage/enabled: {current} -> {mode} (restored after the test)");
+        Self(Some(current))
+    }
+}
+
+impl Drop for EnabledGuard {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = std::fs::write(ENABLED, old);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host and guests: /proc, the ancestor, every per-VMA reason
+
+#[test]
+fn inherited_prctl_is_traced_to_the_wrapper() {
+    require_root();
+    let (tree, round) = Workload::tree(&[]);
+    let [wrapper, relay, target] = [tree.pids[0], tree.pids[1], tree.target()];
+    let report = thp_why_live(target, || {});
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with(&format!("THP disabled for pid {target} (thp_regions): MMF_DISABLE_THP")), "{verdict}");
+    assert!(verdict.contains(&format!("by prctl in ancestor {wrapper} (")), "{verdict}");
+    assert!(verdict.contains("inherited across fork/exec"), "{verdict}");
+    let prctl = reason(&report, "prctl_thp_disable").expect("prctl_thp_disable");
+    assert_eq!(report["reasons"][0]["code"], "prctl_thp_disable", "process-wide reason first");
+    assert_eq!(prctl["set_by"]["pid"], wrapper);
+    assert_eq!(prctl["set_by"]["comm"], "thp_tree");
+    assert_eq!(report["process"]["thp_disable"], "completely");
+    let chain: Vec<u64> = report["process"]["ancestors"].as_array().unwrap().iter().map(|a| a["pid"].as_u64().unwrap()).collect();
+    assert_eq!(&chain[..3], &[target as u64, relay as u64, wrapper as u64]);
+    // The mmap_lock tracepoint reads mm->flags from the kernel wherever tracepoints work.
+    assert_eq!(report["process"]["source"], "kernel", "{}", report["process"]);
+    assert!(report["fix"][0].as_str().unwrap().starts_with("start the workload outside that wrapper"));
+    // Even the madvised region is refused, with the prctl among its reasons.
+    let advised = vma(&report, &start_of(region(&round, "advised")));
+    assert!(codes(advised).contains(&"prctl_thp_disable"), "{advised}");
+    assert_eq!(advised["anon_huge_bytes"], 0);
+}
+
+#[test]
+fn except_advised_mode_is_read_from_the_kernel_on_6_18() {
+    require_root();
+    if !split_disable_bits() {
+        // Before 6.18 PR_THP_DISABLE_EXCEPT_ADVISED does not exist: the wrapper's prctl fails
+        // with EINVAL and the tree never starts the workload.
+        let mut w = Workload::spawn("thp_tree", &["--except-advised", "--", "thp_regions"]);
+        let status = w.child.wait().unwrap();
+        assert!(!status.success(), "prctl(PR_SET_THP_DISABLE, 1, PR_THP_DISABLE_EXCEPT_ADVISED) must fail before 6.18");
+        return;
+    }
+    let (tree, round) = Workload::tree(&["--except-advised"]);
+    let report = thp_why_live(tree.target(), || {});
+    // /proc/PID/status prints THP_enabled: 1 in this mode; only the kernel's mm->flags tell.
+    assert_eq!(report["process"]["status_thp_enabled"], true);
+    assert_eq!(report["process"]["thp_disable"], "except_advised");
+    assert_eq!(report["process"]["source"], "kernel");
+    assert!(report["verdict"].as_str().unwrap().contains("except MADV_HUGEPAGE regions"), "{}", report["verdict"]);
+    let r = reason(&report, "prctl_thp_disable_except_advised").unwrap();
+    assert_eq!(r["set_by"]["pid"], tree.pids[0]);
+    let advised = vma(&report, &start_of(region(&round, "advised")));
+    assert_eq!(advised["reason"], "none", "MADV_HUGEPAGE regions stay eligible: {advised}");
+    let plain = vma(&report, &start_of(region(&round, "plain")));
+    assert!(codes(plain).contains(&"prctl_thp_disable_except_advised"), "{plain}");
+}
+
+#[test]
+fn each_region_gets_its_reason_under_madvise_policy() {
+    require_root();
+    let _policy = EnabledGuard::set("madvise");
+    let (w, round) = Workload::regions(&[]);
+    let report = thp_why_static(w.target());
+    let check = kernel_allow_check();
+    let at = |name| vma(&report, &start_of(region(&round, name)));
+
+    let advised = at("advised");
+    assert_eq!(advised["reason"], "none", "{advised}");
+    assert!(advised["anon_huge_bytes"].as_u64().unwrap() > 0, "eligible and touched: {advised}");
+
+    let plain = at("plain");
+    assert_eq!(plain["reason"], "sysfs_madvise_not_advised", "{plain}");
+    assert_eq!(plain["in_wrapper"], check.has_wrapper(), "6.8+ refuses it in the inline wrapper: {plain}");
+
+    let nohuge = at("nohuge");
+    assert_eq!(nohuge["nh"], true);
+    // The kernel's order: 6.1 tests VM_NOHUGEPAGE first; 6.8+ anonymous memory meets the
+    // wrapper's sysfs mask before it (an nh VMA has no VM_HUGEPAGE, so madvise mode refuses it).
+    let first = if check.has_wrapper() { "sysfs_madvise_not_advised" } else { "vma_nohugepage" };
+    assert_eq!(nohuge["reason"], first, "{nohuge}");
+    assert!(codes(nohuge).contains(&"vma_nohugepage"), "{nohuge}");
+
+    let small = at("small");
+    assert_eq!((small["reason"].as_str(), small["aligned_2m_window"].as_bool()), (Some("vma_too_small"), Some(false)), "{small}");
+    let unaligned = at("unaligned");
+    assert_eq!((unaligned["reason"].as_str(), unaligned["aligned_2m_window"].as_bool()), (Some("vma_unaligned"), Some(false)), "{unaligned}");
+
+    // The kernel's own THPeligible agrees with every judgement on these regions.
+    for name in ["advised", "plain", "nohuge", "small", "unaligned"] {
+        assert_eq!(at(name)["kernel_agrees"], true, "{name}: {}", at(name));
+    }
+    for code in ["sysfs_madvise_not_advised", "vma_nohugepage", "vma_too_small", "vma_unaligned", "none"] {
+        let r = reason(&report, code).unwrap_or_else(|| panic!("{code} missing from {}", report["reasons"]));
+        assert!(!r["detail"].as_str().unwrap().is_empty() && r["vmas"].as_u64().unwrap() >= 1, "{r}");
+    }
+    assert_eq!(report["system"]["enabled"], "madvise");
+    assert_eq!(report["pid"], w.target());
+}
+
+#[test]
+fn text_output_puts_the_verdict_first_and_lists_vmas_largest_first() {
+    require_root();
+    let (tree, _) = Workload::tree(&[]);
+    let out = run_tool(&["thp-why", &tree.target().to_string(), "--duration", "0s"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap();
+    assert!(first.starts_with("THP disabled for pid"), "{text}");
+    for heading in ["Evidence", "Reasons", "Fix", "VMAs (largest first"] {
+        assert!(text.contains(heading), "no {heading} in:\n{text}");
+    }
+    assert!(text.contains("--all-vmas for all"), "{text}");
+    let all = run_tool(&["thp-why", &tree.target().to_string(), "--duration", "0s", "--all-vmas"]);
+    assert!(String::from_utf8_lossy(&all.stdout).lines().count() > text.lines().count());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live: faults, prctl caught, and the allow-check counts where the kernel allows a probe
+
+#[test]
+fn live_round_is_counted_and_a_prctl_is_caught() {
+    require_root();
+    let (mut w, _) = Workload::regions(&[]);
+    let target = w.target();
+    let mut round = Value::Null;
+    let report = thp_why_live(target, || {
+        w.command("round");
+        round = w.next();
+        w.command("prctl-disable");
+        assert_eq!(w.next()["done"], "prctl-disable");
+    });
+    assert_eq!(round["round"], 1);
+    let faults = &report["faults"];
+    assert_eq!(faults["observed"], true, "exceptions:page_fault_user attaches everywhere on x86: {faults}");
+    // VM_NOHUGEPAGE: one fault per 4 KiB page, whatever the policy.
+    let nohuge = vma(&report, &start_of(region(&round, "nohuge")));
+    assert_eq!(nohuge["live"]["faults"], 1024, "{nohuge}");
+    // A region backed by huge pages faulted once per 2 MiB, and those faults were satisfied by them.
+    let advised = vma(&report, &start_of(region(&round, "advised")));
+    let huge_pages = advised["anon_huge_bytes"].as_u64().unwrap() / (2 << 20);
+    assert!(huge_pages > 0, "{advised}");
+    assert_eq!(advised["live"]["faults"].as_u64().unwrap(), 1024 - huge_pages * 511, "{advised}");
+    assert!(faults["in_huge_pages"].as_u64().unwrap() >= huge_pages, "{faults}");
+    assert!(faults["total"].as_u64().unwrap() >= 1024 + 256 + 640, "{faults}");
+    // The prctl during the run: caught by syscalls:sys_enter_prctl and named.
+    let calls = report["process"]["prctl_calls"].as_array().unwrap();
+    let call = calls.iter().find(|c| c["tgid"] == target).unwrap_or_else(|| panic!("prctl not caught: {calls:?}"));
+    assert_eq!((call["effect"].as_str(), call["relation"].as_str()), (Some("disable"), Some("target")));
+    assert_eq!(report["process"]["thp_disable"], "completely");
+    assert_eq!(reason(&report, "prctl_thp_disable").unwrap()["set_by"]["pid"], target);
+    assert!(report["verdict"].as_str().unwrap().contains("by prctl in the process itself (caught live)"), "{}", report["verdict"]);
+}
+
+#[test]
+fn the_plan_says_whether_the_allow_check_is_observable_and_why_not() {
+    require_root();
+    let (w, _) = Workload::regions(&[]);
+    let report = thp_why_live(w.target(), || {});
+    let live = &report["live"];
+    if vm_kernel().is_some() {
+        assert!(allow_check_observed(&report), "every Debian guest kernel lets the allow-check be probed: {live}");
+        let function = kernel_allow_check().function;
+        assert!(live["allow_check"].as_str().unwrap().starts_with(function), "{live}");
+    } else if !allow_check_observed(&report) {
+        // The development host: no kprobes, trampolines refused.
+        let why = live["why_not"].as_str().unwrap();
+        assert!(why.contains("EPERM") || why.contains("CONFIG_KPROBES"), "{why}");
+        assert!(report["verdict"].as_str().unwrap().find("THP checks").is_none());
+    }
+}
+
+/// Guests only: the allow-check counts of a round equal the PMD-level checks its first touches
+/// cause. Tolerance: exact on 6.8+ (the PUD-level check of an anonymous VMA stops in the
+/// wrapper, whose mask has no PUD order); on 6.1 up to one extra PUD-level check per region,
+/// made when its first touch is also the first in a 1 GiB range (pud_none).
+fn pud_tolerance(check: &AllowCheck, regions: usize) -> u64 {
+    if check.has_wrapper() { 0 } else { regions as u64 }
+}
+
+fn fault_checks(vma: &Value) -> (u64, u64) {
+    let c = &vma["live"]["by_call"]["page_fault"];
+    (c["checks"].as_u64().unwrap_or(0), c["denied"].as_u64().unwrap_or(0))
+}
+
+#[test]
+fn guest_allow_check_counts_match_the_workload() {
+    require_root();
+    if !allow_check_attachable() {
+        return;
+    }
+    let _policy = EnabledGuard::set("always");
+    let (mut w, _) = Workload::regions(&[]);
+    let mut round = Value::Null;
+    let report = thp_why_live(w.target(), || {
+        w.command("round");
+        round = w.next();
+    });
+    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let check = kernel_allow_check();
+    let live = &report["live"];
+    assert_eq!(live["unexplained"], 0, "{live}");
+    assert_eq!(live["disagreements"], 0, "{live}");
+    assert_eq!(live["counters"]["check_map_full"], 0, "{live}");
+    let expected_denials = [
+        ("advised", None),
+        ("plain", None),
+        ("nohuge", Some("vma_nohugepage")),
+        ("small", Some("vma_too_small")),
+        ("unaligned", Some("vma_unaligned")),
+    ];
+    let mut total = 0;
+    for (name, denial) in expected_denials {
+        let r = region(&round, name);
+        let v = vma(&report, &start_of(r));
+        let pmd_ranges = r["pmd_ranges"].as_u64().unwrap();
+        let (checks, denied) = fault_checks(v);
+        eprintln!("{name}: {pmd_ranges} first touches of 2 MiB ranges, {checks} fault-path checks, {denied} denied; {}", v["live"]);
+        assert!(
+            checks >= pmd_ranges && checks <= pmd_ranges + pud_tolerance(&check, 1),
+            "{name}: {checks} fault-path checks for {pmd_ranges} 2 MiB ranges: {v}"
+        );
+        total += checks;
+        // Faults skip the size check (do_huge_pmd_anonymous_page falls back later), so only
+        // VM_NOHUGEPAGE refuses a fault here; khugepaged refuses the small and unaligned ones.
+        let fault_denials_expected = if name == "nohuge" { checks } else { 0 };
+        assert_eq!(denied, fault_denials_expected, "{name}: {v}");
+        let denied_by = v["live"]["denied_by"].as_object().unwrap();
+        for (code, n) in denied_by {
+            assert_eq!(Some(code.as_str()), denial, "{name}: {n} denials decoded as {code}: {v}");
+        }
+        if denial.is_none() {
+            assert_eq!(v["reason"], "none", "{name}: {v}");
+            assert!(v["anon_huge_bytes"].as_u64().unwrap() > 0, "{name} is eligible and touched: {v}");
+        } else {
+            assert_eq!(v["reason"], denial.unwrap(), "{name}: {v}");
+        }
+    }
+    let regions = expected_denials.len();
+    assert!(total >= 9 && total <= 9 + pud_tolerance(&check, regions), "{total} fault-path checks for 9 ranges");
+    let nohuge = reason(&report, "vma_nohugepage").unwrap();
+    assert!(nohuge["count"].as_u64().unwrap() >= 2, "{nohuge}");
+    assert!(report["faults"]["in_huge_pages"].as_u64().unwrap() >= 4, "{}", report["faults"]);
+    eprintln!("{}: {total} fault-path checks on the round's regions", vm_kernel().unwrap_or_default());
+}
+
+#[test]
+fn guest_prctl_denials_are_counted_and_attributed() {
+    require_root();
+    if !allow_check_attachable() {
+        return;
+    }
+    let _policy = EnabledGuard::set("always");
+    let (mut tree, _) = Workload::tree(&[]);
+    let mut round = Value::Null;
+    let report = thp_why_live(tree.target(), || {
+        tree.command("round");
+        round = tree.next();
+    });
+    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let check = kernel_allow_check();
+    let mut fault_checks_total = 0;
+    for r in round["regions"].as_array().unwrap() {
+        let v = vma(&report, &start_of(r));
+        let (checks, denied) = fault_checks(v);
+        let pmd_ranges = r["pmd_ranges"].as_u64().unwrap();
+        assert!(checks >= pmd_ranges && checks <= pmd_ranges + pud_tolerance(&check, 1), "{}: {v}", r["name"]);
+        assert_eq!(denied, checks, "every check of a prctl-disabled process is denied: {v}");
+        // VM_NOHUGEPAGE is tested before the mm flag: the nohuge region's denials say so.
+        let expected = if r["name"] == "nohuge" { "vma_nohugepage" } else { "prctl_thp_disable" };
+        assert_eq!(v["live"]["denied_by"][expected], denied, "{}: {v}", r["name"]);
+        assert_eq!(v["anon_huge_bytes"], 0);
+        fault_checks_total += checks;
+    }
+    let prctl = reason(&report, "prctl_thp_disable").unwrap();
+    assert!(prctl["count"].as_u64().unwrap() >= fault_checks_total - 2 - pud_tolerance(&check, 1), "{prctl}");
+    assert_eq!(prctl["set_by"]["pid"], tree.pids[0]);
+    let verdict = report["verdict"].as_str().unwrap();
+    let live = &report["live"];
+    assert!(verdict.ends_with(&format!("; {} THP checks, {} denied", live["checks"], live["denied"])), "{verdict}");
+    assert_eq!(live["checks"], live["denied"], "{live}");
+    eprintln!("{}: {verdict}", vm_kernel().unwrap_or_default());
+}
+
+#[test]
+fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
+    require_root();
+    if !allow_check_attachable() {
+        return;
+    }
+    let _policy = EnabledGuard::set("madvise");
+    let (mut w, _) = Workload::regions(&[]);
+    let mut round = Value::Null;
+    let report = thp_why_live(w.target(), || {
+        w.command("round");
+        round = w.next();
+    });
+    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let check = kernel_allow_check();
+    let plain = vma(&report, &start_of(region(&round, "plain")));
+    let (checks, denied) = fault_checks(plain);
+    assert_eq!(plain["reason"], "sysfs_madvise_not_advised");
+    if check.has_wrapper() {
+        // The wrapper refuses it before __thp_vma_allowable_orders: nothing to count, and the
+        // report says the reason is derived.
+        assert_eq!(checks, 0, "{plain}");
+        assert_eq!(plain["in_wrapper"], true);
+        assert!(report["live"]["wrapper_note"].as_str().unwrap().contains("derived from sysfs and vm_flags"));
+    } else {
+        assert!(checks >= 2 && checks <= 2 + pud_tolerance(&check, 1), "{plain}");
+        assert_eq!(denied, checks, "{plain}");
+        assert_eq!(plain["live"]["denied_by"]["sysfs_madvise_not_advised"], denied, "{plain}");
+    }
+    let advised = vma(&report, &start_of(region(&round, "advised")));
+    assert_eq!(advised["reason"], "none");
+    assert!(advised["anon_huge_bytes"].as_u64().unwrap() > 0, "{advised}");
+    assert_eq!(fault_checks(advised).1, 0, "{advised}");
+    eprintln!("{}: plain region under madvise: {checks} fault-path checks seen, {denied} denied", vm_kernel().unwrap_or_default());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: one line, exit 1, never a panic
+
+fn assert_one_line_error(out: &std::process::Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line, not a panic: {stderr}");
+    assert!(stderr.contains(needle), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn unknown_pid_is_a_one_line_error() {
+    require_root();
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let unused = (300..pid_max).rev().find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).unwrap();
+    assert_one_line_error(&run_tool(&["thp-why", &unused.to_string()]), "does not exist");
+}
+
+#[test]
+fn a_kernel_thread_is_refused() {
+    require_root();
+    // kthreadd is pid 2 on every Linux system.
+    assert_one_line_error(&run_tool(&["thp-why", "2"]), "kernel thread");
+}
+
+#[test]
+fn a_zombie_is_refused() {
+    require_root();
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    // Not reaped yet: a zombie until wait().
+    let zombie = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    assert!(zombie);
+    assert_one_line_error(&run_tool(&["thp-why", &pid.to_string()]), "zombie");
+    child.wait().unwrap();
+}
+
+#[test]
+fn without_permission_to_read_the_target_it_says_what_to_do() {
+    require_root();
+    let (w, _) = Workload::regions(&[]);
+    // nobody may not read a root process's smaps (ptrace access check).
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(mm_probe())
+        .args(["thp-why", &w.target().to_string()])
+        .output()
+        .expect("running setpriv");
+    assert_one_line_error(&out, "permission denied");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run as root"));
+}
+
+#[test]
+fn a_target_exiting_mid_run_gives_a_partial_result() {
+    require_root();
+    let (mut w, round) = Workload::regions(&[]);
+    let target = w.target();
+    let report = thp_why_live(target, || w.command("exit"));
+    assert_eq!(report["live"]["stopped_by"], "target_exited", "{}", report["live"]);
+    let notes = report["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("exited during the run")), "{notes:?}");
+    // The VMAs from the start of the run are still judged.
+    assert_eq!(vma(&report, &start_of(region(&round, "small")))["reason"], "vma_too_small");
+}

@@ -26,7 +26,7 @@ pub const MMAP_LOCK_MM_OFFSET: &str = "THP_MMAP_LOCK_MM_OFFSET";
 
 /// Hash map [`ThpCheckKey`] → number of allow-checks with exactly those facts.
 pub const CHECKS_MAP: &str = "THP_CHECKS";
-/// Hash map (fault address >> 21, i.e. the 2 MiB range) → page faults of the target there.
+/// Hash map (fault address >> FAULT_RANGE_SHIFT) → page faults of the target there.
 pub const FAULTS_MAP: &str = "THP_FAULTS";
 /// Array of [`MmSeen`], indexed by [`MmSlot`].
 pub const MM_MAP: &str = "THP_MM";
@@ -38,8 +38,10 @@ pub const COUNTERS_MAP: &str = "THP_COUNTERS";
 /// prctl option numbers (uapi linux/prctl.h), the same on every version.
 pub const PR_SET_THP_DISABLE: u64 = 41;
 
-/// A 2 MiB range: fault addresses are keyed by `address >> FAULT_RANGE_SHIFT`.
-pub const FAULT_RANGE_SHIFT: u32 = 21;
+/// Faults are counted per 64 KiB (`address >> FAULT_RANGE_SHIFT`): fine enough to credit them to
+/// the right VMA (VMAs are page-aligned, rarely smaller), coarse enough that the 65536-entry map
+/// covers 4 GiB of touched memory.
+pub const FAULT_RANGE_SHIFT: u32 = 16;
 
 /// One kind of allow-check: every field is a raw value the kernel had, masked by user space's
 /// globals. Explicit padding keeps the key's bytes fully defined (hash keys compare bytes).

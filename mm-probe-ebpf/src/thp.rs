@@ -216,7 +216,7 @@ pub fn thp_allowable_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// exceptions:page_fault_user (x86): count the target's faults per 2 MiB range.
+/// exceptions:page_fault_user (x86): count the target's faults per 64 KiB of address space.
 #[tracepoint]
 pub fn thp_page_fault_user(ctx: TracePointContext) -> u32 {
     if current_tgid() != THP_TARGET_TGID.load() {

@@ -22,7 +22,7 @@ use crate::{
 #[derive(Clone, Debug, Default)]
 pub struct Counts {
     pub checks: Vec<(ThpCheckKey, u64)>,
-    /// (2 MiB range index = address >> 21, faults)
+    /// (address >> FAULT_RANGE_SHIFT, faults), ascending
     pub fault_ranges: Vec<(u64, u64)>,
     pub counters: BTreeMap<&'static str, u64>,
 }

@@ -88,6 +88,7 @@ fn validate_target(pid: u32) -> Result<Target> {
         notes.push(format!("pid {pid} is a thread of process {}; examining the process (threads share one mm)", status.tgid));
         proc = Proc::new(status.tgid);
     }
+    proc.check_smaps_access().map_err(|e| user_error(pid, e))?;
     let comm = proc.stat().map(|s| s.comm).unwrap_or(stat.comm);
     let cmdline = proc.cmdline().unwrap_or_default();
     Ok(Target { proc, comm, cmdline, notes })

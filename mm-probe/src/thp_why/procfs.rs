@@ -55,6 +55,12 @@ impl Proc {
         }
     }
 
+    /// Opening /proc/PID/smaps is where the kernel checks ptrace access (proc_mem_open): a cheap
+    /// way to fail early, before any work, when the caller may not look at this process.
+    pub fn check_smaps_access(&self) -> Result<(), ProcError> {
+        std::fs::File::open(self.root.join("smaps")).map(drop).map_err(|e| self.error("smaps", e))
+    }
+
     pub fn status(&self) -> Result<Status, ProcError> {
         Ok(parse_status(&self.read("status")?))
     }

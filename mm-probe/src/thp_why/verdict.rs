@@ -109,6 +109,9 @@ pub struct VmaEntry {
     pub live: VmaLive,
     #[serde(skip)]
     start_addr: u64,
+    /// Not PROT_NONE: it can fault.
+    #[serde(skip)]
+    accessible: bool,
     /// The detail of each of `reasons`, same order.
     #[serde(skip)]
     details: Vec<String>,
@@ -167,7 +170,7 @@ pub struct FaultFacts {
     /// Faults that got a PMD huge page: AnonHugePages growth per VMA over the run in 2 MiB
     /// units, capped by that VMA's faults (an estimate; the tracepoint does not say).
     pub in_huge_pages: u64,
-    /// 2 MiB ranges the faults fell in.
+    /// Distinct 2 MiB ranges the faults fell in.
     pub ranges: usize,
     pub thp_fault_alloc: i64,
     pub thp_fault_fallback: i64,
@@ -386,6 +389,7 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
         kernel_agrees,
         live: VmaLive::default(),
         start_addr: vma.start,
+        accessible: !vma.perms.starts_with("---"),
         details,
     }
 }
@@ -526,14 +530,15 @@ fn decode_live(input: &Inputs, li: &LiveInput, vmas: &mut [VmaEntry], live: &mut
     }
 }
 
-/// Spreads the faults counted per 2 MiB range over the VMAs those ranges overlap (the range's
-/// first VMA; a range shared by several small VMAs is credited to one of them).
+/// Credits the faults counted per 64 KiB unit to the VMA they fell in: of the accessible VMAs
+/// overlapping the unit, the one overlapping it most (a unit holding two VMAs' pages is credited
+/// to one of them).
 fn attribute_faults(ranges: &[(u64, u64)], vmas: &mut [VmaEntry]) {
-    for &(range, faults) in ranges {
-        let lo = range << FAULT_RANGE_SHIFT;
+    for &(unit, faults) in ranges {
+        let lo = unit << FAULT_RANGE_SHIFT;
         let hi = lo + (1 << FAULT_RANGE_SHIFT);
-        let vma_end = |v: &VmaEntry| v.start_addr + v.size_bytes;
-        if let Some(v) = vmas.iter_mut().filter(|v| v.start_addr < hi && vma_end(v) > lo).min_by_key(|v| v.start_addr) {
+        let overlap = |v: &VmaEntry| (v.start_addr + v.size_bytes).min(hi).saturating_sub(v.start_addr.max(lo));
+        if let Some(v) = vmas.iter_mut().filter(|v| v.accessible && overlap(v) > 0).max_by_key(|v| overlap(v)) {
             v.live.faults += faults;
         }
     }
@@ -560,7 +565,11 @@ fn fault_facts(input: &Inputs, vmas: &[VmaEntry]) -> FaultFacts {
         observed,
         total,
         in_huge_pages,
-        ranges: input.live.as_ref().map_or(0, |l| l.fault_ranges.len()),
+        ranges: input.live.as_ref().map_or(0, |l| {
+            let mut pmds: Vec<u64> = l.fault_ranges.iter().map(|(unit, _)| unit >> (21 - FAULT_RANGE_SHIFT)).collect();
+            pmds.dedup();
+            pmds.len()
+        }),
         thp_fault_alloc: delta(input, "thp_fault_alloc"),
         thp_fault_fallback: delta(input, "thp_fault_fallback"),
         thp_fault_fallback_charge: delta(input, "thp_fault_fallback_charge"),
@@ -890,7 +899,7 @@ VmFlags: rd wr mr mw me ac hg
                 failed_attempts: Vec::new(),
             }],
         };
-        LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> 21, 640)], counters: BTreeMap::new(), duration_ms: 5000, stopped_by: "duration" }
+        LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)], counters: BTreeMap::new(), duration_ms: 5000, stopped_by: "duration" }
     }
 
     #[test]

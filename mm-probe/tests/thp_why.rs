@@ -557,10 +557,18 @@ fn guest_prctl_denials_are_counted_and_attributed() {
         let pmd_ranges = r["pmd_ranges"].as_u64().unwrap();
         assert!(checks >= pmd_ranges && checks <= pmd_ranges + pud_tolerance(check, 1), "{}: {v}", r["name"]);
         assert_eq!(denied, checks, "every check of a prctl-disabled process is denied: {v}");
-        // VM_NOHUGEPAGE is tested before the mm flag: the nohuge region's denials say so.
-        let expected = if r["name"] == "nohuge" { "vma_nohugepage" } else { "prctl_thp_disable" };
-        // All of the VMA's denials (khugepaged's too) carry that reason.
-        assert_eq!(v["live"]["denied_by"][expected], v["live"]["denied"], "{}: {v}", r["name"]);
+        // VM_NOHUGEPAGE is tested before the mm flag, so the nohuge region's fault-path
+        // denials name it. Its khugepaged check at mmap time, before madvise set the flag,
+        // saw only the mm flag: the key's own vm_flags decide, and say prctl.
+        let denied_by = &v["live"]["denied_by"];
+        let all: u64 = denied_by.as_object().unwrap().values().map(|n| n.as_u64().unwrap()).sum();
+        assert_eq!(all, v["live"]["denied"].as_u64().unwrap(), "every denial explained: {v}");
+        if r["name"] == "nohuge" {
+            assert_eq!(denied_by["vma_nohugepage"], denied, "{v}");
+            assert!(denied_by.as_object().unwrap().keys().all(|k| k == "vma_nohugepage" || k == "prctl_thp_disable"), "{v}");
+        } else {
+            assert_eq!(denied_by["prctl_thp_disable"], v["live"]["denied"], "{}: {v}", r["name"]);
+        }
         assert_eq!(v["anon_huge_bytes"], 0);
         fault_checks_total += checks;
     }
@@ -571,7 +579,7 @@ fn guest_prctl_denials_are_counted_and_attributed() {
     let live = &report["live"];
     assert!(verdict.ends_with(&format!("; {} THP checks, {} denied", live["checks"], live["denied"])), "{verdict}");
     assert_eq!(live["checks"], live["denied"], "{live}");
-    eprintln!("{}: {verdict}", vm_kernel().unwrap_or_default());
+    eprintln!("{}: {verdict}; by caller {}", vm_kernel().unwrap_or_default(), live["by_call"]);
 }
 
 #[test]
@@ -608,6 +616,27 @@ fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
     assert!(advised["anon_huge_bytes"].as_u64().unwrap() > 0, "{advised}");
     assert_eq!(fault_checks(advised).1, 0, "{advised}");
     eprintln!("{}: plain region under madvise: {checks} fault-path checks seen, {denied} denied", vm_kernel().unwrap_or_default());
+}
+
+#[test]
+fn the_allow_check_layout_comes_from_btf() {
+    require_root();
+    let check = kernel_allow_check();
+    assert_eq!(check.decided_from, "btf", "every kernel of the matrix has BTF");
+    let params: Vec<&str> = check.params.iter().map(String::as_str).collect();
+    let kernel = Kernel::running().unwrap();
+    // The prototypes of kernel-facts §1.1, as this kernel's BTF states them.
+    let expected: &[&str] = if kernel.release.at_least(6, 18) {
+        &["vma", "vm_flags", "type", "orders"]
+    } else if kernel.release.at_least(6, 10) {
+        &["vma", "vm_flags", "tva_flags", "orders"]
+    } else if kernel.release.at_least(6, 8) {
+        &["vma", "vm_flags", "smaps", "in_pf", "enforce_sysfs", "orders"]
+    } else {
+        &["vma", "vm_flags", "smaps", "in_pf", "enforce_sysfs"]
+    };
+    assert_eq!(params, expected, "{}", check.function);
+    eprintln!("{}: {}({})", kernel.release.text, check.function, params.join(", "));
 }
 
 // ---------------------------------------------------------------------------------------------

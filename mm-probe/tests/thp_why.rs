@@ -19,8 +19,14 @@ use std::{
 use common::{mm_probe, require_root, run_tool, vm_kernel, workload};
 use mm_probe::{
     kernel::{Kernel, layout::ThpDisableBits},
-    probes::{Planner, load_object},
-    thp_why::{checks::AllowCheck, probes},
+    probes::{LogicalProbe, Planner, load_object},
+    thp_why::{
+        checks::{AllowCheck, Call},
+        live::Live,
+        probes,
+        procfs::Proc,
+        reasons::DisableMode,
+    },
 };
 use serde_json::Value;
 
@@ -637,6 +643,48 @@ fn the_allow_check_layout_comes_from_btf() {
     };
     assert_eq!(params, expected, "{}", check.function);
     eprintln!("{}: {}({})", kernel.release.text, check.function, params.join(", "));
+}
+
+#[test]
+fn guest_kprobe_fallback_counts_like_the_fexit() {
+    require_root();
+    if !allow_check_attachable() {
+        return;
+    }
+    let _policy = EnabledGuard::set("always");
+    let (mut w, _) = Workload::regions(&[]);
+    let kernel = Kernel::running().unwrap();
+    let check = kernel_allow_check();
+    let bits = ThpDisableBits::from_btf(kernel.btf().unwrap());
+    // Only the allow-check's second candidate: kprobe at entry, kretprobe at return.
+    let kprobe_only = LogicalProbe { candidates: &probes::ALLOW_CHECK.candidates[1..], ..probes::ALLOW_CHECK };
+    let catalog = [kprobe_only, probes::PAGE_FAULTS, probes::MMAP_LOCK];
+    let mut live = Live::start_with(&kernel, w.target(), check, DisableMode::mask(bits), &catalog).unwrap();
+    let plan = live.plan.get(probes::ALLOW_CHECK.name).unwrap();
+    assert_eq!(plan.mechanism(), Some("kprobe+kretprobe"), "{plan:?}");
+    let seen = live.probe_mm(&Proc::new(w.target())).expect("mmap_lock tells the target's mm");
+    live.offer_target_mm(seen).unwrap();
+    w.command("round");
+    let round = w.next();
+    let counts = live.counts().unwrap();
+    assert_eq!(counts.counter("return_without_entry"), 0);
+    for r in round["regions"].as_array().unwrap() {
+        let start = r["start"].as_u64().unwrap();
+        let faults = |denied_only: bool| -> u64 {
+            counts
+                .checks
+                .iter()
+                .filter(|(k, _)| k.vm_start == start && check.encoding.decode(k.call_args) == Some(Call::PageFault))
+                .filter(|(k, _)| !denied_only || k.ret == 0)
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let pmd_ranges = r["pmd_ranges"].as_u64().unwrap();
+        let (checks, denied) = (faults(false), faults(true));
+        eprintln!("kprobe: {}: {pmd_ranges} first touches, {checks} fault-path checks, {denied} denied", r["name"]);
+        assert!(checks >= pmd_ranges && checks <= pmd_ranges + pud_tolerance(check, 1), "{}", r["name"]);
+        assert_eq!(denied, if r["name"] == "nohuge" { checks } else { 0 }, "{}", r["name"]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
-    probes::{GlobalValue, Plan, Planner, load_object},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner, load_object},
 };
 
 /// What the kernel programs counted, summed over CPUs.
@@ -58,6 +58,19 @@ fn tracepoint_offsets() -> Vec<(&'static str, GlobalValue)> {
 impl Live {
     /// Loads and attaches everything it can for `target_tgid`; the plan says what did not.
     pub fn start(kernel: &Kernel, target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) -> Result<Self> {
+        Self::start_with(kernel, target_tgid, allow_check, mm_flags_mask, probes::PROBES)
+    }
+
+    /// As `start`, with a chosen catalog (tests use it to force the kprobe fallback). The prctl
+    /// ring buffer is read only when its probe is in `catalog`, and then a tokio reactor must be
+    /// running.
+    pub fn start_with(
+        kernel: &Kernel,
+        target_tgid: u32,
+        allow_check: &AllowCheck,
+        mm_flags_mask: u64,
+        catalog: &[LogicalProbe],
+    ) -> Result<Self> {
         let mut settings = vec![
             (names::TARGET_TGID, GlobalValue::U32(target_tgid)),
             (names::SELF_TGID, GlobalValue::U32(std::process::id())),
@@ -67,7 +80,7 @@ impl Live {
         ];
         settings.extend(tracepoint_offsets());
         let mut ebpf = load_object(kernel, &settings)?;
-        let plan = Planner::new(kernel).attach_all(&mut ebpf, probes::PROBES);
+        let plan = Planner::new(kernel).attach_all(&mut ebpf, catalog);
         let prctl = if plan.is_attached(probes::PRCTL.name) {
             let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;
             Some(RingReader::new(map)?)

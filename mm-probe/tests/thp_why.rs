@@ -458,6 +458,11 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
     assert_eq!(advised["live"]["faults"].as_u64().unwrap(), 1024 - huge_pages * 511, "{advised}");
     assert!(faults["in_huge_pages"].as_u64().unwrap() >= huge_pages, "{faults}");
     assert!(faults["total"].as_u64().unwrap() >= 1024 + 256 + 640, "{faults}");
+    let per_region: Vec<String> = ["advised", "plain", "nohuge", "small", "unaligned"]
+        .iter()
+        .map(|name| format!("{name} {}", vma(&report, &start_of(region(&round, name)))["live"]["faults"]))
+        .collect();
+    eprintln!("{}: round faults: {}; total {}, ~{} in huge pages", vm_kernel().unwrap_or("host".into()), per_region.join(", "), faults["total"], faults["in_huge_pages"]);
     // The prctl during the run: caught by syscalls:sys_enter_prctl and named.
     let calls = report["process"]["prctl_calls"].as_array().unwrap();
     let call = calls.iter().find(|c| c["tgid"] == target).unwrap_or_else(|| panic!("prctl not caught: {calls:?}"));

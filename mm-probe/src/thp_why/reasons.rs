@@ -189,7 +189,7 @@ impl VmaFacts {
     /// lies inside the VMA, and a file's offset is aligned to it.
     pub fn fits_order(&self, order: u32) -> bool {
         let size = 1u64 << (PAGE_SHIFT + order);
-        if !self.is_anonymous() && ((self.start >> PAGE_SHIFT).wrapping_sub(self.pgoff)) % (1 << order) != 0 {
+        if !self.is_anonymous() && !(self.start >> PAGE_SHIFT).wrapping_sub(self.pgoff).is_multiple_of(1 << order) {
             return false;
         }
         let Some(last) = self.end.checked_sub(size) else { return false };
@@ -369,10 +369,11 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
                 }
             }
             Step::SysfsGlobal => {
-                if call.enforce_sysfs() && !matches!(vma.kind, VmaKind::Shmem { .. } if !call.in_pf()) {
-                    if let Some((code, why)) = global_refusal(policy, vma.vm_hugepage) {
-                        deny(&mut eval, code, step, why);
-                    }
+                // shmem VMAs outside faults returned at `Shmem` already.
+                if call.enforce_sysfs()
+                    && let Some((code, why)) = global_refusal(policy, vma.vm_hugepage)
+                {
+                    deny(&mut eval, code, step, why);
                 }
             }
             Step::FileThp => {

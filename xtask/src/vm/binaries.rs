@@ -4,7 +4,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -22,16 +22,23 @@ pub struct TestBinary {
     pub package_dir: PathBuf,
 }
 
-/// Builds the tool, the workloads and the mm-probe integration tests; returns the test
-/// executables, restricted to `only` when it is not empty (an unknown name is an error).
-pub fn build(only: &[String]) -> Result<Vec<TestBinary>> {
+/// Builds the tool, the workloads and the mm-probe integration tests (`release`: optimised, which
+/// runs several times faster under TCG); returns the test executables, restricted to `only`
+/// when it is not empty (an unknown name is an error).
+pub fn build(only: &[String], release: bool) -> Result<Vec<TestBinary>> {
+    let profile: &[&str] = if release { &["--release"] } else { &[] };
     // The tests run the tool and the workloads as binaries found next to them.
-    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins"]))?;
+    // (xtask itself is already built and need not be built again optimised.)
+    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins", "--exclude", "xtask"]).args(profile))?;
     let mut command = Command::new("cargo");
-    command.args(["test", "--package", "mm-probe", "--tests", "--no-run", "--message-format=json"]);
+    command.args(["test", "--package", "mm-probe", "--tests", "--no-run", "--message-format=json"]).args(profile);
     eprintln!("xtask: {command:?}");
-    let json = cmd::output(&mut command)?;
-    let all = integration_tests(&json)?;
+    // Compiler progress and errors go to the terminal; only the JSON messages are read.
+    let out = command.stderr(Stdio::inherit()).output().context("starting cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the mm-probe integration tests failed with {}", out.status);
+    }
+    let all = integration_tests(&String::from_utf8_lossy(&out.stdout))?;
     if all.is_empty() {
         bail!("cargo built no integration-test executable for mm-probe");
     }

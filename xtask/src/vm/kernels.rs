@@ -204,9 +204,7 @@ fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()>
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let result = (|| {
         eprintln!("xtask vm-test: downloading {package} {version}");
-        cmd::output(
-            Command::new("apt-get").args(["download", "-qq", &format!("{package}={version}")]).current_dir(&staging),
-        )?;
+        apt_download(package, version, &staging)?;
         let deb = std::fs::read_dir(&staging)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "deb"))
@@ -227,6 +225,23 @@ fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()>
     })();
     let _ = std::fs::remove_dir_all(&staging);
     result
+}
+
+/// `apt-get download` into `dir`; on failure, apt's errors (`E:` lines) without its warnings (as
+/// root it always warns that the download is unsandboxed).
+fn apt_download(package: &str, version: &str, dir: &Path) -> Result<()> {
+    let out = Command::new("apt-get")
+        .args(["download", "-qq", &format!("{package}={version}")])
+        .current_dir(dir)
+        .output()
+        .context("running apt-get download")?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("E:")).collect();
+    let errors = if errors.is_empty() { stderr.trim().to_owned() } else { errors.join(" ") };
+    bail!("apt-get download {package}={version} failed: {errors}")
 }
 
 /// The single `lib/modules/<release>` directory of an unpacked kernel package.

@@ -42,7 +42,7 @@ impl Accel {
 /// How long a KVM guest may take to reach /init before KVM is declared broken. A working KVM
 /// gets there in about two seconds; nested KVM on this kind of host hangs or stops with
 /// "emulation failure" instead, so TCG is the default that always works.
-const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// KVM when /dev/kvm opens and a probe boot of `kernel` reaches /init, else TCG.
 pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
@@ -102,11 +102,16 @@ impl BootRun {
         self.markers.iter().any(|m| m.contains(text))
     }
 
-    /// The last `lines` lines of the console, for failure reports.
-    pub fn console_tail(&self, lines: usize) -> String {
+    /// The console evidence for a failure report: from the first kernel failure on when there
+    /// is one (the panic message, not the end of its stack trace), else the last lines.
+    pub fn console_excerpt(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.console_log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        let start = match all.iter().position(|l| kernel_failure(l)) {
+            Some(first) => first.saturating_sub(2),
+            None => all.len().saturating_sub(lines),
+        };
+        all[start..all.len().min(start + lines)].join("\n")
     }
 }
 
@@ -192,7 +197,7 @@ fn spawn_reader<R: std::io::Read + Send + 'static>(
         let mut raw = Vec::new();
         // Lines, not strings: the console carries terminal escapes and the odd invalid byte.
         while reader.read_until(b'\n', &mut raw).is_ok_and(|n| n > 0) {
-            let line = String::from_utf8_lossy(&raw).trim_end().to_owned();
+            let line = strip_terminal_escapes(&String::from_utf8_lossy(&raw)).trim_end().to_owned();
             raw.clear();
             if let Ok(mut file) = log.lock() {
                 let _ = writeln!(file, "{line}");
@@ -209,6 +214,30 @@ fn spawn_reader<R: std::io::Read + Send + 'static>(
             }
         }
     }))
+}
+
+/// SeaBIOS and the firmware clear the screen with escape sequences (`ESC c`, `ESC [2J`); they
+/// make the log and the console tails in reports unreadable.
+fn strip_terminal_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.next_if_eq(&'[').is_some() {
+            // CSI: parameters and intermediates up to a final byte in '@'..='~'.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
 }
 
 /// Polls `child` until it exits or `deadline` passes; kills it then. Returns whether it timed out.
@@ -237,5 +266,14 @@ mod tests {
         assert!(kernel_failure("[    5.1] Oops: 0002 [#1] PREEMPT SMP NOPTI"));
         assert!(!kernel_failure("mm-probe-vm: running Oops_BUG:_tests"));
         assert!(!kernel_failure("[    1.0] Run /init as init process"));
+    }
+
+    #[test]
+    fn firmware_screen_clearing_is_stripped() {
+        assert_eq!(
+            strip_terminal_escapes("\u{1b}c\u{1b}[?7l\u{1b}[2J\u{1b}[0mSeaBIOS (version 1.16.2)"),
+            "SeaBIOS (version 1.16.2)"
+        );
+        assert_eq!(strip_terminal_escapes("plain [2J text"), "plain [2J text");
     }
 }

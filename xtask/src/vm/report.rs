@@ -69,10 +69,12 @@ pub fn parse_libtest(output: &str) -> Vec<TestResult> {
             continue;
         }
         // The list repeats the names of the failed tests, indented, after the captured outputs.
-        if in_failure_list && line.starts_with("    ") && !trimmed.contains(' ') {
-            if let Some(result) = results.iter_mut().find(|r| r.name == trimmed) {
-                result.verdict = Verdict::Failed;
-            }
+        if in_failure_list
+            && line.starts_with("    ")
+            && !trimmed.contains(' ')
+            && let Some(result) = results.iter_mut().find(|r| r.name == trimmed)
+        {
+            result.verdict = Verdict::Failed;
         }
     }
     results
@@ -107,6 +109,11 @@ pub fn failure_details(output: &str) -> String {
         }
     }
     details.trim().to_owned()
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.trim_end().lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// One test binary's run in one guest.
@@ -157,9 +164,12 @@ impl KernelRun {
         !self.run_failures.is_empty() || self.binaries.iter().any(BinaryRun::failed)
     }
 
+    /// Passed, failed and ignored tests; a binary that crashed or never finished counts as one
+    /// failure on top of its tests.
     fn counts(&self) -> (usize, usize, usize) {
         let tests = self.binaries.iter().flat_map(|b| &b.tests);
-        let (mut passed, mut failed, mut ignored) = (0, 0, 0);
+        let (mut passed, mut ignored) = (0, 0);
+        let mut failed = self.binaries.iter().filter(|b| b.binary_problem().is_some()).count();
         for test in tests {
             match test.verdict {
                 Verdict::Passed => passed += 1,
@@ -253,13 +263,12 @@ pub fn read_binary_run(
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .map(Duration::from_millis);
-    BinaryRun {
-        binary: binary.to_owned(),
-        tests: parse_libtest(&output),
-        status,
-        elapsed,
-        failure_details: failure_details(&output),
-    }
+    // Without libtest's failure section (killed, crashed), the end of the output is the evidence.
+    let details = match failure_details(&output) {
+        d if d.is_empty() => tail(&output, 20),
+        d => d,
+    };
+    BinaryRun { binary: binary.to_owned(), tests: parse_libtest(&output), status, elapsed, failure_details: details }
 }
 
 #[cfg(test)]

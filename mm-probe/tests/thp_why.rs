@@ -220,6 +220,10 @@ fn allow_check_observed(report: &Value) -> bool {
 
 /// What this kernel is, learned once per test executable (parsing BTF is slow in the guests).
 struct KernelFacts {
+    /// CONFIG_TRANSPARENT_HUGEPAGE (its sysfs directory exists); Debian's RT kernels lack it.
+    thp_built_in: bool,
+    /// The allow-check's prototype was found in BTF.
+    allow_check_in_btf: bool,
     allow_check: AllowCheck,
     split_disable_bits: bool,
     /// Why the allow-check probe does not attach, if it does not.
@@ -231,13 +235,29 @@ fn kernel_facts() -> &'static KernelFacts {
     FACTS.get_or_init(|| {
         let kernel = Kernel::running().unwrap();
         let btf = kernel.btf().ok();
-        let allow_check = btf.and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
+        let from_btf = btf.and_then(AllowCheck::from_btf);
+        let allow_check_in_btf = from_btf.is_some();
+        let allow_check = from_btf.unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
         let split_disable_bits = matches!(btf.map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
         let mut ebpf = load_object(&kernel, &[]).unwrap();
         let plan = Planner::new(&kernel).attach(&mut ebpf, &probes::ALLOW_CHECK);
         let allow_check_unavailable = (!plan.attached()).then(|| plan.why_unavailable());
-        KernelFacts { allow_check, split_disable_bits, allow_check_unavailable }
+        let thp_built_in = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").is_dir();
+        KernelFacts { thp_built_in, allow_check_in_btf, allow_check, split_disable_bits, allow_check_unavailable }
     })
+}
+
+fn thp_built_in() -> bool {
+    kernel_facts().thp_built_in
+}
+
+/// On a kernel without THP the report must say so first, and judge every VMA by it.
+fn assert_no_thp(report: &Value) {
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with("THP unavailable for pid") && verdict.contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{verdict}");
+    assert_eq!(report["reasons"][0]["code"], "sysfs_never", "{}", report["reasons"]);
+    assert!(report["vmas"].as_array().unwrap().iter().all(|v| v["reason"] == "sysfs_never"));
+    assert_eq!(report["system"]["thp_built_in"], false);
 }
 
 fn kernel_allow_check() -> &'static AllowCheck {
@@ -250,6 +270,12 @@ fn kernel_allow_check() -> &'static AllowCheck {
 fn allow_check_attachable() -> bool {
     match &kernel_facts().allow_check_unavailable {
         None => true,
+        Some(why) if !kernel_facts().thp_built_in => {
+            // No THP, no allow-check function to probe.
+            assert!(why.contains("not in this kernel's BTF") && why.contains("no function"), "{why}");
+            eprintln!("this kernel has no THP; the live-count test does not apply");
+            false
+        }
         Some(why) => {
             assert!(vm_kernel().is_none(), "the allow-check must attach in the guests: {why}");
             assert!(why.contains("EPERM") || why.contains("CONFIG_KPROBES"), "unexplained: {why}");
@@ -298,6 +324,14 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
     let (tree, round) = Workload::tree(&[]);
     let [wrapper, relay, target] = [tree.pids[0], tree.pids[1], tree.target()];
     let report = thp_why_live(target, || {});
+    assert_plan_explains_the_allow_check(&report);
+    if !thp_built_in() {
+        assert_no_thp(&report);
+        // The flag is still set and inherited (prctl does not depend on THP); mm->flags says so.
+        assert_eq!(report["process"]["source"], "kernel");
+        assert_eq!(reason(&report, "prctl_thp_disable").unwrap()["set_by"]["pid"], wrapper);
+        return;
+    }
     let verdict = report["verdict"].as_str().unwrap();
     assert!(verdict.starts_with(&format!("THP disabled for pid {target} (thp_regions): MMF_DISABLE_THP")), "{verdict}");
     assert!(verdict.contains(&format!("by prctl in ancestor {wrapper} (")), "{verdict}");
@@ -316,7 +350,6 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
     let advised = vma(&report, &start_of(region(&round, "advised")));
     assert!(codes(advised).contains(&"prctl_thp_disable"), "{advised}");
     assert_eq!(advised["anon_huge_bytes"], 0);
-    assert_plan_explains_the_allow_check(&report);
 }
 
 /// The report says whether the allow-check was observed, and if not, why.
@@ -325,6 +358,9 @@ fn assert_plan_explains_the_allow_check(report: &Value) {
     if allow_check_observed(report) {
         assert!(live["allow_check"].as_str().unwrap().starts_with(kernel_allow_check().function), "{live}");
         assert!(report["verdict"].as_str().unwrap().contains(" THP checks, "), "{}", report["verdict"]);
+    } else if !thp_built_in() {
+        let why = live["why_not"].as_str().unwrap();
+        assert!(why.contains("not in this kernel's BTF"), "no THP, no allow-check function: {why}");
     } else {
         assert!(vm_kernel().is_none(), "every Debian guest kernel lets the allow-check be probed: {live}");
         let why = live["why_not"].as_str().unwrap();
@@ -362,6 +398,11 @@ fn except_advised_mode_is_read_from_the_kernel_on_6_18() {
 #[test]
 fn each_region_gets_its_reason_under_madvise_policy() {
     require_root();
+    if !thp_built_in() {
+        let (w, _) = Workload::regions(&[]);
+        assert_no_thp(&thp_why_static(w.target()));
+        return;
+    }
     let _policy = EnabledGuard::set("madvise");
     let (w, round) = Workload::regions(&[]);
     let report = thp_why_static(w.target());
@@ -409,7 +450,8 @@ fn text_output_puts_the_verdict_first_and_lists_vmas_largest_first() {
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
     let first = text.lines().next().unwrap();
-    assert!(first.starts_with("THP disabled for pid"), "{text}");
+    let expected = if thp_built_in() { "THP disabled for pid" } else { "THP unavailable for pid" };
+    assert!(first.starts_with(expected), "{text}");
     for heading in ["Evidence", "Reasons", "Fix", "VMAs (largest first"] {
         assert!(text.contains(heading), "no {heading} in:\n{text}");
     }
@@ -434,12 +476,26 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
         assert_eq!(w.next()["done"], "prctl-disable");
     });
     assert_eq!(round["round"], 1);
+    // The prctl during the run: caught by syscalls:sys_enter_prctl and named.
+    let calls = report["process"]["prctl_calls"].as_array().unwrap();
+    let call = calls.iter().find(|c| c["tgid"] == target).unwrap_or_else(|| panic!("prctl not caught: {calls:?}"));
+    assert_eq!((call["effect"].as_str(), call["relation"].as_str()), (Some("disable"), Some("target")));
+    assert_eq!(report["process"]["thp_disable"], "completely");
+    assert_eq!(reason(&report, "prctl_thp_disable").unwrap()["set_by"]["pid"], target);
     let faults = &report["faults"];
     assert_eq!(faults["observed"], true, "exceptions:page_fault_user attaches everywhere on x86: {faults}");
     // VM_NOHUGEPAGE: one fault per 4 KiB page, whatever the policy. So for the regions too
     // small or unaligned for a 2 MiB page, as long as no smaller (mTHP) size is enabled.
     let nohuge = vma(&report, &start_of(region(&round, "nohuge")));
     assert_eq!(nohuge["live"]["faults"], 1024, "{nohuge}");
+    if !thp_built_in() {
+        // Without THP every page of every region faults on its own.
+        for (name, pages) in [("advised", 1024), ("plain", 1024), ("small", 256), ("unaligned", 640)] {
+            assert_eq!(vma(&report, &start_of(region(&round, name)))["live"]["faults"], pages, "{name}");
+        }
+        assert_eq!(faults["in_huge_pages"], 0);
+        return;
+    }
     let small_sizes_enabled = report["system"]["sizes"]
         .as_array()
         .unwrap()
@@ -463,12 +519,6 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
         .map(|name| format!("{name} {}", vma(&report, &start_of(region(&round, name)))["live"]["faults"]))
         .collect();
     eprintln!("{}: round faults: {}; total {}, ~{} in huge pages", vm_kernel().unwrap_or("host".into()), per_region.join(", "), faults["total"], faults["in_huge_pages"]);
-    // The prctl during the run: caught by syscalls:sys_enter_prctl and named.
-    let calls = report["process"]["prctl_calls"].as_array().unwrap();
-    let call = calls.iter().find(|c| c["tgid"] == target).unwrap_or_else(|| panic!("prctl not caught: {calls:?}"));
-    assert_eq!((call["effect"].as_str(), call["relation"].as_str()), (Some("disable"), Some("target")));
-    assert_eq!(report["process"]["thp_disable"], "completely");
-    assert_eq!(reason(&report, "prctl_thp_disable").unwrap()["set_by"]["pid"], target);
     assert!(report["verdict"].as_str().unwrap().contains("by prctl in the process itself (caught live)"), "{}", report["verdict"]);
 }
 
@@ -633,6 +683,11 @@ fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
 #[test]
 fn the_allow_check_layout_comes_from_btf() {
     require_root();
+    if !thp_built_in() {
+        // No THP: the allow-check function is compiled out.
+        assert!(!kernel_facts().allow_check_in_btf);
+        return;
+    }
     let check = kernel_allow_check();
     assert_eq!(check.decided_from, "btf", "every kernel of the matrix has BTF");
     let params: Vec<&str> = check.params.iter().map(String::as_str).collect();
@@ -759,5 +814,6 @@ fn a_target_exiting_mid_run_gives_a_partial_result() {
     let notes = report["notes"].as_array().unwrap();
     assert!(notes.iter().any(|n| n.as_str().unwrap().contains("exited during the run")), "{notes:?}");
     // The VMAs from the start of the run are still judged.
-    assert_eq!(vma(&report, &start_of(region(&round, "small")))["reason"], "vma_too_small");
+    let expected = if thp_built_in() { "vma_too_small" } else { "sysfs_never" };
+    assert_eq!(vma(&report, &start_of(region(&round, "small")))["reason"], expected);
 }

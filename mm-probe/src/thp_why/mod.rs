@@ -136,7 +136,8 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
     }
     let vmas_start = read_smaps(&target.proc)?;
     let mounts = target.proc.mountinfo().unwrap_or_default();
-    let ancestors = ancestry::walk(pid, MAX_ANCESTORS, |p| ancestor_mode(live.as_mut(), p, bits));
+    let thp_built_in = policy_start.thp_built_in;
+    let ancestors = ancestry::walk(pid, MAX_ANCESTORS, |p| ancestor_mode(live.as_mut(), p, bits, thp_built_in));
 
     let started = Instant::now();
     let mut prctl_events = Vec::new();
@@ -175,7 +176,9 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
     }
     let status = target.proc.status().ok();
     let kernel_seen = seen_end.or_else(|| live.as_ref().and_then(|l| l.target_mm().ok()).filter(|s| s.mm != 0)).or(seen_start);
-    let disable = disable_facts(kernel_seen, status.and_then(|s| s.thp_enabled), bits, &allow_check, &policy, &vmas_end, &mounts);
+    // Without THP in the kernel THP_enabled prints 0 for every process: it says nothing.
+    let status_thp_enabled = status.and_then(|s| s.thp_enabled).filter(|_| policy.thp_built_in);
+    let disable = disable_facts(kernel_seen, status_thp_enabled, bits, &allow_check, &policy, &vmas_end, &mounts);
     if disable.source == "smaps" {
         notes.push(
             "the except-advised mode was inferred from smaps (THPeligible 0 where nothing else refuses): \
@@ -279,11 +282,16 @@ async fn watch(live: &mut Live, proc: &Proc, duration: Duration, events: &mut Ve
 }
 
 /// An ancestor's mode: the kernel's mm->flags when the mmap_lock probe works, else THP_enabled.
-fn ancestor_mode(live: Option<&mut Live>, proc: &Proc, bits: ThpDisableBits) -> (Option<DisableMode>, &'static str) {
+fn ancestor_mode(
+    live: Option<&mut Live>,
+    proc: &Proc,
+    bits: ThpDisableBits,
+    thp_built_in: bool,
+) -> (Option<DisableMode>, &'static str) {
     if let Some(seen) = live.and_then(|l| l.probe_mm(proc)) {
         return (Some(DisableMode::from_mm_flags(bits, seen.flags)), "kernel");
     }
-    let status = proc.status().ok().and_then(|s| s.thp_enabled);
+    let status = proc.status().ok().and_then(|s| s.thp_enabled).filter(|_| thp_built_in);
     (status.map(|enabled| if enabled { DisableMode::None } else { DisableMode::Completely }), "status")
 }
 

@@ -43,7 +43,10 @@ pub struct SizeControl {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SystemPolicy {
-    /// Null when the kernel has no THP (CONFIG_TRANSPARENT_HUGEPAGE off).
+    /// The transparent_hugepage directory exists: the kernel has THP (CONFIG_TRANSPARENT_HUGEPAGE;
+    /// Debian's PREEMPT_RT kernels are built without it).
+    pub thp_built_in: bool,
+    /// Null when the kernel has no THP.
     pub enabled: Option<GlobalMode>,
     pub defrag: Option<String>,
     pub shmem_enabled: Option<String>,
@@ -115,6 +118,7 @@ impl SystemPolicy {
             })
             .collect();
         Self {
+            thp_built_in: root.is_dir(),
             enabled: choice("enabled").and_then(|c| parse_global(&c)),
             defrag: choice("defrag"),
             shmem_enabled: choice("shmem_enabled"),
@@ -251,6 +255,7 @@ pub(crate) mod tests {
     fn reads_the_tree_with_per_size_controls() {
         let tree = sample_tree("always [madvise] never", "always [inherit] madvise never", "always inherit madvise [never]");
         let p = SystemPolicy::read_from(tree.path());
+        assert!(p.thp_built_in);
         assert_eq!(p.enabled, Some(GlobalMode::Madvise));
         assert_eq!(p.defrag.as_deref(), Some("madvise"));
         assert_eq!(p.shmem_enabled.as_deref(), Some("never"));
@@ -294,6 +299,7 @@ pub(crate) mod tests {
     #[test]
     fn without_thp_everything_is_absent() {
         let p = SystemPolicy::read_from(Path::new("/nonexistent/transparent_hugepage"));
+        assert!(!p.thp_built_in);
         assert_eq!(p.enabled, None);
         assert!(p.anon_orders_allowed(true).is_empty());
     }

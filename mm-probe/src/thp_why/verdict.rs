@@ -11,7 +11,8 @@ use super::{
     ancestry::{Ancestor, SetBy},
     checks::{AllowCheck, Call},
     procfs::{Mount, Vma},
-    reasons::{Context, DisableMode, ReasonCode, VmaFacts, VmaKind, evaluate, vm_flags},
+    checks::Step,
+    reasons::{Context, Denial, DisableMode, ReasonCode, VmaFacts, VmaKind, evaluate, vm_flags},
     sysfs::{GlobalMode, SystemPolicy},
 };
 use crate::{kernel::layout::ThpDisableBits, probes::Plan, units::format_bytes};
@@ -240,6 +241,9 @@ pub struct Report {
 
 const HUGE_BYTES: u64 = 2 << 20;
 
+const NO_THP: &str = "this kernel has no transparent huge pages (CONFIG_TRANSPARENT_HUGEPAGE is off: \
+                      /sys/kernel/mm/transparent_hugepage does not exist)";
+
 pub fn build(input: Inputs) -> Report {
     let mut notes = input.notes.clone();
     let mode = input.disable.mode.unwrap_or(DisableMode::None);
@@ -325,7 +329,12 @@ fn kind_label(kind: &VmaKind) -> &'static str {
 /// what happened: eligible but not backed although the kernel fell back → `alloc_fallback`.
 fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) -> VmaEntry {
     let facts = VmaFacts::from_smaps(vma, mounts);
-    let eval = evaluate(ctx, Call::Smaps, &facts);
+    let mut eval = evaluate(ctx, Call::Smaps, &facts);
+    if !ctx.policy.thp_built_in {
+        // No allow-check at all: every VMA is refused for the same reason.
+        eval.denials = vec![Denial { code: ReasonCode::SysfsNever, step: Step::WrapperAnonSysfs, in_wrapper: false, detail: NO_THP.into() }];
+        eval.uncertain = false;
+    }
     let mut reasons = eval.codes();
     let mut details: Vec<String> = reasons
         .iter()
@@ -671,6 +680,10 @@ fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) -> Vec
             a.bytes,
         ))
     });
+    if !input.policy.thp_built_in {
+        // Nothing else matters on a kernel without THP.
+        reasons.sort_by_key(|r| r.code != ReasonCode::SysfsNever);
+    }
     reasons
 }
 
@@ -731,6 +744,10 @@ fn fix_for(code: ReasonCode, input: &Inputs) -> String {
         ReasonCode::VmaNohugepage => "drop madvise(MADV_NOHUGEPAGE) (or MAP_STACK, which implies it on 6.7+) for these \
              regions, or madvise(MADV_HUGEPAGE) them"
             .into(),
+        ReasonCode::SysfsNever if !input.policy.thp_built_in => "run a kernel built with \
+             CONFIG_TRANSPARENT_HUGEPAGE (Debian's PREEMPT_RT kernels are built without it), or map \
+             hugetlbfs pages (MAP_HUGETLB) where huge pages are needed"
+            .into(),
         ReasonCode::SysfsNever => "echo madvise (or always) > /sys/kernel/mm/transparent_hugepage/enabled \
              (shmem: shmem_enabled)"
             .into(),
@@ -774,6 +791,7 @@ fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, faults: &Fa
         (None, None) => " by prctl".to_string(),
     };
     let mut line = match mode {
+        _ if !input.policy.thp_built_in => format!("THP unavailable for {who}: {NO_THP}"),
         DisableMode::Completely => {
             let flag = if matches!(input.bits, ThpDisableBits::Split { .. }) { "MMF_DISABLE_THP_COMPLETELY" } else { "MMF_DISABLE_THP" };
             format!("THP disabled for {who}: {flag} set{setter}")
@@ -781,9 +799,6 @@ fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, faults: &Fa
         DisableMode::ExceptAdvised => format!(
             "THP disabled for {who} except MADV_HUGEPAGE regions: MMF_DISABLE_THP_EXCEPT_ADVISED set{setter}"
         ),
-        DisableMode::None if input.policy.enabled.is_none() => {
-            format!("THP unavailable for {who}: this kernel has no transparent huge pages (no sysfs controls)")
-        }
         DisableMode::None if input.policy.enabled == Some(GlobalMode::Never) && input.policy.anon_orders_allowed(true).is_empty() => {
             format!("THP disabled system-wide for {who}: /sys/kernel/mm/transparent_hugepage/enabled is never")
         }
@@ -991,6 +1006,19 @@ VmFlags: rd wr mr mw me ac hg
         let plain = &report.vmas[0];
         assert_eq!(plain.reason, ReasonCode::PrctlThpDisableExceptAdvised);
         assert_eq!(report.vmas[1].reason, ReasonCode::None, "the madvised region stays eligible");
+    }
+
+    #[test]
+    fn a_kernel_without_thp_says_so_first() {
+        let mut input = inputs(DisableMode::Completely, "6.12.117+deb12-rt-amd64", "[always] madvise never");
+        input.policy = SystemPolicy::read_from(std::path::Path::new("/nonexistent/transparent_hugepage"));
+        let report = build(input);
+        assert!(report.verdict.starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"), "{}", report.verdict);
+        assert_eq!(report.reasons[0].code, ReasonCode::SysfsNever);
+        assert!(report.fix[0].contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{}", report.fix[0]);
+        assert!(report.vmas.iter().all(|v| v.reason == ReasonCode::SysfsNever));
+        // The prctl flag is still real (set and inherited), so it stays listed.
+        assert!(report.reasons.iter().any(|r| r.code == ReasonCode::PrctlThpDisable));
     }
 
     #[test]

@@ -15,6 +15,10 @@
 //! killed.
 //!
 //! Options: `--prctl-disable` / `--prctl-except-advised` before the first round.
+//!
+//! On a kernel without THP (CONFIG_TRANSPARENT_HUGEPAGE off, as in Debian's PREEMPT_RT builds)
+//! madvise(MADV_[NO]HUGEPAGE) fails with EINVAL; the region is still mapped and touched, and its
+//! line says `"advised":false`.
 
 use std::io::{BufRead as _, Write as _};
 
@@ -56,7 +60,7 @@ fn reserve() -> anyhow::Result<usize> {
     Ok((base as usize + 2 * MIB - 1) & !(2 * MIB - 1))
 }
 
-fn map_round(block: usize) -> anyhow::Result<Vec<(usize, &'static Region)>> {
+fn map_round(block: usize) -> anyhow::Result<Vec<(usize, &'static Region, bool)>> {
     let mut mapped = Vec::new();
     for region in LAYOUT {
         let start = block + region.offset;
@@ -72,15 +76,19 @@ fn map_round(block: usize) -> anyhow::Result<Vec<(usize, &'static Region)>> {
             )
         };
         anyhow::ensure!(addr as usize == start, "mmap {}: {}", region.name, std::io::Error::last_os_error());
+        let mut advised = false;
         if let Some(advice) = region.advice {
             // SAFETY: the range was just mapped.
             let rc = unsafe { libc::madvise(addr, region.len, advice) };
-            anyhow::ensure!(rc == 0, "madvise {}: {}", region.name, std::io::Error::last_os_error());
+            let error = std::io::Error::last_os_error();
+            let no_thp = rc != 0 && error.raw_os_error() == Some(libc::EINVAL);
+            anyhow::ensure!(rc == 0 || no_thp, "madvise {}: {error}", region.name);
+            advised = rc == 0;
         }
-        mapped.push((start, region));
+        mapped.push((start, region, advised));
     }
     // Touch after all are mapped and advised, one write per 4 KiB page.
-    for &(start, region) in &mapped {
+    for &(start, region, _) in &mapped {
         for page in (0..region.len).step_by(4096) {
             // SAFETY: inside a read-write mapping of this process.
             unsafe { std::ptr::write_volatile((start + page) as *mut u8, 1) };
@@ -89,16 +97,17 @@ fn map_round(block: usize) -> anyhow::Result<Vec<(usize, &'static Region)>> {
     Ok(mapped)
 }
 
-fn report(round: usize, mapped: &[(usize, &Region)]) {
+fn report(round: usize, mapped: &[(usize, &Region, bool)]) {
     let regions: Vec<String> = mapped
         .iter()
-        .map(|(start, r)| {
+        .map(|(start, r, advised)| {
             format!(
-                r#"{{"name":"{}","start":{},"len":{},"pmd_ranges":{}}}"#,
+                r#"{{"name":"{}","start":{},"len":{},"pmd_ranges":{},"advised":{}}}"#,
                 r.name,
                 start,
                 r.len,
-                pmd_ranges(*start, r.len)
+                pmd_ranges(*start, r.len),
+                advised
             )
         })
         .collect();

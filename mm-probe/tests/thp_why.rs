@@ -736,7 +736,7 @@ fn guest_kprobe_fallback_counts_like_the_fexit() {
                 .checks
                 .iter()
                 .filter(|(k, _)| k.vm_start == start && check.encoding.decode(k.call_args) == Some(Call::PageFault))
-                .filter(|(k, _)| !denied_only || k.ret == 0)
+                .filter(|(k, _)| !denied_only || !check.allowed(k.ret))
                 .map(|(_, n)| n)
                 .sum()
         };

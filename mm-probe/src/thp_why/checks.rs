@@ -200,6 +200,13 @@ pub struct AllowCheck {
 }
 
 impl AllowCheck {
+    /// Whether the raw return value a probe read means "allowed". `hugepage_vma_check` returns
+    /// bool, which the x86-64 ABI passes in AL alone (the rest of RAX is undefined); the 6.8+
+    /// function returns a bitmask of orders in the whole register.
+    pub fn allowed(&self, ret: u64) -> bool {
+        if self.function == "hugepage_vma_check" { ret & 0xff != 0 } else { ret != 0 }
+    }
+
     pub fn has_wrapper(&self) -> bool {
         self.order.contains(&Step::WrapperAnonSysfs)
     }
@@ -308,6 +315,17 @@ mod tests {
         assert!(check.order.contains(&Step::MmfExceptAdvised));
         let check = AllowCheck::from_release(&r("6.8.0-31-generic"));
         assert!(matches!(check.encoding, CallEncoding::Bools { .. }));
+    }
+
+    #[test]
+    fn a_bool_return_is_read_from_its_low_byte() {
+        let r = |text: &str| Release::parse(text, "");
+        let hvc = AllowCheck::from_release(&r("6.1.0-57-amd64"));
+        assert!(!hvc.allowed(0xdead_0000_0000_0000), "upper bits of RAX are not the bool");
+        assert!(hvc.allowed(1));
+        let orders = AllowCheck::from_release(&r("6.12.117+deb12-amd64"));
+        assert!(orders.allowed(1 << 9), "PMD order");
+        assert!(!orders.allowed(0));
     }
 
     #[test]

@@ -480,7 +480,7 @@ fn decode_live(input: &Inputs, li: &LiveInput, vmas: &mut [VmaEntry], live: &mut
     for (key, count) in &li.checks {
         let count = *count;
         let call = input.allow_check.encoding.decode(key.call_args);
-        let allowed = key.ret != 0;
+        let allowed = input.allow_check.allowed(key.ret);
         live.checks += count;
         let slot = live.by_call.entry(call.unwrap_or(Call::Khugepaged)).or_default();
         slot.checks += count;

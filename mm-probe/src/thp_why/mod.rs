@@ -331,3 +331,51 @@ fn disable_facts(
     }
     DisableFacts { mode: from_status, source: "status", mm_flags: None, status_thp_enabled }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        kernel::Release,
+        thp_why::{procfs::parse_smaps, sysfs::tests::sample_tree},
+    };
+
+    /// 8 MiB of touched anonymous memory without MADV_HUGEPAGE that the kernel calls ineligible
+    /// although enabled=always: on 6.18 only the except-advised mode does that.
+    const SMAPS: &str = "7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \nSize: 8192 kB\nRss: 8192 kB\n\
+        Anonymous: 8192 kB\nAnonHugePages: 0 kB\nTHPeligible: 0\nVmFlags: rd wr mr mw me ac \n";
+
+    fn facts(seen: Option<MmSeen>, status: Option<bool>, bits: ThpDisableBits) -> DisableFacts {
+        let tree = sample_tree("[always] madvise never", "always [inherit] madvise never", "always inherit madvise [never]");
+        let policy = SystemPolicy::read_from(tree.path());
+        let check = AllowCheck::from_release(&Release::parse("6.18.44", ""));
+        disable_facts(seen, status, bits, &check, &policy, &parse_smaps(SMAPS), &[])
+    }
+
+    const SPLIT: ThpDisableBits = ThpDisableBits::Split { completely: 24, except_advised: 23 };
+    const SINGLE: ThpDisableBits = ThpDisableBits::Single { disable: 24 };
+
+    #[test]
+    fn the_kernel_read_wins_over_status() {
+        let seen = MmSeen { mm: 0xffff_8880_0000_0000, flags: 1 << 23, updates: 1 };
+        let f = facts(Some(seen), Some(true), SPLIT);
+        assert_eq!((f.mode, f.source, f.mm_flags), (Some(DisableMode::ExceptAdvised), "kernel", Some(1 << 23)));
+    }
+
+    #[test]
+    fn status_zero_is_the_complete_disable() {
+        let f = facts(None, Some(false), SINGLE);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::Completely), "status"));
+    }
+
+    #[test]
+    fn except_advised_is_inferred_from_smaps_only_on_6_18() {
+        let f = facts(None, Some(true), SPLIT);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::ExceptAdvised), "smaps"));
+        // Before 6.18 there is no such mode: the mismatch stays a mismatch.
+        let f = facts(None, Some(true), SINGLE);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::None), "status"));
+        // No status line (kernel thread, or no THP): unknown.
+        assert_eq!(facts(None, None, SPLIT).mode, None);
+    }
+}

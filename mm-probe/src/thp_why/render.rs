@@ -191,3 +191,35 @@ fn table(out: &mut String, r: &Report, all: bool) {
         let _ = writeln!(out, "  ({hidden_denials} live denials on VMAs not shown)");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::thp_why::{reasons::DisableMode, verdict::{build, tests::inputs}};
+
+    #[test]
+    fn json_has_the_stable_keys() {
+        let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
+        let v: serde_json::Value = serde_json::from_str(&json(&report)).unwrap();
+        assert_eq!(v["type"], "thp_why");
+        for key in ["pid", "verdict", "reasons", "vmas", "faults", "system"] {
+            assert!(!v[key].is_null(), "missing {key}: {v}");
+        }
+        let first = &v["reasons"][0];
+        assert_eq!(first["code"], "prctl_thp_disable");
+        assert!(first["count"].is_u64() && first["detail"].is_string());
+        assert_eq!((first["set_by"]["pid"].as_u64(), first["set_by"]["comm"].as_str()), (Some(4321), Some("lkp")));
+        assert_eq!(v["vmas"].as_array().unwrap().len(), 3, "JSON carries every VMA");
+    }
+
+    #[test]
+    fn text_starts_with_the_verdict_and_marks_the_table() {
+        let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
+        let text = text(&report, false);
+        assert_eq!(text.lines().next(), Some(report.verdict.as_str()));
+        let order: Vec<usize> = ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(text.contains("live      THP allow-check not observed: --duration 0s"), "{text}");
+        assert!(text.contains("[set by 4321 lkp]"), "{text}");
+    }
+}

@@ -248,9 +248,9 @@ pub fn build(input: Inputs) -> Report {
     let mut notes = input.notes.clone();
     let mode = input.disable.mode.unwrap_or(DisableMode::None);
     let ctx = Context { order: input.allow_check.order, policy: &input.policy, mm: mode, past_wrapper: false };
-    let fault_alloc_delta = delta(&input, "thp_fault_fallback") + delta(&input, "thp_fault_fallback_charge");
+    let fallback_delta = delta(&input, "thp_fault_fallback") + delta(&input, "thp_fault_fallback_charge");
     let mut vmas: Vec<VmaEntry> =
-        input.vmas_end.iter().map(|vma| judge_vma(&ctx, vma, &input.mounts, fault_alloc_delta > 0)).collect();
+        input.vmas_end.iter().map(|vma| judge_vma(&ctx, vma, &input.mounts, fallback_delta > 0)).collect();
     vmas.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then(a.start_addr.cmp(&b.start_addr)));
 
     let mut live = live_facts(&input);
@@ -841,7 +841,7 @@ fn memory_verdict(who: &str, vmas: &[VmaEntry], reasons: &[ReasonEntry]) -> Stri
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{
         kernel::Release,
@@ -872,7 +872,7 @@ THPeligible:           1
 VmFlags: rd wr mr mw me ac hg 
 ";
 
-    fn inputs(mode: DisableMode, release: &str, enabled: &str) -> Inputs {
+    pub(crate) fn inputs(mode: DisableMode, release: &str, enabled: &str) -> Inputs {
         let tree = sample_tree(enabled, "always [inherit] madvise never", "always inherit madvise [never]");
         let vmas = parse_smaps(SMAPS);
         let allow_check = AllowCheck::from_release(&Release::parse(release, ""));

@@ -1,1 +1,137 @@
-//! Records shared by the thp programs and user space (filled in by that capability).
+//! Records shared by the thp-why programs (`mm-probe-ebpf/src/thp.rs`) and user space
+//! (`mm-probe/src/thp_why/live.rs`).
+//!
+//! The kernel side only gathers raw facts: every THP allow-check on the target's mm is counted in
+//! a hash map keyed by what the kernel was asked and what it answered ([`ThpCheckKey`]); user
+//! space decodes the call type and judges the reason.
+
+/// Global: the thread-group id of the process being examined.
+pub const TARGET_TGID: &str = "THP_TARGET_TGID";
+/// Global: mm-probe's own tgid, whose reads of /proc/PID/smaps(_rollup) reveal other processes'
+/// mm pointers and flags, and whose own smaps-driven allow-checks are not the workload's.
+pub const SELF_TGID: &str = "THP_SELF_TGID";
+/// Global: bit `i` set when argument `i` (2..=5) of the allow-check function says which caller
+/// made the check (`smaps`/`in_pf`/`enforce_sysfs`, `tva_flags` or `type`), as named in BTF.
+pub const CALL_ARG_MASK: &str = "THP_CALL_ARG_MASK";
+/// Global: the vm_flags bits worth keeping in a key (the rest would only split keys).
+pub const VM_FLAGS_MASK: &str = "THP_VM_FLAGS_MASK";
+/// Global: the mm->flags bits worth keeping (the THP-disable bits of this kernel).
+pub const MM_FLAGS_MASK: &str = "THP_MM_FLAGS_MASK";
+/// Globals: byte offsets of tracepoint fields, read from tracefs `format` files at start-up.
+pub const FAULT_ADDRESS_OFFSET: &str = "THP_FAULT_ADDRESS_OFFSET";
+pub const PRCTL_OPTION_OFFSET: &str = "THP_PRCTL_OPTION_OFFSET";
+pub const PRCTL_ARG2_OFFSET: &str = "THP_PRCTL_ARG2_OFFSET";
+pub const PRCTL_ARG3_OFFSET: &str = "THP_PRCTL_ARG3_OFFSET";
+pub const MMAP_LOCK_MM_OFFSET: &str = "THP_MMAP_LOCK_MM_OFFSET";
+
+/// Hash map [`ThpCheckKey`] → number of allow-checks with exactly those facts.
+pub const CHECKS_MAP: &str = "THP_CHECKS";
+/// Hash map (fault address >> FAULT_RANGE_SHIFT) → page faults of the target there.
+pub const FAULTS_MAP: &str = "THP_FAULTS";
+/// Array of [`MmSeen`], indexed by [`MmSlot`].
+pub const MM_MAP: &str = "THP_MM";
+/// Ring buffer of [`PrctlEvent`].
+pub const PRCTL_EVENTS: &str = "THP_PRCTL_EVENTS";
+/// Per-CPU array of counters, indexed by [`Counter`].
+pub const COUNTERS_MAP: &str = "THP_COUNTERS";
+
+/// prctl option numbers (uapi linux/prctl.h), the same on every version.
+pub const PR_SET_THP_DISABLE: u64 = 41;
+
+/// Faults are counted per 64 KiB (`address >> FAULT_RANGE_SHIFT`): fine enough to credit them to
+/// the right VMA (VMAs are page-aligned, rarely smaller), coarse enough that the 65536-entry map
+/// covers 4 GiB of touched memory.
+pub const FAULT_RANGE_SHIFT: u32 = 16;
+
+/// One kind of allow-check: every field is a raw value the kernel had, masked by user space's
+/// globals. Explicit padding keeps the key's bytes fully defined (hash keys compare bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ThpCheckKey {
+    pub vm_start: u64,
+    pub vm_end: u64,
+    /// The `vm_flags` argument, masked by `VM_FLAGS_MASK`.
+    pub vm_flags: u64,
+    /// `vma->vm_mm->flags` (first word), masked by `MM_FLAGS_MASK`.
+    pub mm_flags: u64,
+    /// What the function returned: a bool before 6.8, a bitmask of allowed orders since.
+    pub ret: u64,
+    /// Low byte of arguments 2..=5 where `CALL_ARG_MASK` marks them, else 0.
+    pub call_args: [u8; 4],
+    pub _pad: u32,
+}
+
+/// A process's mm as a kernel program saw it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MmSeen {
+    /// `struct mm_struct *` (only compared, never dereferenced by user space).
+    pub mm: u64,
+    /// `mm->flags` (first word), unmasked.
+    pub flags: u64,
+    /// How many times the slot was written.
+    pub updates: u64,
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmSlot {
+    /// The target's mm, learned in the target's own context (page fault, mmap_lock, allow-check)
+    /// or written by user space from a probe read. The allow-check filter compares against it.
+    Target = 0,
+    /// The last mm other than its own that mm-probe locked: user space reads /proc/PID/smaps_rollup
+    /// of one process, then this slot, to learn that process's mm flags from the kernel.
+    Probe = 1,
+}
+
+pub const MM_SLOT_COUNT: u32 = 2;
+
+/// A prctl(PR_SET_THP_DISABLE, …) call by any process while mm-probe runs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrctlEvent {
+    pub tgid: u32,
+    pub pid: u32,
+    pub arg2: u64,
+    pub arg3: u64,
+    /// The caller's mm->flags before the call.
+    pub mm_flags_before: u64,
+    pub comm: [u8; 16],
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Page faults of the target.
+    Faults = 0,
+    /// Faults not added to `THP_FAULTS` because the map was full.
+    FaultMapFull = 1,
+    /// Allow-checks on the target's mm (made by any task, khugepaged included).
+    TargetChecks = 2,
+    /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
+    OwnChecks = 3,
+    /// Checks not added to `THP_CHECKS` because the map was full.
+    CheckMapFull = 4,
+    /// prctl events lost because the ring buffer was full.
+    PrctlLost = 5,
+    /// kretprobe runs without the matching kprobe entry (entry missed): not counted.
+    ReturnWithoutEntry = 6,
+    /// Allow-checks on any mm: proves the probe fires at all.
+    AllChecks = 7,
+    /// Allow-checks made before the target's mm was known: not attributable.
+    MmUnknown = 8,
+}
+
+pub const COUNTER_COUNT: u32 = 9;
+
+/// Arguments the kprobe saves at entry for its kretprobe (the kprobe+kretprobe fallback).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PendingCheck {
+    pub vma: u64,
+    pub vm_flags: u64,
+    pub call_args: [u8; 4],
+    pub _pad: u32,
+}
+
+crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent);

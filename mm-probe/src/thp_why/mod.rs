@@ -1,11 +1,381 @@
 //! `mm-probe thp-why <pid>`: why a process gets no transparent huge pages.
+//!
+//! The stages, each a module: `procfs`/`sysfs` read what /proc and /sys say, `ancestry` finds
+//! who set the prctl flag, `live` runs the kernel programs (allow-check, faults, prctl, mm
+//! flags), `checks` + `reasons` hold the kernel's order of checks per version and judge each
+//! VMA, `verdict` turns it all into a report, `render` prints it.
 
+pub mod ancestry;
+pub mod checks;
+pub mod live;
 pub mod probes;
+pub mod procfs;
+pub mod reasons;
+pub mod render;
+pub mod sysfs;
+pub mod verdict;
+
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use mm_probe_common::thp::{MmSeen, PrctlEvent};
 
-use crate::{cli::ThpWhyArgs, error::UserError};
+use self::{
+    checks::AllowCheck,
+    live::Live,
+    procfs::{Proc, ProcError, Vma},
+    reasons::{Context, DisableMode, VmaFacts, evaluate},
+    sysfs::SystemPolicy,
+    verdict::{DisableFacts, Inputs, LiveInput},
+};
+use crate::{
+    cli::ThpWhyArgs,
+    collect::{Stop, wait_for_stop},
+    error::UserError,
+    kernel::{Kernel, layout::ThpDisableBits, privileges},
+    user_bail,
+};
 
-pub fn run(_args: &ThpWhyArgs) -> Result<()> {
-    Err(UserError::new("thp-why is not in this build yet").into())
+/// How far up the process tree to look for the process that set the flag.
+const MAX_ANCESTORS: usize = 64;
+/// How often the run checks that the target still exists.
+const ALIVE_POLL: Duration = Duration::from_millis(100);
+
+pub fn run(args: &ThpWhyArgs) -> Result<()> {
+    let target = validate_target(args.pid)?;
+    // The ring-buffer reader needs a reactor when it is created, before the run loop starts.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let _reactor = runtime.enter();
+    let report = examine(&target, args, &runtime)?;
+    if args.json {
+        println!("{}", render::json(&report));
+    } else {
+        print!("{}", render::text(&report, args.all_vmas));
+    }
+    Ok(())
+}
+
+/// The process to examine, after the checks that make bad input a one-line error.
+struct Target {
+    proc: Proc,
+    comm: String,
+    cmdline: String,
+    notes: Vec<String>,
+}
+
+fn validate_target(pid: u32) -> Result<Target> {
+    if pid == 0 {
+        user_bail!("pid 0 is the idle task, not a process: give the pid of a running process");
+    }
+    let mut notes = Vec::new();
+    let mut proc = Proc::new(pid);
+    let stat = proc.stat().map_err(|e| user_error(pid, e))?;
+    if stat.is_kernel_thread() {
+        user_bail!(
+            "pid {pid} ({}) is a kernel thread: it has no user memory, so transparent huge pages do not apply",
+            stat.comm
+        );
+    }
+    if matches!(stat.state, 'Z' | 'X') {
+        user_bail!(
+            "pid {pid} ({}) is a zombie: it has exited and its memory is gone (parent {} has not reaped it yet)",
+            stat.comm,
+            stat.ppid
+        );
+    }
+    let status = proc.status().map_err(|e| user_error(pid, e))?;
+    if status.tgid != 0 && status.tgid != pid {
+        notes.push(format!("pid {pid} is a thread of process {}; examining the process (threads share one mm)", status.tgid));
+        proc = Proc::new(status.tgid);
+    }
+    proc.check_smaps_access().map_err(|e| user_error(pid, e))?;
+    let comm = proc.stat().map(|s| s.comm).unwrap_or(stat.comm);
+    let cmdline = proc.cmdline().unwrap_or_default();
+    Ok(Target { proc, comm, cmdline, notes })
+}
+
+fn user_error(pid: u32, error: ProcError) -> anyhow::Error {
+    match error {
+        ProcError::Gone { .. } => UserError::new(format!("no process {pid}: it does not exist (or has already exited)")).into(),
+        ProcError::Denied { .. } => UserError::new(error.to_string()).into(),
+        other => anyhow::Error::new(other),
+    }
+}
+
+/// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
+fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
+    match kernel.btf() {
+        Ok(btf) => ThpDisableBits::from_btf(btf),
+        Err(_) if kernel.release.at_least(6, 18) => ThpDisableBits::Split { completely: 24, except_advised: 23 },
+        Err(_) => ThpDisableBits::Single { disable: 24 },
+    }
+}
+
+fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime) -> Result<verdict::Report> {
+    let pid = target.proc.pid;
+    let kernel = Kernel::running()?;
+    let allow_check =
+        kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
+    let bits = disable_bits(&kernel);
+    let mut notes = target.notes.clone();
+    if allow_check.decided_from == "release" {
+        notes.push(format!(
+            "no BTF for {}: the allow-check's arguments are assumed from the release number",
+            allow_check.function
+        ));
+    }
+
+    let policy_start = SystemPolicy::read();
+    let vmstat_start = procfs::read_vmstat_thp();
+    let (mut live, live_skipped) = start_live(&kernel, pid, &allow_check, bits, args.duration);
+
+    // The kernel's view of the target's mm (and the filter's mm pointer), before anything else.
+    let seen_start = live.as_mut().and_then(|l| l.probe_mm(&target.proc));
+    if let (Some(l), Some(seen)) = (live.as_mut(), seen_start) {
+        l.offer_target_mm(seen)?;
+    }
+    let vmas_start = read_smaps(&target.proc)?;
+    let mounts = target.proc.mountinfo().unwrap_or_default();
+    let thp_built_in = policy_start.thp_built_in;
+    let ancestors = ancestry::walk(pid, MAX_ANCESTORS, |p| ancestor_mode(live.as_mut(), p, bits, thp_built_in));
+
+    let started = Instant::now();
+    let mut prctl_events = Vec::new();
+    let stopped_by = match live.as_mut() {
+        Some(l) => {
+            eprintln!(
+                "mm-probe: watching pid {pid} ({}) for {} (Ctrl-C to stop early)",
+                target.comm,
+                crate::units::format_nanos(args.duration.as_nanos() as u64)
+            );
+            runtime.block_on(watch(l, &target.proc, args.duration, &mut prctl_events))
+        }
+        None => "not_run",
+    };
+    let elapsed = started.elapsed();
+
+    let alive = target_alive(&target.proc);
+    let seen_end = if alive { live.as_mut().and_then(|l| l.probe_mm(&target.proc)) } else { None };
+    let vmas_end = if alive { read_smaps(&target.proc).unwrap_or_default() } else { Vec::new() };
+    let exited = !alive || vmas_end.is_empty();
+    if exited {
+        notes.push(format!(
+            "process {pid} exited during the run (after {:.1}s): partial results — VMAs are from the start of the \
+             run, live counts up to its exit",
+            elapsed.as_secs_f64()
+        ));
+    }
+    let vmas_end = if exited { vmas_start.clone() } else { vmas_end };
+    let policy = SystemPolicy::read();
+    let policy_changed = policy.enabled != policy_start.enabled
+        || policy.sizes.iter().map(|s| s.enabled).ne(policy_start.sizes.iter().map(|s| s.enabled));
+    let vmstat_end = procfs::read_vmstat_thp();
+
+    if let Some(l) = live.as_mut() {
+        l.drain_prctl(&mut prctl_events);
+    }
+    let status = target.proc.status().ok();
+    let kernel_seen = seen_end.or_else(|| live.as_ref().and_then(|l| l.target_mm().ok()).filter(|s| s.mm != 0)).or(seen_start);
+    // Without THP in the kernel THP_enabled prints 0 for every process: it says nothing.
+    let status_thp_enabled = status.and_then(|s| s.thp_enabled).filter(|_| policy.thp_built_in);
+    let disable = disable_facts(kernel_seen, status_thp_enabled, bits, &allow_check, &policy, &vmas_end, &mounts);
+    if disable.source == "smaps" {
+        notes.push(
+            "the except-advised mode was inferred from smaps (THPeligible 0 where nothing else refuses): \
+             /proc/PID/status THP_enabled hides it and mm->flags could not be read here"
+                .into(),
+        );
+    }
+    let mut ancestors = ancestors;
+    if let Some(first) = ancestors.first_mut() {
+        first.disable = disable.mode;
+        first.source = disable.source;
+    }
+    let set_by = ancestry::set_by(&ancestors);
+    let live_input = match live {
+        Some(l) => {
+            let counts = l.counts()?;
+            Some(LiveInput {
+                plan: l.plan.clone(),
+                checks: counts.checks,
+                fault_ranges: counts.fault_ranges,
+                counters: counts.counters,
+                duration_ms: elapsed.as_millis() as u64,
+                stopped_by,
+            })
+        }
+        None => None,
+    };
+    Ok(verdict::build(Inputs {
+        pid,
+        comm: target.comm.clone(),
+        cmdline: target.cmdline.clone(),
+        kernel_release: kernel.release.text.clone(),
+        allow_check,
+        bits,
+        policy,
+        policy_changed,
+        vmstat_start,
+        vmstat_end,
+        vmas_start,
+        vmas_end,
+        mounts,
+        disable,
+        ancestors,
+        set_by,
+        prctl_events,
+        live: live_input,
+        live_skipped,
+        notes,
+    }))
+}
+
+/// Starts the kernel side, or says why there is none (no privileges is not fatal: /proc still
+/// tells most of the story).
+fn start_live(
+    kernel: &Kernel,
+    pid: u32,
+    allow_check: &AllowCheck,
+    bits: ThpDisableBits,
+    duration: Duration,
+) -> (Option<Live>, Option<String>) {
+    if duration.is_zero() {
+        return (None, Some("live tracing skipped (--duration 0s)".into()));
+    }
+    if !privileges::can_trace(privileges::effective_caps()) {
+        return (None, Some("live tracing needs root (or CAP_BPF and CAP_PERFMON); /proc facts only".into()));
+    }
+    match Live::start(kernel, pid, allow_check, DisableMode::mask(bits)) {
+        Ok(live) => (Some(live), None),
+        Err(e) => (None, Some(format!("the kernel programs did not load: {e:#}"))),
+    }
+}
+
+fn read_smaps(proc: &Proc) -> Result<Vec<Vma>> {
+    let vmas = proc.smaps().map_err(|e| match e {
+        ProcError::Gone { pid } => UserError::new(format!("process {pid} exited before it could be examined")).into(),
+        ProcError::Denied { .. } => anyhow::Error::new(UserError::new(e.to_string())),
+        other => anyhow::Error::new(other).context("reading smaps"),
+    })?;
+    if vmas.is_empty() && !target_alive(proc) {
+        user_bail!("process {} exited before it could be examined", proc.pid);
+    }
+    Ok(vmas)
+}
+
+fn target_alive(proc: &Proc) -> bool {
+    proc.stat().is_ok_and(|s| !matches!(s.state, 'Z' | 'X'))
+}
+
+/// Waits for the duration, Ctrl-C or the target's exit, collecting prctl calls meanwhile.
+async fn watch(live: &mut Live, proc: &Proc, duration: Duration, events: &mut Vec<PrctlEvent>) -> &'static str {
+    let stop = wait_for_stop(Some(duration));
+    tokio::pin!(stop);
+    let mut poll = tokio::time::interval(ALIVE_POLL);
+    loop {
+        tokio::select! {
+            why = &mut stop => return match why { Stop::DurationElapsed => "duration", Stop::Interrupted => "interrupted" },
+            _ = poll.tick() => if !target_alive(proc) { return "target_exited" },
+            result = live.next_prctl(events) => if result.is_err() { return "ring_buffer_error" },
+        }
+    }
+}
+
+/// An ancestor's mode: the kernel's mm->flags when the mmap_lock probe works, else THP_enabled.
+fn ancestor_mode(
+    live: Option<&mut Live>,
+    proc: &Proc,
+    bits: ThpDisableBits,
+    thp_built_in: bool,
+) -> (Option<DisableMode>, &'static str) {
+    if let Some(seen) = live.and_then(|l| l.probe_mm(proc)) {
+        return (Some(DisableMode::from_mm_flags(bits, seen.flags)), "kernel");
+    }
+    let status = proc.status().ok().and_then(|s| s.thp_enabled).filter(|_| thp_built_in);
+    (status.map(|enabled| if enabled { DisableMode::None } else { DisableMode::Completely }), "status")
+}
+
+/// The target's mode: kernel read of mm->flags, else /proc status, refined on 6.18 by smaps
+/// (THP_enabled says 1 in except-advised mode; THPeligible 0 on a VMA nothing else refuses
+/// betrays it).
+fn disable_facts(
+    kernel_seen: Option<MmSeen>,
+    status_thp_enabled: Option<bool>,
+    bits: ThpDisableBits,
+    allow_check: &AllowCheck,
+    policy: &SystemPolicy,
+    vmas: &[Vma],
+    mounts: &[procfs::Mount],
+) -> DisableFacts {
+    if let Some(seen) = kernel_seen {
+        return DisableFacts {
+            mode: Some(DisableMode::from_mm_flags(bits, seen.flags)),
+            source: "kernel",
+            mm_flags: Some(seen.flags),
+            status_thp_enabled,
+        };
+    }
+    let from_status = status_thp_enabled.map(|e| if e { DisableMode::None } else { DisableMode::Completely });
+    if from_status == Some(DisableMode::None) && matches!(bits, ThpDisableBits::Split { .. }) {
+        let ctx = Context { order: allow_check.order, policy, mm: DisableMode::None, past_wrapper: false };
+        let betrayed = vmas.iter().any(|v| {
+            let facts = VmaFacts::from_smaps(v, mounts);
+            facts.is_anonymous()
+                && !facts.vm_hugepage
+                && v.thp_eligible == Some(false)
+                && evaluate(&ctx, checks::Call::Smaps, &facts).allowed()
+        });
+        if betrayed {
+            return DisableFacts { mode: Some(DisableMode::ExceptAdvised), source: "smaps", mm_flags: None, status_thp_enabled };
+        }
+    }
+    DisableFacts { mode: from_status, source: "status", mm_flags: None, status_thp_enabled }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        kernel::Release,
+        thp_why::{procfs::parse_smaps, sysfs::tests::sample_tree},
+    };
+
+    /// 8 MiB of touched anonymous memory without MADV_HUGEPAGE that the kernel calls ineligible
+    /// although enabled=always: on 6.18 only the except-advised mode does that.
+    const SMAPS: &str = "7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \nSize: 8192 kB\nRss: 8192 kB\n\
+        Anonymous: 8192 kB\nAnonHugePages: 0 kB\nTHPeligible: 0\nVmFlags: rd wr mr mw me ac \n";
+
+    fn facts(seen: Option<MmSeen>, status: Option<bool>, bits: ThpDisableBits) -> DisableFacts {
+        let tree = sample_tree("[always] madvise never", "always [inherit] madvise never", "always inherit madvise [never]");
+        let policy = SystemPolicy::read_from(tree.path());
+        let check = AllowCheck::from_release(&Release::parse("6.18.44", ""));
+        disable_facts(seen, status, bits, &check, &policy, &parse_smaps(SMAPS), &[])
+    }
+
+    const SPLIT: ThpDisableBits = ThpDisableBits::Split { completely: 24, except_advised: 23 };
+    const SINGLE: ThpDisableBits = ThpDisableBits::Single { disable: 24 };
+
+    #[test]
+    fn the_kernel_read_wins_over_status() {
+        let seen = MmSeen { mm: 0xffff_8880_0000_0000, flags: 1 << 23, updates: 1 };
+        let f = facts(Some(seen), Some(true), SPLIT);
+        assert_eq!((f.mode, f.source, f.mm_flags), (Some(DisableMode::ExceptAdvised), "kernel", Some(1 << 23)));
+    }
+
+    #[test]
+    fn status_zero_is_the_complete_disable() {
+        let f = facts(None, Some(false), SINGLE);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::Completely), "status"));
+    }
+
+    #[test]
+    fn except_advised_is_inferred_from_smaps_only_on_6_18() {
+        let f = facts(None, Some(true), SPLIT);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::ExceptAdvised), "smaps"));
+        // Before 6.18 there is no such mode: the mismatch stays a mismatch.
+        let f = facts(None, Some(true), SINGLE);
+        assert_eq!((f.mode, f.source), (Some(DisableMode::None), "status"));
+        // No status line (kernel thread, or no THP): unknown.
+        assert_eq!(facts(None, None, SPLIT).mode, None);
+    }
 }

@@ -41,4 +41,14 @@ pub const PRCTL: LogicalProbe = LogicalProbe {
     }],
 };
 
-pub const PROBES: &[LogicalProbe] = &[ALLOW_CHECK, PAGE_FAULTS, PRCTL];
+pub const MMAP_LOCK: LogicalProbe = LogicalProbe {
+    name: "mmap_lock",
+    purpose: "reading a process's mm->flags from the kernel (the 6.18 except-advised mode, which \
+              /proc/PID/status hides) and learning the target's mm while it sleeps",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "thp_mmap_lock" }],
+        targets: &[Target { name: "mmap_lock:mmap_lock_start_locking", kernels: "5.10+" }],
+    }],
+};
+
+pub const PROBES: &[LogicalProbe] = &[ALLOW_CHECK, PAGE_FAULTS, PRCTL, MMAP_LOCK];

@@ -1,0 +1,176 @@
+//! The live side: load thp-why's kernel programs with this kernel's settings, attach them through
+//! the planner, learn mm pointers and flags, and read back the raw counts (allow-check keys,
+//! faults per 2 MiB range, prctl calls, counters).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result};
+use aya::{
+    Ebpf,
+    maps::{Array, MapData, PerCpuHashMap},
+};
+use mm_probe_common::thp::{self as names, Counter, MmSeen, MmSlot, PrctlEvent, ThpCheckKey};
+
+use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
+use crate::{
+    collect::{RingReader, counters::percpu_sums},
+    kernel::{Kernel, tracefs},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner, load_object},
+};
+
+/// What the kernel programs counted, summed over CPUs.
+#[derive(Clone, Debug, Default)]
+pub struct Counts {
+    pub checks: Vec<(ThpCheckKey, u64)>,
+    /// (address >> FAULT_RANGE_SHIFT, faults), ascending
+    pub fault_ranges: Vec<(u64, u64)>,
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+impl Counts {
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
+}
+
+pub struct Live {
+    ebpf: Ebpf,
+    pub plan: Plan,
+    prctl: Option<RingReader<PrctlEvent>>,
+}
+
+/// Tracepoint field offsets the programs read; defaults are the x86-64 layouts of 6.1–6.18.
+fn tracepoint_offsets() -> Vec<(&'static str, GlobalValue)> {
+    let root = tracefs::root().ok();
+    let offset = |category, event, field, default| {
+        let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
+        GlobalValue::U32(found.unwrap_or(default))
+    };
+    vec![
+        (names::FAULT_ADDRESS_OFFSET, offset("exceptions", "page_fault_user", "address", 8)),
+        (names::PRCTL_OPTION_OFFSET, offset("syscalls", "sys_enter_prctl", "option", 16)),
+        (names::PRCTL_ARG2_OFFSET, offset("syscalls", "sys_enter_prctl", "arg2", 24)),
+        (names::PRCTL_ARG3_OFFSET, offset("syscalls", "sys_enter_prctl", "arg3", 32)),
+        (names::MMAP_LOCK_MM_OFFSET, offset("mmap_lock", "mmap_lock_start_locking", "mm", 8)),
+    ]
+}
+
+impl Live {
+    /// Loads and attaches everything it can for `target_tgid`; the plan says what did not.
+    pub fn start(kernel: &Kernel, target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) -> Result<Self> {
+        Self::start_with(kernel, target_tgid, allow_check, mm_flags_mask, probes::PROBES)
+    }
+
+    /// As `start`, with a chosen catalog (tests use it to force the kprobe fallback). The prctl
+    /// ring buffer is read only when its probe is in `catalog`, and then a tokio reactor must be
+    /// running.
+    pub fn start_with(
+        kernel: &Kernel,
+        target_tgid: u32,
+        allow_check: &AllowCheck,
+        mm_flags_mask: u64,
+        catalog: &[LogicalProbe],
+    ) -> Result<Self> {
+        let mut settings = vec![
+            (names::TARGET_TGID, GlobalValue::U32(target_tgid)),
+            (names::SELF_TGID, GlobalValue::U32(std::process::id())),
+            (names::CALL_ARG_MASK, GlobalValue::U32(allow_check.encoding.arg_mask())),
+            (names::VM_FLAGS_MASK, GlobalValue::U64(vm_flags::KEPT)),
+            (names::MM_FLAGS_MASK, GlobalValue::U64(mm_flags_mask)),
+        ];
+        settings.extend(tracepoint_offsets());
+        let mut ebpf = load_object(kernel, &settings)?;
+        let plan = Planner::new(kernel).attach_all(&mut ebpf, catalog);
+        let prctl = if plan.is_attached(probes::PRCTL.name) {
+            let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;
+            Some(RingReader::new(map)?)
+        } else {
+            None
+        };
+        Ok(Self { ebpf, plan, prctl })
+    }
+
+    fn mm_array(&mut self) -> Result<Array<&mut MapData, MmSeen>> {
+        let map = self.ebpf.map_mut(names::MM_MAP).context("mm map missing from the object")?;
+        Ok(Array::try_from(map)?)
+    }
+
+    fn mm_slot(&self, slot: MmSlot) -> Result<MmSeen> {
+        let map = self.ebpf.map(names::MM_MAP).context("mm map missing from the object")?;
+        let array: Array<&MapData, MmSeen> = Array::try_from(map)?;
+        Ok(array.get(&(slot as u32), 0)?)
+    }
+
+    /// The kernel's view of `proc`'s mm: clear the probe slot, read its smaps_rollup (which takes
+    /// its mmap lock once, firing mmap_lock_start_locking in this process), read the slot back.
+    /// `None` when the tracepoint is not attached or the process has no mm.
+    pub fn probe_mm(&mut self, proc: &Proc) -> Option<MmSeen> {
+        if !self.plan.is_attached(probes::MMAP_LOCK.name) {
+            return None;
+        }
+        self.mm_array().ok()?.set(MmSlot::Probe as u32, MmSeen::default(), 0).ok()?;
+        proc.touch_smaps_rollup().ok()?;
+        let seen = self.mm_slot(MmSlot::Probe).ok()?;
+        (seen.mm != 0).then_some(seen)
+    }
+
+    /// Tells the allow-check filter the target's mm, unless a program already learned it in the
+    /// target's own context.
+    pub fn offer_target_mm(&mut self, seen: MmSeen) -> Result<()> {
+        if self.target_mm()?.mm == 0 {
+            self.mm_array()?.set(MmSlot::Target as u32, seen, 0)?;
+        }
+        Ok(())
+    }
+
+    pub fn target_mm(&self) -> Result<MmSeen> {
+        self.mm_slot(MmSlot::Target)
+    }
+
+    /// prctl(PR_SET_THP_DISABLE) calls seen so far.
+    pub fn drain_prctl(&mut self, into: &mut Vec<PrctlEvent>) {
+        if let Some(reader) = self.prctl.as_mut() {
+            reader.drain_now(|e| into.push(e));
+        }
+    }
+
+    /// Waits for prctl events (for the run loop); pending forever without the tracepoint.
+    pub async fn next_prctl(&mut self, into: &mut Vec<PrctlEvent>) -> Result<()> {
+        match self.prctl.as_mut() {
+            Some(reader) => reader.read(|e| into.push(e)).await.map(drop),
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn counts(&self) -> Result<Counts> {
+        let checks_map: PerCpuHashMap<&MapData, ThpCheckKey, u64> =
+            PerCpuHashMap::try_from(self.ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
+        let checks = checks_map
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(key, values)| (key, values.iter().sum()))
+            .collect();
+        let faults_map: PerCpuHashMap<&MapData, u64, u64> =
+            PerCpuHashMap::try_from(self.ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
+        let mut fault_ranges: Vec<(u64, u64)> =
+            faults_map.iter().filter_map(Result::ok).map(|(range, values)| (range, values.iter().sum())).collect();
+        fault_ranges.sort_unstable();
+        let sums = percpu_sums(&self.ebpf, names::COUNTERS_MAP)?;
+        let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
+        let counters = [
+            ("faults", Counter::Faults),
+            ("fault_map_full", Counter::FaultMapFull),
+            ("target_checks", Counter::TargetChecks),
+            ("own_smaps_checks", Counter::OwnChecks),
+            ("check_map_full", Counter::CheckMapFull),
+            ("prctl_lost", Counter::PrctlLost),
+            ("return_without_entry", Counter::ReturnWithoutEntry),
+            ("all_checks", Counter::AllChecks),
+            ("mm_unknown", Counter::MmUnknown),
+        ]
+        .into_iter()
+        .map(|(name, c)| (name, counter(c)))
+        .collect();
+        Ok(Counts { checks, fault_ranges, counters })
+    }
+}

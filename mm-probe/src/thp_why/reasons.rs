@@ -1,0 +1,715 @@
+//! Why a VMA is or is not allowed a transparent huge page: the facts of one VMA (from smaps, or
+//! from a live allow-check key) walked through the kernel's order of checks for the running
+//! version (`checks.rs`). Every failing check is kept, in order: the first is what the kernel
+//! returned on, the rest would refuse it next.
+
+use serde::Serialize;
+
+use super::{
+    checks::{Call, Step},
+    procfs::{Mount, Vma},
+    sysfs::{GlobalMode, SystemPolicy},
+};
+use crate::kernel::layout::ThpDisableBits;
+
+/// The stable reason codes of `thp-why --json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    PrctlThpDisable,
+    PrctlThpDisableExceptAdvised,
+    VmaNohugepage,
+    SysfsNever,
+    SysfsMadviseNotAdvised,
+    VmaTooSmall,
+    VmaUnaligned,
+    SpecialVma,
+    FileNotEligible,
+    AllocFallback,
+    /// Eligible; THP is being used (or may be).
+    None,
+    /// Internal: khugepaged/collapse skip a VMA never faulted (no anon_vma). Harmless and not
+    /// a reason a process lacks huge pages, so it never appears in the public `reasons` list.
+    NoAnonVma,
+}
+
+impl ReasonCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonCode::PrctlThpDisable => "prctl_thp_disable",
+            ReasonCode::PrctlThpDisableExceptAdvised => "prctl_thp_disable_except_advised",
+            ReasonCode::VmaNohugepage => "vma_nohugepage",
+            ReasonCode::SysfsNever => "sysfs_never",
+            ReasonCode::SysfsMadviseNotAdvised => "sysfs_madvise_not_advised",
+            ReasonCode::VmaTooSmall => "vma_too_small",
+            ReasonCode::VmaUnaligned => "vma_unaligned",
+            ReasonCode::SpecialVma => "special_vma",
+            ReasonCode::FileNotEligible => "file_not_eligible",
+            ReasonCode::AllocFallback => "alloc_fallback",
+            ReasonCode::None => "none",
+            ReasonCode::NoAnonVma => "no_anon_vma",
+        }
+    }
+
+    pub fn is_public(self) -> bool {
+        self != ReasonCode::NoAnonVma
+    }
+
+    /// Applies to every VMA of the process (or of the system), not to one region.
+    pub fn is_process_wide(self) -> bool {
+        matches!(
+            self,
+            ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised | ReasonCode::SysfsNever
+        )
+    }
+}
+
+/// The mm's THP-disable mode (prctl(PR_SET_THP_DISABLE)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisableMode {
+    None,
+    /// MMF_DISABLE_THP (≤6.17) or MMF_DISABLE_THP_COMPLETELY (6.18+).
+    Completely,
+    /// 6.18+: MMF_DISABLE_THP_EXCEPT_ADVISED: only MADV_HUGEPAGE regions may use THP.
+    ExceptAdvised,
+}
+
+impl DisableMode {
+    /// Decodes mm->flags with this kernel's bit meanings (bit 23 is not THP-related before 6.18).
+    pub fn from_mm_flags(bits: ThpDisableBits, flags: u64) -> Self {
+        match bits {
+            ThpDisableBits::Single { disable } => {
+                if flags & (1 << disable) != 0 { DisableMode::Completely } else { DisableMode::None }
+            }
+            ThpDisableBits::Split { completely, except_advised } => {
+                if flags & (1 << completely) != 0 {
+                    DisableMode::Completely
+                } else if flags & (1 << except_advised) != 0 {
+                    DisableMode::ExceptAdvised
+                } else {
+                    DisableMode::None
+                }
+            }
+        }
+    }
+
+    /// The mm->flags bits that carry the mode on this kernel.
+    pub fn mask(bits: ThpDisableBits) -> u64 {
+        match bits {
+            ThpDisableBits::Single { disable } => 1 << disable,
+            ThpDisableBits::Split { completely, except_advised } => (1 << completely) | (1 << except_advised),
+        }
+    }
+}
+
+/// vm_flags bits (include/linux/mm.h, identical 5.15–6.18).
+pub mod vm_flags {
+    pub const VM_EXEC: u64 = 0x4;
+    pub const VM_SHARED: u64 = 0x8;
+    pub const VM_GROWSDOWN: u64 = 0x100;
+    pub const VM_PFNMAP: u64 = 0x400;
+    pub const VM_IO: u64 = 0x4000;
+    pub const VM_DONTEXPAND: u64 = 0x40000;
+    pub const VM_HUGETLB: u64 = 0x40_0000;
+    pub const VM_MIXEDMAP: u64 = 0x1000_0000;
+    pub const VM_HUGEPAGE: u64 = 0x2000_0000;
+    pub const VM_NOHUGEPAGE: u64 = 0x4000_0000;
+    /// VM_SPECIAL | VM_HUGETLB.
+    pub const VM_NO_KHUGEPAGED: u64 = VM_IO | VM_DONTEXPAND | VM_PFNMAP | VM_MIXEDMAP | VM_HUGETLB;
+    /// What a live key keeps.
+    pub const KEPT: u64 = VM_EXEC | VM_SHARED | VM_GROWSDOWN | VM_NO_KHUGEPAGED | VM_HUGEPAGE | VM_NOHUGEPAGE;
+
+    /// smaps VmFlags mnemonics of the special bits (fs/proc/task_mmu.c).
+    pub const SPECIAL_MNEMONICS: &[(&str, u64)] =
+        &[("io", VM_IO), ("de", VM_DONTEXPAND), ("pf", VM_PFNMAP), ("mm", VM_MIXEDMAP), ("ht", VM_HUGETLB)];
+}
+
+/// What backs a VMA, as far as the allow-check cares.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum VmaKind {
+    /// vm_ops == NULL: heap, stack, private anonymous mmap.
+    Anonymous,
+    /// A regular file's page cache.
+    File,
+    /// shmem: shared anonymous memory, memfd, SysV shm (the internal mount, governed by
+    /// shmem_enabled) or a file on a tmpfs mount (its huge= option).
+    Shmem { internal: bool, tmpfs_huge: Option<String> },
+    /// A driver's special mapping ([vdso], [vvar]…).
+    Special { name: String },
+    /// The gate VMA ([vsyscall]), which has no mm.
+    Gate,
+}
+
+/// Everything the allow-check looks at, for one VMA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmaFacts {
+    pub start: u64,
+    pub end: u64,
+    /// vm_pgoff: file offset in pages.
+    pub pgoff: u64,
+    pub kind: VmaKind,
+    pub vm_hugepage: bool,
+    pub vm_nohugepage: bool,
+    /// Mnemonics of the VM_NO_KHUGEPAGED bits present (io, de, pf, mm, ht).
+    pub special_flags: Vec<&'static str>,
+    /// The VMA has been faulted (it has anonymous pages, hence an anon_vma).
+    pub has_anon_vma: bool,
+}
+
+const PAGE_SHIFT: u32 = 12;
+
+impl VmaFacts {
+    /// From smaps, with the mounts of the process (to recognise tmpfs files).
+    pub fn from_smaps(vma: &Vma, mounts: &[Mount]) -> Self {
+        let special_flags =
+            vm_flags::SPECIAL_MNEMONICS.iter().filter(|(m, _)| vma.has_flag(m)).map(|(m, _)| *m).collect();
+        Self {
+            start: vma.start,
+            end: vma.end,
+            pgoff: vma.offset >> PAGE_SHIFT,
+            kind: classify(vma, mounts),
+            vm_hugepage: vma.has_flag("hg"),
+            vm_nohugepage: vma.has_flag("nh"),
+            special_flags,
+            has_anon_vma: vma.anonymous_kb > 0 || vma.anon_huge_kb > 0,
+        }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.end.saturating_sub(self.start)
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.kind == VmaKind::Anonymous
+    }
+
+    /// `thp_vma_suitable_order(vma, vm_end - size, order)`: the last aligned window of this order
+    /// lies inside the VMA, and a file's offset is aligned to it.
+    pub fn fits_order(&self, order: u32) -> bool {
+        let size = 1u64 << (PAGE_SHIFT + order);
+        if !self.is_anonymous() && !(self.start >> PAGE_SHIFT).wrapping_sub(self.pgoff).is_multiple_of(1 << order) {
+            return false;
+        }
+        let Some(last) = self.end.checked_sub(size) else { return false };
+        let aligned = last & !(size - 1);
+        aligned >= self.start && aligned + size <= self.end
+    }
+}
+
+/// Anonymous, file, shmem or special, from the smaps header (name, device, sharing).
+pub fn classify(vma: &Vma, mounts: &[Mount]) -> VmaKind {
+    let name = vma.name.as_str();
+    match name {
+        "[vsyscall]" => return VmaKind::Gate,
+        "[heap]" | "[stack]" => return VmaKind::Anonymous,
+        _ => {}
+    }
+    if name.starts_with("[anon_shmem:") {
+        return VmaKind::Shmem { internal: true, tmpfs_huge: None };
+    }
+    if name.starts_with("[anon:") {
+        return VmaKind::Anonymous;
+    }
+    if name.starts_with('[') {
+        return VmaKind::Special { name: name.to_string() };
+    }
+    // Shared anonymous memory shows as the deleted /dev/zero of the internal shmem mount.
+    if name.starts_with("/memfd:") || name.starts_with("/SYSV") || (name == "/dev/zero (deleted)" && vma.is_shared()) {
+        return VmaKind::Shmem { internal: true, tmpfs_huge: None };
+    }
+    if name.is_empty() || (name == "/dev/zero" && !vma.is_shared()) {
+        // A private /dev/zero mapping is made anonymous by the driver.
+        return VmaKind::Anonymous;
+    }
+    match mounts.iter().find(|m| m.dev == vma.dev && m.fs_type == "tmpfs") {
+        Some(mount) => VmaKind::Shmem { internal: false, tmpfs_huge: Some(mount.tmpfs_huge().to_string()) },
+        None => VmaKind::File,
+    }
+}
+
+/// One refusal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    pub code: ReasonCode,
+    pub step: Step,
+    /// Refused by the 6.8+ inline wrapper, before the function a probe can see.
+    pub in_wrapper: bool,
+    pub detail: String,
+}
+
+/// The outcome of walking one VMA through the checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Every failing check, in the kernel's order.
+    pub denials: Vec<Denial>,
+    /// Page orders allowed when nothing refused (the PMD order is 9 on x86-64).
+    pub orders: Vec<u32>,
+    /// The kernel's answer depends on something /proc does not show (read-only file THP,
+    /// ->huge_fault): smaps' THPeligible should decide.
+    pub uncertain: bool,
+}
+
+impl Evaluation {
+    pub fn allowed(&self) -> bool {
+        self.denials.is_empty()
+    }
+
+    pub fn first(&self) -> Option<&Denial> {
+        self.denials.first()
+    }
+
+    pub fn codes(&self) -> Vec<ReasonCode> {
+        let mut codes: Vec<ReasonCode> = Vec::new();
+        for d in &self.denials {
+            if !codes.contains(&d.code) {
+                codes.push(d.code);
+            }
+        }
+        codes
+    }
+}
+
+/// The environment of a check.
+pub struct Context<'a> {
+    pub order: &'a [Step],
+    pub policy: &'a SystemPolicy,
+    pub mm: DisableMode,
+    /// The probed function ran, so the wrapper let the call through: skip `WrapperAnonSysfs`.
+    pub past_wrapper: bool,
+}
+
+/// Walks `vma` through the kernel's checks for `call`.
+pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
+    let policy = ctx.policy;
+    let pmd = policy.pmd_order();
+    let mut eval = Evaluation::default();
+    // Orders still in play: anonymous VMAs may use every size with a control (6.8+; the wrapper
+    // masks them, or already did when the probed function ran), others only the PMD size.
+    let has_sizes = ctx.order.contains(&Step::WrapperAnonSysfs);
+    let mut orders: Vec<u32> = match (vma.is_anonymous() && has_sizes, ctx.past_wrapper) {
+        (true, false) => policy.anon_orders(),
+        (true, true) => Some(policy.anon_orders_allowed(vma.vm_hugepage)).filter(|o| !o.is_empty()).unwrap_or(vec![pmd]),
+        (false, _) => vec![pmd],
+    };
+    let deny = |eval: &mut Evaluation, code, step, detail: String| {
+        eval.denials.push(Denial { code, step, in_wrapper: step == Step::WrapperAnonSysfs, detail })
+    };
+    for &step in ctx.order {
+        match step {
+            Step::WrapperAnonSysfs => {
+                if ctx.past_wrapper || !vma.is_anonymous() || !call.enforce_sysfs() {
+                    continue;
+                }
+                let allowed = policy.anon_orders_allowed(vma.vm_hugepage);
+                orders.retain(|o| allowed.contains(o));
+                if orders.is_empty() {
+                    let (code, why) = sysfs_refusal(policy, vma.vm_hugepage);
+                    deny(&mut eval, code, step, format!(
+                        "{why}; refused in the inline wrapper thp_vma_allowable_orders() before the probed function \
+                         (derived from sysfs and vm_flags, not seen live)"
+                    ));
+                    // Later checks are judged for the PMD size, as if sysfs allowed it.
+                    orders = vec![pmd];
+                }
+            }
+            Step::NoMm => {
+                if vma.kind == VmaKind::Gate {
+                    deny(&mut eval, ReasonCode::SpecialVma, step, "the gate VMA [vsyscall] has no mm".into());
+                    return eval;
+                }
+            }
+            Step::NoHugepageFlag => {
+                if vma.vm_nohugepage {
+                    deny(&mut eval, ReasonCode::VmaNohugepage, step,
+                        "VM_NOHUGEPAGE (madvise(MADV_NOHUGEPAGE), or MAP_STACK on 6.7+)".into());
+                }
+            }
+            Step::MmfDisable => {
+                if ctx.mm == DisableMode::Completely {
+                    deny(&mut eval, ReasonCode::PrctlThpDisable, step,
+                        "MMF_DISABLE_THP set on the process by prctl(PR_SET_THP_DISABLE)".into());
+                }
+            }
+            Step::MmfExceptAdvised => {
+                if ctx.mm == DisableMode::ExceptAdvised && !vma.vm_hugepage && call != Call::ForcedCollapse {
+                    deny(&mut eval, ReasonCode::PrctlThpDisableExceptAdvised, step,
+                        "MMF_DISABLE_THP_EXCEPT_ADVISED set by prctl and the region has no MADV_HUGEPAGE".into());
+                }
+            }
+            Step::SpecialAllCallers | Step::SpecialKhugepagedOnly => {
+                let applies = step == Step::SpecialAllCallers || (!call.in_pf() && !call.smaps());
+                if applies && !vma.special_flags.is_empty() {
+                    deny(&mut eval, ReasonCode::SpecialVma, step,
+                        format!("special mapping (VmFlags {})", vma.special_flags.join(" ")));
+                }
+            }
+            Step::SizeAlignment => {
+                if call.in_pf() {
+                    continue;
+                }
+                // The kernel keeps only the largest order that fits.
+                match orders.iter().rev().find(|&&o| vma.fits_order(o)) {
+                    Some(&o) => orders = vec![o],
+                    None => {
+                        let (code, detail) = size_refusal(vma, pmd);
+                        deny(&mut eval, code, step, detail);
+                    }
+                }
+            }
+            Step::Shmem => {
+                if let VmaKind::Shmem { internal, tmpfs_huge } = &vma.kind
+                    && !call.in_pf()
+                {
+                    if let Some((code, detail)) = shmem_refusal(policy, *internal, tmpfs_huge.as_deref(), vma, call) {
+                        deny(&mut eval, code, step, detail);
+                    }
+                    break;
+                }
+            }
+            Step::SysfsGlobal => {
+                // shmem VMAs outside faults returned at `Shmem` already.
+                if call.enforce_sysfs()
+                    && let Some((code, why)) = global_refusal(policy, vma.vm_hugepage)
+                {
+                    deny(&mut eval, code, step, why);
+                }
+            }
+            Step::FileThp => {
+                // CONFIG_READ_ONLY_THP_FOR_FS (off in Debian) with VM_EXEC: not visible in /proc.
+                if matches!(vma.kind, VmaKind::File) && !call.in_pf() {
+                    eval.uncertain = true;
+                }
+            }
+            Step::NotAnonymous => {
+                if !vma.is_anonymous() {
+                    deny(&mut eval, non_anonymous_code(vma), step, non_anonymous_detail(vma));
+                    break;
+                }
+            }
+            Step::NonAnonymous => {
+                if vma.is_anonymous() {
+                    continue;
+                }
+                if call.enforce_sysfs() && let Some((code, why)) = global_refusal(policy, vma.vm_hugepage) {
+                    deny(&mut eval, code, step, why);
+                }
+                // ->huge_fault (DAX, some drivers) or read-only file THP could still allow it.
+                eval.uncertain = true;
+                deny(&mut eval, non_anonymous_code(vma), step, non_anonymous_detail(vma));
+                break;
+            }
+            Step::NoAnonVma => {
+                if matches!(call, Call::Khugepaged | Call::ForcedCollapse) && !vma.has_anon_vma {
+                    deny(&mut eval, ReasonCode::NoAnonVma, step, "never faulted yet (no anon_vma)".into());
+                }
+            }
+        }
+    }
+    if eval.denials.is_empty() {
+        eval.orders = orders;
+    }
+    eval
+}
+
+fn sysfs_refusal(policy: &SystemPolicy, vm_hugepage: bool) -> (ReasonCode, String) {
+    let global = policy.enabled.map(|m| format!("{m:?}").to_lowercase()).unwrap_or_else(|| "absent".into());
+    if !vm_hugepage && !policy.anon_orders_allowed(true).is_empty() {
+        (ReasonCode::SysfsMadviseNotAdvised, format!(
+            "transparent_hugepage/enabled is {global} and the region has no MADV_HUGEPAGE"
+        ))
+    } else {
+        (ReasonCode::SysfsNever, format!("transparent_hugepage/enabled is {global} and no size is enabled"))
+    }
+}
+
+/// ≤6.7 (every non-shmem VMA) and 6.8+ (non-anonymous ones): the global mode.
+fn global_refusal(policy: &SystemPolicy, vm_hugepage: bool) -> Option<(ReasonCode, String)> {
+    match policy.enabled {
+        None | Some(GlobalMode::Never) => {
+            Some((ReasonCode::SysfsNever, "transparent_hugepage/enabled is never".into()))
+        }
+        Some(GlobalMode::Madvise) if !vm_hugepage => Some((
+            ReasonCode::SysfsMadviseNotAdvised,
+            "transparent_hugepage/enabled is madvise and the region has no MADV_HUGEPAGE".into(),
+        )),
+        _ => None,
+    }
+}
+
+fn size_refusal(vma: &VmaFacts, pmd: u32) -> (ReasonCode, String) {
+    let pmd_size = 1u64 << (PAGE_SHIFT + pmd);
+    let size = crate::units::format_bytes(vma.size_bytes());
+    if vma.size_bytes() < pmd_size {
+        (ReasonCode::VmaTooSmall, format!("{size} is smaller than one {} huge page", crate::units::format_bytes(pmd_size)))
+    } else if !vma.is_anonymous() && vma.fits_order_ignoring_offset(pmd) {
+        (ReasonCode::VmaUnaligned, format!("the file offset is not aligned to {} for this address", crate::units::format_bytes(pmd_size)))
+    } else {
+        (ReasonCode::VmaUnaligned, format!(
+            "{size} but no {}-aligned {} window inside [{:#x}, {:#x})",
+            crate::units::format_bytes(pmd_size),
+            crate::units::format_bytes(pmd_size),
+            vma.start,
+            vma.end
+        ))
+    }
+}
+
+impl VmaFacts {
+    fn fits_order_ignoring_offset(&self, order: u32) -> bool {
+        let anonymous = Self { kind: VmaKind::Anonymous, ..self.clone() };
+        anonymous.fits_order(order)
+    }
+}
+
+/// shmem_is_huge() / shmem_allowable_huge_orders(): the internal mount follows shmem_enabled,
+/// a tmpfs mount its huge= option; `deny` and `force` override both.
+fn shmem_refusal(
+    policy: &SystemPolicy,
+    internal: bool,
+    tmpfs_huge: Option<&str>,
+    vma: &VmaFacts,
+    call: Call,
+) -> Option<(ReasonCode, String)> {
+    let sysfs = policy.shmem_pmd_choice().unwrap_or_else(|| "never".into());
+    if !call.enforce_sysfs() || sysfs == "force" {
+        return None;
+    }
+    if sysfs == "deny" {
+        return Some((ReasonCode::SysfsNever, "shmem: transparent_hugepage/shmem_enabled is deny".into()));
+    }
+    let (setting, source) = if internal {
+        (sysfs.as_str(), "transparent_hugepage/shmem_enabled")
+    } else {
+        (tmpfs_huge.unwrap_or("never"), "the tmpfs mount option huge=")
+    };
+    match setting {
+        "always" | "within_size" => None,
+        "advise" if vma.vm_hugepage => None,
+        "advise" => Some((ReasonCode::SysfsMadviseNotAdvised, format!("shmem: {source} is advise and the region has no MADV_HUGEPAGE"))),
+        _ if internal => Some((ReasonCode::SysfsNever, format!("shmem: {source} is {setting}"))),
+        _ => Some((ReasonCode::FileNotEligible, format!("tmpfs file: {source} is {setting}"))),
+    }
+}
+
+fn non_anonymous_code(vma: &VmaFacts) -> ReasonCode {
+    match vma.kind {
+        VmaKind::Special { .. } | VmaKind::Gate => ReasonCode::SpecialVma,
+        _ if !vma.special_flags.is_empty() => ReasonCode::SpecialVma,
+        _ => ReasonCode::FileNotEligible,
+    }
+}
+
+fn non_anonymous_detail(vma: &VmaFacts) -> String {
+    match &vma.kind {
+        VmaKind::Special { name } => format!("special mapping {name}"),
+        _ if !vma.special_flags.is_empty() => format!("special mapping (VmFlags {})", vma.special_flags.join(" ")),
+        _ => "file-backed: page cache THP needs CONFIG_READ_ONLY_THP_FOR_FS (read-only executable files) or a \
+              filesystem with large folios"
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::thp_why::{
+        checks::{ALLOWABLE_ORDERS_ORDER, ALLOWABLE_ORDERS_TVA_TYPE_ORDER, HUGEPAGE_VMA_CHECK_ORDER},
+        procfs::parse_smaps,
+        sysfs::tests::sample_tree,
+    };
+
+    const MIB: u64 = 1 << 20;
+    const BASE: u64 = 0x7f00_0000_0000;
+
+    fn anon(start: u64, size: u64, flags: &[&str]) -> VmaFacts {
+        VmaFacts {
+            start,
+            end: start + size,
+            pgoff: 0,
+            kind: VmaKind::Anonymous,
+            vm_hugepage: flags.contains(&"hg"),
+            vm_nohugepage: flags.contains(&"nh"),
+            special_flags: Vec::new(),
+            has_anon_vma: true,
+        }
+    }
+
+    fn policy(enabled: &str) -> SystemPolicy {
+        let tree = sample_tree(enabled, "always [inherit] madvise never", "always inherit madvise [never]");
+        SystemPolicy::read_from(tree.path())
+    }
+
+    /// A kernel before per-size controls (6.1): only `enabled`.
+    fn policy_6_1(enabled: &str) -> SystemPolicy {
+        let tree = crate::thp_why::sysfs::tests::tempdir::TempTree::new();
+        tree.write("enabled", enabled);
+        tree.write("shmem_enabled", "always within_size advise [never] deny force");
+        SystemPolicy::read_from(tree.path())
+    }
+
+    const ALWAYS: &str = "[always] madvise never";
+    const MADVISE: &str = "always [madvise] never";
+    const NEVER: &str = "always madvise [never]";
+
+    fn codes(order: &[Step], policy: &SystemPolicy, mm: DisableMode, call: Call, vma: &VmaFacts) -> Vec<ReasonCode> {
+        evaluate(&Context { order, policy, mm, past_wrapper: false }, call, vma).codes()
+    }
+
+    #[test]
+    fn the_lkp_case_on_6_1_prctl_first() {
+        let p = policy_6_1(ALWAYS);
+        let vma = anon(BASE, 64 * MIB, &[]);
+        let c = codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::Completely, Call::PageFault, &vma);
+        assert_eq!(c, [ReasonCode::PrctlThpDisable]);
+        // Setting sysfs to always does not help (the material's observation).
+        let p = policy_6_1(MADVISE);
+        let c = codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::Completely, Call::PageFault, &vma);
+        assert_eq!(c, [ReasonCode::PrctlThpDisable, ReasonCode::SysfsMadviseNotAdvised]);
+    }
+
+    #[test]
+    fn on_6_8_and_later_the_wrapper_refuses_before_the_function() {
+        let p = policy(MADVISE);
+        let vma = anon(BASE, 8 * MIB, &["nh"]);
+        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &vma);
+        assert_eq!(eval.codes(), [ReasonCode::SysfsMadviseNotAdvised, ReasonCode::VmaNohugepage]);
+        assert!(eval.denials[0].in_wrapper && !eval.denials[1].in_wrapper);
+        assert!(eval.denials[0].detail.contains("not seen live"));
+        // When the probed function ran, the wrapper passed: the function's own reason is nh.
+        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: true }, Call::PageFault, &vma);
+        assert_eq!(eval.codes(), [ReasonCode::VmaNohugepage]);
+        // With enabled=always the nh flag is the first refusal.
+        let p = policy(ALWAYS);
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma), [ReasonCode::VmaNohugepage]);
+    }
+
+    #[test]
+    fn madvise_mode_without_and_with_madv_hugepage() {
+        let p = policy(MADVISE);
+        let plain = anon(BASE, 8 * MIB, &[]);
+        assert_eq!(codes(ALLOWABLE_ORDERS_TVA_TYPE_ORDER, &p, DisableMode::None, Call::Smaps, &plain), [ReasonCode::SysfsMadviseNotAdvised]);
+        let advised = anon(BASE, 8 * MIB, &["hg"]);
+        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &advised);
+        assert!(eval.allowed());
+        assert_eq!(eval.orders, [9]);
+        let p = policy_6_1(MADVISE);
+        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Smaps, &plain), [ReasonCode::SysfsMadviseNotAdvised]);
+        assert!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Smaps, &advised).is_empty());
+    }
+
+    #[test]
+    fn sysfs_never() {
+        let p = policy(NEVER);
+        let vma = anon(BASE, 8 * MIB, &["hg"]);
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma), [ReasonCode::SysfsNever]);
+        let p = policy_6_1(NEVER);
+        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::SysfsNever]);
+    }
+
+    #[test]
+    fn too_small_and_unaligned_but_not_for_faults() {
+        let p = policy(ALWAYS);
+        let small = anon(BASE, MIB, &["hg"]);
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &small), [ReasonCode::VmaTooSmall]);
+        // Faults skip the size check; do_huge_pmd_anonymous_page falls back later.
+        assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::PageFault, &small).is_empty());
+        // 2.5 MiB starting 1 MiB past an aligned address: no aligned 2 MiB window.
+        let unaligned = anon(BASE + MIB, 5 * MIB / 2, &["hg"]);
+        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Khugepaged, &unaligned), [ReasonCode::VmaUnaligned]);
+        // 3 MiB from the same start does contain [BASE+2M, BASE+4M).
+        assert!(anon(BASE + MIB, 3 * MIB, &[]).fits_order(9));
+        assert!(!anon(BASE + MIB, 3 * MIB - 4096, &[]).fits_order(9));
+    }
+
+    #[test]
+    fn an_enabled_small_size_keeps_a_small_region_eligible() {
+        // 64 KiB set to always: a 1 MiB region is eligible for 64 KiB folios (not for 2 MiB).
+        let tree = sample_tree(ALWAYS, "always [inherit] madvise never", "[always] inherit madvise never");
+        let p = SystemPolicy::read_from(tree.path());
+        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &anon(BASE, MIB, &[]));
+        assert!(eval.allowed());
+        assert_eq!(eval.orders, [4]);
+    }
+
+    #[test]
+    fn except_advised_spares_madvised_regions_on_6_18() {
+        let p = policy(ALWAYS);
+        let plain = anon(BASE, 8 * MIB, &[]);
+        let advised = anon(BASE, 8 * MIB, &["hg"]);
+        let o = ALLOWABLE_ORDERS_TVA_TYPE_ORDER;
+        assert_eq!(codes(o, &p, DisableMode::ExceptAdvised, Call::PageFault, &plain), [ReasonCode::PrctlThpDisableExceptAdvised]);
+        assert!(codes(o, &p, DisableMode::ExceptAdvised, Call::PageFault, &advised).is_empty());
+        assert!(codes(o, &p, DisableMode::ExceptAdvised, Call::ForcedCollapse, &plain).is_empty());
+        assert_eq!(codes(o, &p, DisableMode::Completely, Call::PageFault, &advised), [ReasonCode::PrctlThpDisable]);
+    }
+
+    #[test]
+    fn special_mappings_depend_on_caller_since_6_8() {
+        let p = policy(ALWAYS);
+        let mut vma = anon(BASE, 8 * MIB, &[]);
+        vma.special_flags = vec!["pf"];
+        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::PageFault, &vma), [ReasonCode::SpecialVma]);
+        assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::PageFault, &vma).is_empty());
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::SpecialVma]);
+        let gate = VmaFacts { kind: VmaKind::Gate, ..anon(0xffff_ffff_ff60_0000, 4096, &[]) };
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &gate), [ReasonCode::SpecialVma]);
+    }
+
+    #[test]
+    fn files_and_shmem() {
+        let p = policy(ALWAYS);
+        let file = VmaFacts { kind: VmaKind::File, ..anon(BASE, 8 * MIB, &[]) };
+        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &file);
+        assert_eq!(eval.codes(), [ReasonCode::FileNotEligible]);
+        assert!(eval.uncertain, "read-only file THP is not visible in /proc");
+        // Shared anonymous memory follows shmem_enabled (never in the sample), not enabled=always.
+        let shm = VmaFacts { kind: VmaKind::Shmem { internal: true, tmpfs_huge: None }, ..anon(BASE, 8 * MIB, &["hg"]) };
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &shm), [ReasonCode::SysfsNever]);
+        let tmpfs = VmaFacts { kind: VmaKind::Shmem { internal: false, tmpfs_huge: Some("always".into()) }, ..shm.clone() };
+        assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &tmpfs).is_empty());
+        let tmpfs = VmaFacts { kind: VmaKind::Shmem { internal: false, tmpfs_huge: Some("never".into()) }, ..shm };
+        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Smaps, &tmpfs), [ReasonCode::FileNotEligible]);
+    }
+
+    #[test]
+    fn khugepaged_skips_never_faulted_vmas() {
+        let p = policy(ALWAYS);
+        let mut vma = anon(BASE, 8 * MIB, &[]);
+        vma.has_anon_vma = false;
+        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::NoAnonVma]);
+        assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma).is_empty());
+    }
+
+    #[test]
+    fn mm_flag_bits_depend_on_the_kernel() {
+        let single = ThpDisableBits::Single { disable: 24 };
+        let split = ThpDisableBits::Split { completely: 24, except_advised: 23 };
+        assert_eq!(DisableMode::from_mm_flags(single, 1 << 24), DisableMode::Completely);
+        // Before 6.18 bit 23 is MMF_HUGE_ZERO_PAGE, not a THP-disable bit.
+        assert_eq!(DisableMode::from_mm_flags(single, 1 << 23), DisableMode::None);
+        assert_eq!(DisableMode::from_mm_flags(split, 1 << 23), DisableMode::ExceptAdvised);
+        assert_eq!(DisableMode::from_mm_flags(split, (1 << 23) | (1 << 24)), DisableMode::Completely);
+        assert_eq!(DisableMode::mask(split), 0x180_0000);
+    }
+
+    #[test]
+    fn classification_from_captured_smaps() {
+        let vmas = parse_smaps(crate::thp_why::procfs::tests::SMAPS);
+        let kinds: Vec<VmaKind> = vmas.iter().map(|v| classify(v, &[])).collect();
+        assert_eq!(kinds[0], VmaKind::Shmem { internal: true, tmpfs_huge: None });
+        assert_eq!(kinds[1], VmaKind::Anonymous);
+        assert_eq!(kinds[2], VmaKind::File);
+        // The captured kernel (6.18, enabled=madvise, shmem_enabled=never) agrees with the
+        // evaluation on every VMA of the sample.
+        let p = policy(MADVISE);
+        for vma in &vmas {
+            let facts = VmaFacts::from_smaps(vma, &[]);
+            let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &facts);
+            assert_eq!(Some(eval.allowed()), vma.thp_eligible, "{vma:?}: {eval:?}");
+        }
+        let stack = Vma { name: "[vdso]".into(), ..vmas[1].clone() };
+        assert_eq!(classify(&stack, &[]), VmaKind::Special { name: "[vdso]".into() });
+    }
+}

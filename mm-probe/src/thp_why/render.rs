@@ -1,0 +1,225 @@
+//! The report as text (verdict, evidence, fix, VMA table) or as one JSON object.
+
+use std::fmt::Write as _;
+
+use super::{
+    reasons::DisableMode,
+    sysfs::SizeMode,
+    verdict::{Report, VmaEntry},
+};
+use crate::{report::json, units::format_bytes};
+
+/// VMAs listed without `--all-vmas`.
+pub const DEFAULT_VMA_ROWS: usize = 12;
+
+/// One JSON object (`type` thp_why, `schema_version`, then the report's keys). The JSON always
+/// carries every VMA; `--all-vmas` only widens the text table.
+pub fn json(report: &Report) -> String {
+    json::line("thp_why", report)
+}
+
+pub fn text(report: &Report, all_vmas: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}\n", report.verdict);
+    evidence(&mut out, report);
+    reasons(&mut out, report);
+    if !report.fix.is_empty() {
+        let _ = writeln!(out, "Fix");
+        for fix in &report.fix {
+            let _ = writeln!(out, "  - {fix}");
+        }
+        out.push('\n');
+    }
+    table(&mut out, report, all_vmas);
+    if !report.notes.is_empty() {
+        let _ = writeln!(out, "\nNotes");
+        for note in &report.notes {
+            let _ = writeln!(out, "  - {note}");
+        }
+    }
+    out
+}
+
+fn mode_word(mode: Option<DisableMode>) -> &'static str {
+    match mode {
+        Some(DisableMode::None) => "enabled",
+        Some(DisableMode::Completely) => "DISABLED",
+        Some(DisableMode::ExceptAdvised) => "disabled except advised",
+        None => "unknown",
+    }
+}
+
+fn evidence(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "Evidence");
+    let p = &r.process;
+    let flags = p.mm_flags.as_deref().map(|f| format!(", mm->flags {f}")).unwrap_or_default();
+    let status = p.status_thp_enabled.map(|e| format!("THP_enabled {}", u8::from(e))).unwrap_or_else(|| "no THP_enabled line".into());
+    let _ = writeln!(out, "  process   THP {} (from {}{flags}; /proc/{}/status {status})", mode_word(p.thp_disable), p.source, r.pid);
+    if p.ancestors.len() > 1 {
+        let chain: Vec<String> =
+            p.ancestors.iter().map(|a| format!("{} {} [{}]", a.pid, a.comm, mode_word(a.disable))).collect();
+        let _ = writeln!(out, "  ancestry  {}", chain.join(" <- "));
+    }
+    for call in &p.prctl_calls {
+        let _ = writeln!(
+            out,
+            "  prctl     caught live: pid {} ({}, {}) PR_SET_THP_DISABLE arg2={} arg3={} -> {}",
+            call.tgid, call.comm, call.relation, call.arg2, call.arg3, call.effect
+        );
+    }
+    let s = &r.system.policy;
+    let word = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    let enabled = s.enabled.map(|e| format!("{e:?}").to_lowercase()).unwrap_or_else(|| "-".into());
+    let _ = writeln!(out, "  system    enabled={enabled} defrag={} shmem_enabled={}", word(&s.defrag), word(&s.shmem_enabled));
+    let sizes: Vec<String> = s
+        .sizes
+        .iter()
+        .filter_map(|c| c.enabled.map(|m| (c.size_kb, m)))
+        .filter(|(_, m)| *m != SizeMode::Never)
+        .map(|(kb, m)| format!("{kb}kB {}", format!("{m:?}").to_lowercase()))
+        .collect();
+    if !s.sizes.is_empty() {
+        let _ = writeln!(out, "            per-size: {}", if sizes.is_empty() { "all never".into() } else { sizes.join(", ") + ", others never" });
+    }
+    if !s.khugepaged.is_empty() {
+        let k = |name: &str| s.khugepaged.get(name).map(u64::to_string).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "            khugepaged: pages_to_scan={} scan_sleep={}ms max_ptes_none={}",
+            k("pages_to_scan"),
+            k("scan_sleep_millisecs"),
+            k("max_ptes_none")
+        );
+    }
+    let l = &r.live;
+    if l.allow_check_observed {
+        let by_call: Vec<String> =
+            l.by_call.iter().map(|(c, n)| format!("{} {}/{}", c.label(), n.denied, n.checks)).collect();
+        let _ = writeln!(
+            out,
+            "  live      {} over {:.1}s: {} checks, {} denied (denied/checks by caller: {})",
+            l.allow_check,
+            l.duration_ms as f64 / 1000.0,
+            l.checks,
+            l.denied,
+            if by_call.is_empty() { "none".into() } else { by_call.join(", ") }
+        );
+        if l.unexplained > 0 || l.disagreements > 0 {
+            let _ = writeln!(out, "            {} denials unexplained, {} allowed against the model", l.unexplained, l.disagreements);
+        }
+        if let Some(note) = &l.wrapper_note {
+            let _ = writeln!(out, "            {note}");
+        }
+    } else {
+        let _ = writeln!(out, "  live      THP allow-check not observed: {}", l.why_not.as_deref().unwrap_or("unknown"));
+    }
+    let f = &r.faults;
+    if f.observed {
+        let _ = writeln!(
+            out,
+            "  faults    {} page faults in {} 2 MiB ranges, ~{} got a huge page; thp_fault_alloc {:+}, thp_fault_fallback {:+}",
+            f.total, f.ranges, f.in_huge_pages, f.thp_fault_alloc, f.thp_fault_fallback
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "  faults    not traced ({}); thp_fault_alloc {:+}, thp_fault_fallback {:+}",
+            f.why_not.as_deref().unwrap_or("unknown"),
+            f.thp_fault_alloc,
+            f.thp_fault_fallback
+        );
+    }
+    let lost: u64 = ["check_map_full", "fault_map_full", "prctl_lost"].iter().filter_map(|k| l.counters.get(k)).sum();
+    if lost > 0 {
+        let _ = writeln!(out, "  lost      {lost} events (maps or ring buffer full)");
+    }
+    out.push('\n');
+}
+
+fn reasons(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "Reasons");
+    for reason in &r.reasons {
+        let set_by = reason.set_by.as_ref().map(|s| format!(" [set by {} {}]", s.pid, s.comm)).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:<34} {:>6} live  {:>3} VMAs {:>10}  {}{set_by}",
+            reason.code.as_str(),
+            reason.count,
+            reason.vmas,
+            format_bytes(reason.bytes),
+            reason.detail
+        );
+    }
+    out.push('\n');
+}
+
+fn row(v: &VmaEntry) -> String {
+    let mark = |b: bool| if b { "y" } else { "-" };
+    let elig = v.thp_eligible.map(|e| if e { "1" } else { "0" }).unwrap_or("?");
+    format!(
+        "  {:>14}-{:<14} {:>10} {:>3} {:>2} {:>2} {:<7} {:>4} {:>10} {:>6} {:>6} {:<26} {}",
+        v.start.trim_start_matches("0x"),
+        v.end.trim_start_matches("0x"),
+        format_bytes(v.size_bytes),
+        mark(v.aligned_2m_window),
+        mark(v.hg),
+        mark(v.nh),
+        if v.stack { "stack" } else { v.kind },
+        elig,
+        format_bytes(v.anon_huge_bytes),
+        v.live.checks,
+        v.live.denied,
+        v.reason.as_str(),
+        v.name
+    )
+}
+
+fn table(out: &mut String, r: &Report, all: bool) {
+    let shown = if all { r.vmas.len() } else { r.vmas.len().min(DEFAULT_VMA_ROWS) };
+    let more = if shown < r.vmas.len() { format!("; {} of {}, --all-vmas for all", shown, r.vmas.len()) } else { String::new() };
+    let _ = writeln!(out, "VMAs (largest first{more})");
+    let _ = writeln!(
+        out,
+        "  {:>14}-{:<14} {:>10} {:>3} {:>2} {:>2} {:<7} {:>4} {:>10} {:>6} {:>6} {:<26} NAME",
+        "START", "END", "SIZE", "2M", "hg", "nh", "KIND", "ELIG", "AnonHuge", "CHECKS", "DENIED", "REASON"
+    );
+    for v in r.vmas.iter().take(shown) {
+        let _ = writeln!(out, "{}", row(v));
+    }
+    let hidden_denials: u64 = r.vmas.iter().skip(shown).map(|v| v.live.denied).sum();
+    if hidden_denials > 0 {
+        let _ = writeln!(out, "  ({hidden_denials} live denials on VMAs not shown)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::thp_why::{reasons::DisableMode, verdict::{build, tests::inputs}};
+
+    #[test]
+    fn json_has_the_stable_keys() {
+        let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
+        let v: serde_json::Value = serde_json::from_str(&json(&report)).unwrap();
+        assert_eq!(v["type"], "thp_why");
+        for key in ["pid", "verdict", "reasons", "vmas", "faults", "system"] {
+            assert!(!v[key].is_null(), "missing {key}: {v}");
+        }
+        let first = &v["reasons"][0];
+        assert_eq!(first["code"], "prctl_thp_disable");
+        assert!(first["count"].is_u64() && first["detail"].is_string());
+        assert_eq!((first["set_by"]["pid"].as_u64(), first["set_by"]["comm"].as_str()), (Some(4321), Some("lkp")));
+        assert_eq!(v["vmas"].as_array().unwrap().len(), 3, "JSON carries every VMA");
+    }
+
+    #[test]
+    fn text_starts_with_the_verdict_and_marks_the_table() {
+        let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
+        let text = text(&report, false);
+        assert_eq!(text.lines().next(), Some(report.verdict.as_str()));
+        let order: Vec<usize> = ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(text.contains("live      THP allow-check not observed: --duration 0s"), "{text}");
+        assert!(text.contains("[set by 4321 lkp]"), "{text}");
+    }
+}

@@ -269,7 +269,16 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     // One notifier over 64 MiB: most failures now come from invalidations of other chunks.
     let causes = &chunked["walks"]["busy_causes"];
     assert!(f(&causes["false_sharing"]) > f(&causes["true_conflict"]), "{causes}");
-    assert!(has_advice(&chunked, "notifier false sharing").is_some(), "{}", chunked["verdict"]);
+    // Advice follows the verdict: the tool advises only while walks are really retrying (retry
+    // rate at WARN or above, or at least 5 % of walks failing). Emulated guests vary from run to
+    // run: when the chunked walks fail too rarely to warrant it, no advice is the right answer.
+    let retrying = metric_level(&chunked, "retry_rate") >= level_rank(&Value::from("WARN")) || per_walk(&chunked) >= 0.05;
+    assert_eq!(
+        has_advice(&chunked, "notifier false sharing").is_some(),
+        retrying,
+        "false-sharing advice exactly when the chunked walks are retrying: {}",
+        chunked["verdict"]
+    );
 
     let (fine_driver, fine) = storm("2 MiB chunks, 2 MiB notifiers", &["--chunk", "2M", "--notifier", "2M"]);
     assert_counts_match("chunked+fine notifiers", &fine_driver, &fine);

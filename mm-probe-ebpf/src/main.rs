@@ -1,7 +1,9 @@
 //! mm-probe's kernel programs. One module per hook area; each program is a thin wrapper around a
 //! `try_*` function that reads, filters, aggregates or emits, and never judges.
-#![no_std]
-#![no_main]
+// Built for bpfel-unknown-none by mm-probe's build.rs; a host build (cargo build --workspace)
+// compiles an empty binary instead, so workspace-wide commands keep working.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
 
 mod hmm;
 mod kernel;
@@ -9,11 +11,14 @@ mod sched;
 mod selftest;
 mod thp;
 
-#[cfg(not(test))]
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
 
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]

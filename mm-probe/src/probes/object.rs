@@ -6,7 +6,7 @@ use aya::{Ebpf, EbpfLoader};
 use crate::kernel::{Kernel, layout::Layout};
 
 /// The object mm-probe-ebpf builds, embedded at compile time.
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mm-probe"));
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mm-probe-ebpf"));
 
 /// A capability's setting handed to its programs as a global (read-only once loaded).
 #[derive(Clone, Copy, Debug)]

@@ -41,3 +41,55 @@ fn mount_tracefs(at: &str) -> Result<()> {
 pub fn event_exists(root: &Path, category: &str, name: &str) -> bool {
     root.join("events").join(category).join(name).join("id").exists()
 }
+
+/// The byte offset of every field of the tracepoint `category:name`, from its `format` file.
+/// Classic tracepoint programs read the record at these offsets; reading them instead of
+/// assuming them keeps programs right on builds whose common header differs (real-time patch
+/// sets have added common fields).
+pub fn field_offsets(root: &Path, category: &str, name: &str) -> Result<Vec<(String, u32)>> {
+    let path = root.join("events").join(category).join(name).join("format");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    Ok(parse_format(&text))
+}
+
+/// Parses `field:<type> <name>[<n>];\toffset:<o>;\tsize:<s>;…` lines into (name, offset).
+pub fn parse_format(text: &str) -> Vec<(String, u32)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let declaration = line.strip_prefix("field:")?.split(';').next()?;
+            let name = declaration.split_whitespace().last()?;
+            let name = name.split('[').next()?.to_string();
+            let offset = line.split(';').find_map(|part| part.trim().strip_prefix("offset:"))?;
+            Some((name, offset.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_field_offsets_from_a_format_file() {
+        let format = "name: sched_switch\nID: 372\nformat:\n\
+            \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
+            \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
+            \tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\
+            \tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;\n\
+            \tfield:unsigned long args[6];\toffset:16;\tsize:48;\tsigned:0;\n\n\
+            print fmt: \"prev_comm=%s\", REC->prev_comm\n";
+        let fields = parse_format(format);
+        assert_eq!(
+            fields,
+            [
+                ("common_type".to_string(), 0),
+                ("common_pid".to_string(), 4),
+                ("prev_comm".to_string(), 8),
+                ("prev_pid".to_string(), 24),
+                ("args".to_string(), 16)
+            ]
+        );
+    }
+}

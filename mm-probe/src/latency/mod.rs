@@ -257,6 +257,15 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         functions,
         plan,
     };
+    // Listen for Ctrl-C before telling anyone tracing has begun: a SIGINT right after the plan
+    // must end the run with a summary, not kill it.
+    let stop = wait_for_stop(options.duration);
+    tokio::pin!(stop);
+    let stopped_early = tokio::select! {
+        biased;
+        stopped = &mut stop => Some(stopped),
+        () = std::future::ready(()) => None,
+    };
     if options.json {
         println!("{}", json::line("probe_plan", &header));
     } else {
@@ -279,12 +288,13 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     };
     let function_count = header.functions.len();
 
-    let stop = wait_for_stop(options.duration);
-    tokio::pin!(stop);
     let mut ticker = options.interval.map(|i| tokio::time::interval_at(tokio::time::Instant::now() + i, i));
     let mut previous = read_all(&hists, function_count)?;
     let mut previous_ns = start_ns;
     let stopped_by = loop {
+        if let Some(stopped) = stopped_early {
+            break stopped;
+        }
         let mut wakeup_batch = Vec::new();
         let mut call_batch = Vec::new();
         tokio::select! {

@@ -18,7 +18,7 @@ pub fn run(no_vm: bool) -> Result<()> {
         eprintln!("xtask test: real-kernel matrix skipped (--no-vm)");
         return Ok(());
     }
-    vm::run(&vm::VmTestArgs { kernels: Vec::new() })
+    vm::run(&vm::VmTestArgs::default())
 }
 
 /// The workspace's target directory (honours CARGO_TARGET_DIR).

@@ -1,1 +1,242 @@
-//! Kernel programs for this hook area (filled in by its capability).
+//! HMM mirror walks: hmm_range_fault() entry/return, mmu_interval_read_begin(), and
+//! mmu_interval_notifier_remove(). Read from mm/hmm.c and mm/mmu_notifier.c of 5.15, 6.1,
+//! 6.12 and 6.18 (see kernel-facts §3): `int hmm_range_fault(struct hmm_range *)` and
+//! `unsigned long mmu_interval_read_begin(struct mmu_interval_notifier *)` are unchanged
+//! across them and out of line; mmu_interval_read_retry() is static inline and invisible.
+//!
+//! Counts go to per-CPU counters (exact even when the ring overflows); each walk is also
+//! streamed so user space can join walks into retry chains and against invalidations.
+
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::{fentry, fexit, kprobe, kretprobe, map},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
+};
+use mm_probe_common::hmm::{COUNTER_SLOTS, Counter, EventKind, HmmEvent, ReadBeginKey, SeqBegin, Stash};
+
+use crate::kernel::{bump, current_pid, current_tgid, offsets::*, read_at};
+
+/// -EBUSY: the notifier's sequence moved; the caller must retry (include/uapi/asm-generic/errno-base.h).
+const EBUSY: i32 = 16;
+/// Threads with a walk or invalidation in flight at once; LRU so a missed return never leaks.
+const THREADS: u32 = 16384;
+
+#[unsafe(no_mangle)]
+static HMM_FILTER_TGIDS: Global<u32> = Global::new(0);
+
+#[map]
+static HMM_WALK_EVENTS: RingBuf = RingBuf::with_byte_size(2 << 20, 0);
+#[map]
+static HMM_INVALIDATE_EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+#[map]
+pub static HMM_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+#[map]
+static HMM_READ_BEGINS: PerCpuHashMap<ReadBeginKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+#[map]
+static HMM_TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+#[map]
+pub static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
+#[map]
+static HMM_WALK_STASH: LruHashMap<u32, Stash> = LruHashMap::with_max_entries(THREADS, 0);
+#[map]
+static HMM_SEQ_BEGIN: LruHashMap<u32, SeqBegin> = LruHashMap::with_max_entries(THREADS, 0);
+
+/// Whether `tgid` is one of the processes the user asked about (all when no -p was given).
+#[inline(always)]
+pub fn watched(tgid: u32) -> bool {
+    HMM_FILTER_TGIDS.load() == 0 || unsafe { HMM_TARGET_TGIDS.get(&tgid) }.is_some()
+}
+
+#[inline(always)]
+pub fn count(counter: Counter) {
+    bump(&HMM_COUNTERS, counter as u32, 1);
+}
+
+/// Remembers that `mm` is mirrored, so its invalidations are streamed.
+#[inline(always)]
+fn mark_mirrored(mm: u64, tgid: u32) {
+    if mm != 0 && unsafe { HMM_MIRRORED_MMS.get(&mm) }.is_none() {
+        let _ = HMM_MIRRORED_MMS.insert(&mm, &tgid, 0);
+    }
+}
+
+#[inline(always)]
+pub fn is_mirrored(mm: u64) -> bool {
+    mm != 0 && unsafe { HMM_MIRRORED_MMS.get(&mm) }.is_some()
+}
+
+/// Reserves and fills one event in the ring for its kind; a full ring is counted, never hidden.
+#[inline(always)]
+pub fn emit(event: HmmEvent) {
+    let (ring, lost) = if event.kind == EventKind::Invalidate as u32 {
+        (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents)
+    } else {
+        (&HMM_WALK_EVENTS, Counter::LostWalkEvents)
+    };
+    match ring.reserve::<HmmEvent>(0) {
+        Some(mut entry) => {
+            entry.write(event);
+            entry.submit(0);
+        }
+        None => count(lost),
+    }
+}
+
+#[inline(always)]
+pub fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
+    HmmEvent {
+        kind: kind as u32,
+        pid: current_pid(),
+        tgid: current_tgid(),
+        code: 0,
+        ts_ns,
+        duration_ns: 0,
+        seq_begin_ns: 0,
+        notifier: 0,
+        mm: 0,
+        start: 0,
+        end: 0,
+        interval_start: 0,
+        interval_last: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    }
+}
+
+#[inline(always)]
+fn walk_enter(range: u64) -> u32 {
+    if !watched(current_tgid()) {
+        return 0;
+    }
+    let stash = Stash { ts_ns: unsafe { bpf_ktime_get_ns() }, arg: range };
+    let _ = HMM_WALK_STASH.insert(&current_pid(), &stash, 0);
+    0
+}
+
+/// `range` is the argument when the return probe can read it (fexit), else 0 (kretprobe).
+#[inline(always)]
+fn walk_return(range: u64, ret: i32) -> u32 {
+    let (pid, tgid) = (current_pid(), current_tgid());
+    if !watched(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let stash = unsafe { HMM_WALK_STASH.get(&pid) }.copied();
+    let _ = HMM_WALK_STASH.remove(&pid);
+    count(Counter::Walks);
+    if ret == -EBUSY {
+        count(Counter::WalkBusy);
+    } else if ret != 0 {
+        count(Counter::WalkErrors);
+    }
+    let mut event = blank_event(EventKind::Walk, now);
+    event.code = ret;
+    let range = match stash {
+        Some(s) => {
+            event.ts_ns = s.ts_ns;
+            event.duration_ns = now - s.ts_ns;
+            if range != 0 { range } else { s.arg }
+        }
+        None => {
+            count(Counter::StashMisses);
+            range
+        }
+    };
+    let notifier: u64 = read_at(range, OFF_HMM_RANGE_NOTIFIER.load()).unwrap_or(0);
+    event.notifier = notifier;
+    event.start = read_at(range, OFF_HMM_RANGE_START.load()).unwrap_or(0);
+    event.end = read_at(range, OFF_HMM_RANGE_END.load()).unwrap_or(0);
+    event.mm = read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0);
+    event.interval_start = read_at(notifier, OFF_INTERVAL_NOTIFIER_START.load()).unwrap_or(0);
+    event.interval_last = read_at(notifier, OFF_INTERVAL_NOTIFIER_LAST.load()).unwrap_or(0);
+    if let Some(begin) = unsafe { HMM_SEQ_BEGIN.get(&pid) } {
+        if begin.notifier == notifier {
+            event.seq_begin_ns = begin.ts_ns;
+        }
+    }
+    mark_mirrored(event.mm, tgid);
+    emit(event);
+    0
+}
+
+#[inline(always)]
+fn read_begin(notifier: u64) -> u32 {
+    let tgid = current_tgid();
+    if !watched(tgid) {
+        return 0;
+    }
+    count(Counter::ReadBegins);
+    let key = ReadBeginKey { notifier, tgid, _pad: 0 };
+    match HMM_READ_BEGINS.get_ptr_mut(&key) {
+        Some(calls) => unsafe { *calls += 1 },
+        None => {
+            let _ = HMM_READ_BEGINS.insert(&key, &1, 0);
+        }
+    }
+    let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
+    let _ = HMM_SEQ_BEGIN.insert(&current_pid(), &begin, 0);
+    mark_mirrored(read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0), tgid);
+    0
+}
+
+#[inline(always)]
+fn notifier_remove(notifier: u64) -> u32 {
+    let mm: u64 = read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0);
+    if !is_mirrored(mm) {
+        return 0;
+    }
+    count(Counter::NotifierRemoves);
+    let mut event = blank_event(EventKind::NotifierRemove, unsafe { bpf_ktime_get_ns() });
+    event.notifier = notifier;
+    event.mm = mm;
+    event.interval_start = read_at(notifier, OFF_INTERVAL_NOTIFIER_START.load()).unwrap_or(0);
+    event.interval_last = read_at(notifier, OFF_INTERVAL_NOTIFIER_LAST.load()).unwrap_or(0);
+    emit(event);
+    0
+}
+
+/// fentry/hmm_range_fault(struct hmm_range *range)
+#[fentry]
+pub fn hmm_fault_entry(ctx: FEntryContext) -> u32 {
+    walk_enter(ctx.arg::<u64>(0))
+}
+
+/// fexit/hmm_range_fault: argument 0 is the range, slot 1 the int return value.
+#[fexit]
+pub fn hmm_fault_exit(ctx: FExitContext) -> u32 {
+    walk_return(ctx.arg::<u64>(0), ctx.arg::<u64>(1) as i32)
+}
+
+#[kprobe]
+pub fn hmm_fault_kprobe(ctx: ProbeContext) -> u32 {
+    walk_enter(ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+/// kretprobe/hmm_range_fault: arguments are gone at return; the range comes from the stash.
+#[kretprobe]
+pub fn hmm_fault_kretprobe(ctx: RetProbeContext) -> u32 {
+    walk_return(0, ctx.ret::<u64>() as i32)
+}
+
+/// fentry/mmu_interval_read_begin(struct mmu_interval_notifier *interval_sub)
+#[fentry]
+pub fn read_begin_fentry(ctx: FEntryContext) -> u32 {
+    read_begin(ctx.arg::<u64>(0))
+}
+
+#[kprobe]
+pub fn read_begin_kprobe(ctx: ProbeContext) -> u32 {
+    read_begin(ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+/// fentry/mmu_interval_notifier_remove(struct mmu_interval_notifier *interval_sub)
+#[fentry]
+pub fn notifier_remove_fentry(ctx: FEntryContext) -> u32 {
+    notifier_remove(ctx.arg::<u64>(0))
+}
+
+#[kprobe]
+pub fn notifier_remove_kprobe(ctx: ProbeContext) -> u32 {
+    notifier_remove(ctx.arg::<u64>(0).unwrap_or(0))
+}

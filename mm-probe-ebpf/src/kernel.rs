@@ -82,5 +82,7 @@ pub mod offsets {
         OFF_HMM_RANGE_START,
         OFF_HMM_RANGE_END,
         OFF_INTERVAL_NOTIFIER_MM,
+        OFF_INTERVAL_NOTIFIER_START,
+        OFF_INTERVAL_NOTIFIER_LAST,
     );
 }

@@ -8,6 +8,7 @@
 mod func_latency;
 mod hmm;
 mod kernel;
+mod notifier;
 mod sched;
 mod selftest;
 mod thp;

@@ -96,4 +96,28 @@ pub struct RetryStormArgs {
     /// Newline-delimited JSON: one object per interval, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// retry_rate (-EBUSY ÷ invalidations), in percent, from which the verdict is WARN.
+    #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
+    pub retry_rate_warn: f64,
+    /// retry_rate, in percent, above which the verdict is CRIT.
+    #[arg(long, default_value_t = 15.0, value_name = "PERCENT")]
+    pub retry_rate_crit: f64,
+    /// timeout_rate (retry loops that gave up ÷ invalidations), in percent, from which it is WARN.
+    #[arg(long, default_value_t = 0.1, value_name = "PERCENT")]
+    pub timeout_rate_warn: f64,
+    /// timeout_rate, in percent, above which the verdict is CRIT.
+    #[arg(long, default_value_t = 1.0, value_name = "PERCENT")]
+    pub timeout_rate_crit: f64,
+    /// Mean hmm_range_fault duration from which the verdict is WARN.
+    #[arg(long, default_value = "100us", value_parser = duration)]
+    pub avg_latency_warn: Duration,
+    /// Mean hmm_range_fault duration above which the verdict is CRIT.
+    #[arg(long, default_value = "500us", value_parser = duration)]
+    pub avg_latency_crit: Duration,
+    /// Invalidations per second of mirrored memory from which the verdict is WARN.
+    #[arg(long, default_value_t = 1000.0, value_name = "PER_SECOND")]
+    pub invalidate_freq_warn: f64,
+    /// Invalidations per second above which the verdict is CRIT.
+    #[arg(long, default_value_t = 10000.0, value_name = "PER_SECOND")]
+    pub invalidate_freq_crit: f64,
 }

@@ -1,12 +1,167 @@
 //! Out-of-tree test kernel modules (each under testing/kmod/<name>/), built against Debian's
 //! linux-headers package for each kernel of the matrix.
+//!
+//! Layout under the target directory (outside the source tree, so kbuild's objects never
+//! land next to the sources):
+//!   kmod/<release>/build/<name>/   a copy of testing/kmod/<name>/ that kbuild builds in
+//!   kmod/<release>/modules/        every <name>.ko, plus the fingerprint of what built them
 
-use std::path::PathBuf;
+use std::{
+    collections::BTreeMap,
+    fs,
+    hash::{DefaultHasher, Hasher as _},
+    path::{Path, PathBuf},
+    process::Command,
+};
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd;
+
+/// The compiler Debian's bookworm kernels were built with; kbuild warns (and some configs
+/// refuse) when a module is built with another.
+const KERNEL_CC: &str = "gcc-12";
+const FINGERPRINT_FILE: &str = ".fingerprint";
 
 /// Builds every test module for the kernel `release` (as `uname -r` prints it in the guest,
 /// e.g. `6.1.0-57-rt-amd64`) and returns the directory holding the `.ko` files.
 pub fn build_for_release(release: &str) -> Result<PathBuf> {
-    bail!("test modules for {release}: module builds are not written yet")
+    let sources = module_sources()?;
+    let headers = ensure_headers(release)?;
+    let root = crate::test::target_dir()?.join("kmod").join(release);
+    let out_dir = root.join("modules");
+    let fingerprint = fingerprint(&sources, &headers)?;
+    if fs::read_to_string(out_dir.join(FINGERPRINT_FILE)).is_ok_and(|f| f == fingerprint) {
+        eprintln!("xtask: test modules for {release} are up to date in {}", out_dir.display());
+        return Ok(out_dir);
+    }
+    if out_dir.exists() {
+        fs::remove_dir_all(&out_dir).with_context(|| format!("clearing {}", out_dir.display()))?;
+    }
+    fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    for (name, files) in &sources {
+        let build_dir = root.join("build").join(name);
+        copy_sources(files, &build_dir)?;
+        for ko in build_module(release, &headers, name, &build_dir)? {
+            let dest = out_dir.join(ko.file_name().context("module without a file name")?);
+            fs::copy(&ko, &dest).with_context(|| format!("copying {} to {}", ko.display(), dest.display()))?;
+        }
+    }
+    fs::write(out_dir.join(FINGERPRINT_FILE), fingerprint)?;
+    Ok(out_dir)
 }
+
+/// Every module directory under testing/kmod/, with its regular files (sorted: the
+/// fingerprint must not depend on readdir order).
+fn module_sources() -> Result<BTreeMap<String, Vec<PathBuf>>> {
+    let kmod = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/kmod");
+    let kmod = kmod.canonicalize().with_context(|| format!("no test module directory {}", kmod.display()))?;
+    let mut modules = BTreeMap::new();
+    for entry in fs::read_dir(&kmod).with_context(|| format!("reading {}", kmod.display()))? {
+        let dir = entry?.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let mut files: Vec<PathBuf> = fs::read_dir(&dir)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        files.retain(|f| f.is_file());
+        files.sort();
+        if !files.iter().any(|f| f.file_name().is_some_and(|n| n == "Makefile" || n == "Kbuild")) {
+            bail!("{} has no Makefile or Kbuild: every testing/kmod/<name>/ must be a kbuild module", dir.display());
+        }
+        let name = dir.file_name().and_then(|n| n.to_str()).context("module directory name is not UTF-8")?;
+        modules.insert(name.to_string(), files);
+    }
+    if modules.is_empty() {
+        bail!("no test modules under {}", kmod.display());
+    }
+    Ok(modules)
+}
+
+/// Installs `linux-headers-<release>` when /usr/src lacks it; returns the headers directory.
+fn ensure_headers(release: &str) -> Result<PathBuf> {
+    let headers = PathBuf::from(format!("/usr/src/linux-headers-{release}"));
+    if headers.join("Makefile").exists() {
+        return Ok(headers);
+    }
+    let package = format!("linux-headers-{release}");
+    if !cmd::is_root() {
+        bail!("{} is missing and installing {package} needs root: run `sudo apt-get install {package}`", headers.display());
+    }
+    let install = || {
+        cmd::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", &package])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    };
+    if install().is_err() {
+        // The package lists may predate this kernel's ABI; refresh them once and try again.
+        cmd::run(Command::new("apt-get").arg("update"))?;
+        install().with_context(|| {
+            format!("installing {package} (the headers the test modules for kernel {release} build against)")
+        })?;
+    }
+    if !headers.join("Makefile").exists() {
+        bail!("{package} is installed but {} has no Makefile", headers.display());
+    }
+    Ok(headers)
+}
+
+/// A digest of the module sources and of the exact headers build (kernel.release and the
+/// config the package shipped), so new sources or a new headers package rebuild the modules.
+fn fingerprint(sources: &BTreeMap<String, Vec<PathBuf>>, headers: &Path) -> Result<String> {
+    let mut hasher = DefaultHasher::new();
+    for (name, files) in sources {
+        hasher.write(name.as_bytes());
+        for file in files {
+            hasher.write(file.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+            hasher.write(&fs::read(file).with_context(|| format!("reading {}", file.display()))?);
+        }
+    }
+    for stamp in ["include/config/kernel.release", ".config"] {
+        hasher.write(&fs::read(headers.join(stamp)).unwrap_or_default());
+    }
+    hasher.write(KERNEL_CC.as_bytes());
+    Ok(format!("{:016x}\n", hasher.finish()))
+}
+
+fn copy_sources(files: &[PathBuf], build_dir: &Path) -> Result<()> {
+    if build_dir.exists() {
+        fs::remove_dir_all(build_dir).with_context(|| format!("clearing {}", build_dir.display()))?;
+    }
+    fs::create_dir_all(build_dir).with_context(|| format!("creating {}", build_dir.display()))?;
+    for file in files {
+        let dest = build_dir.join(file.file_name().context("source file without a name")?);
+        fs::copy(file, &dest).with_context(|| format!("copying {} to {}", file.display(), dest.display()))?;
+    }
+    Ok(())
+}
+
+/// Runs kbuild for one module directory and returns the `.ko` files it made; on failure the
+/// error carries the compiler's output.
+fn build_module(release: &str, headers: &Path, name: &str, build_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut make = Command::new("make");
+    make.arg("-C").arg(headers).arg(format!("M={}", build_dir.display())).arg(format!("CC={KERNEL_CC}"));
+    eprintln!("xtask: building test module {name} for {release}");
+    let out = make.output().with_context(|| format!("starting make (is `make` installed?) for module {name}"))?;
+    let mut modules: Vec<PathBuf> = fs::read_dir(build_dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    modules.retain(|p| p.extension().is_some_and(|e| e == "ko"));
+    if !out.status.success() || modules.is_empty() {
+        bail!(
+            "building test module {name} for kernel {release} failed ({}); {make:?} printed:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A warning from a module is worth seeing even when the build succeeded.
+    for warning in String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.contains("warning:")) {
+        eprintln!("xtask: {name}: {warning}");
+    }
+    Ok(modules)
+}
+

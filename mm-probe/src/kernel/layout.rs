@@ -61,6 +61,18 @@ pub const MEMBERS: &[Member] = &[
     Member { global: names::HMM_RANGE_START, struct_name: "hmm_range", paths: &["start"], note: "stable since 5.8" },
     Member { global: names::HMM_RANGE_END, struct_name: "hmm_range", paths: &["end"], note: "stable since 5.8" },
     Member { global: names::INTERVAL_NOTIFIER_MM, struct_name: "mmu_interval_notifier", paths: &["mm"], note: "stable since 5.10" },
+    Member {
+        global: names::INTERVAL_NOTIFIER_START,
+        struct_name: "mmu_interval_notifier",
+        paths: &["interval_tree.start"],
+        note: "stable since 5.10 (interval_tree_node at offset 0)",
+    },
+    Member {
+        global: names::INTERVAL_NOTIFIER_LAST,
+        struct_name: "mmu_interval_notifier",
+        paths: &["interval_tree.last"],
+        note: "inclusive end of the interval; stable since 5.10",
+    },
 ];
 
 /// Every member's offset on this kernel.

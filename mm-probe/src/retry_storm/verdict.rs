@@ -1,0 +1,351 @@
+//! Judging the metrics against the health thresholds (shared/reference/thresholds.md; every
+//! band overridable from the command line) and tying advice to the evidence.
+
+use serde::Serialize;
+
+use crate::units::{format_bytes, format_nanos};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Level {
+    /// Not observable here, or nothing to judge (no walks, no invalidations): never "OK".
+    Unknown,
+    Ok,
+    Warn,
+    Crit,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Unknown => "UNKNOWN",
+            Level::Ok => "OK",
+            Level::Warn => "WARN",
+            Level::Crit => "CRIT",
+        }
+    }
+}
+
+/// OK below `warn`, CRIT above `crit`, WARN in between (both bounds inclusive in WARN).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Band {
+    pub warn: f64,
+    pub crit: f64,
+}
+
+impl Band {
+    pub fn classify(&self, value: Option<f64>) -> Level {
+        match value {
+            None => Level::Unknown,
+            Some(v) if v.is_nan() => Level::Unknown,
+            Some(v) if v < self.warn => Level::Ok,
+            Some(v) if v > self.crit => Level::Crit,
+            Some(_) => Level::Warn,
+        }
+    }
+}
+
+/// The defaults are thresholds.md's table.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// -EBUSY returns ÷ invalidations (fraction).
+    pub retry_rate: Band,
+    /// Retry loops that gave up ÷ invalidations (fraction).
+    pub timeout_rate: Band,
+    /// Mean hmm_range_fault() duration, nanoseconds.
+    pub avg_latency_ns: Band,
+    /// Invalidations per second on mirrored mms.
+    pub invalidate_freq: Band,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            retry_rate: Band { warn: 0.05, crit: 0.15 },
+            timeout_rate: Band { warn: 0.001, crit: 0.01 },
+            avg_latency_ns: Band { warn: 100_000.0, crit: 500_000.0 },
+            invalidate_freq: Band { warn: 1_000.0, crit: 10_000.0 },
+        }
+    }
+}
+
+/// Divides, or `None` when there is nothing to divide by (an empty window is not a 0 % rate).
+pub fn ratio(numerator: u64, denominator: u64) -> Option<f64> {
+    (denominator != 0).then(|| numerator as f64 / denominator as f64)
+}
+
+/// Events per second over `window_ns`; `None` for an empty window.
+pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
+    (window_ns != 0).then(|| count as f64 * 1e9 / window_ns as f64)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MetricVerdict {
+    pub metric: &'static str,
+    pub definition: &'static str,
+    pub value: Option<f64>,
+    pub level: Level,
+    pub warn: f64,
+    pub crit: f64,
+}
+
+/// One piece of advice and the numbers that justify it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Advice {
+    pub cause: &'static str,
+    pub evidence: String,
+    pub action: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    pub overall: Level,
+    pub metrics: Vec<MetricVerdict>,
+    pub advice: Vec<Advice>,
+}
+
+/// The measured values the verdict is built from (`None` = not observable or no data).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Evidence {
+    pub walks: u64,
+    pub busy_walks: u64,
+    pub invalidations: u64,
+    pub timeouts: u64,
+    pub retry_rate: Option<f64>,
+    pub busy_per_walk: Option<f64>,
+    pub timeout_rate: Option<f64>,
+    pub avg_walk_ns: Option<f64>,
+    pub invalidate_freq: Option<f64>,
+    pub mean_walk_bytes: Option<f64>,
+    pub true_conflicts: u64,
+    pub false_sharing: u64,
+    /// Size of the notifier intervals the false-sharing walks used (largest seen).
+    pub notifier_interval_bytes: Option<u64>,
+    /// (comm, event, count) of the top invalidators.
+    pub top_invalidators: Vec<(String, &'static str, u64)>,
+    /// Invalidations of at most one page ÷ all.
+    pub small_invalidation_share: Option<f64>,
+    pub callback_p99_ns: Option<u64>,
+    /// /proc/sys/kernel/numa_balancing, when readable.
+    pub numa_balancing: Option<String>,
+}
+
+/// Walks larger than this are "large": the material's and amdgpu's advice is 2 MiB chunks.
+pub const CHUNK_BYTES: u64 = 2 << 20;
+/// Callbacks slower than this look like device TLB flushes inside the critical section
+/// (thresholds.md: 10–500 µs each).
+pub const SLOW_CALLBACK_NS: u64 = 100_000;
+
+pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
+    let metric = |metric, definition, value: Option<f64>, band: Band| MetricVerdict {
+        metric,
+        definition,
+        value,
+        level: band.classify(value),
+        warn: band.warn,
+        crit: band.crit,
+    };
+    let metrics = vec![
+        metric("retry_rate", "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)", e.retry_rate, t.retry_rate),
+        metric("timeout_rate", "retry loops that gave up ÷ invalidations of mirrored mms", e.timeout_rate, t.timeout_rate),
+        metric("avg_latency", "mean hmm_range_fault duration, ns", e.avg_walk_ns, t.avg_latency_ns),
+        metric("invalidate_freq", "invalidations of mirrored mms per second", e.invalidate_freq, t.invalidate_freq),
+    ];
+    let overall = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
+    // A window with walks but no invalidations has no retry_rate; still judge what exists.
+    let overall = if overall == Level::Unknown && metrics.iter().any(|m| m.level != Level::Unknown) {
+        Level::Ok
+    } else {
+        overall
+    };
+    Verdict { overall, advice: advise(e, &metrics), metrics }
+}
+
+fn level_of(metrics: &[MetricVerdict], name: &str) -> Level {
+    metrics.iter().find(|m| m.metric == name).map_or(Level::Unknown, |m| m.level)
+}
+
+fn percent(value: Option<f64>) -> String {
+    value.map_or("n/a".into(), |v| format!("{:.1} %", v * 100.0))
+}
+
+fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
+    let mut advice = Vec::new();
+    let retrying = level_of(metrics, "retry_rate") >= Level::Warn
+        || level_of(metrics, "timeout_rate") >= Level::Warn
+        || e.busy_per_walk.is_some_and(|r| r >= 0.05);
+    if retrying && e.mean_walk_bytes.is_some_and(|b| b > CHUNK_BYTES as f64) {
+        advice.push(Advice {
+            cause: "large walks",
+            evidence: format!(
+                "walks average {} and take {} on average; {} of walks returned -EBUSY ({} of invalidations), {} retry loops gave up",
+                format_bytes(e.mean_walk_bytes.unwrap_or(0.0) as u64),
+                e.avg_walk_ns.map_or("n/a".into(), |n| format_nanos(n as u64)),
+                percent(e.busy_per_walk),
+                percent(e.retry_rate),
+                e.timeouts
+            ),
+            action: "walk in 2 MiB chunks (one hmm_range_fault per chunk, each with its own read_begin), and make sure the retry loop re-reads the sequence per chunk instead of restarting the whole range".into(),
+        });
+    }
+    if e.false_sharing > 0 && e.false_sharing >= e.true_conflicts && retrying {
+        advice.push(Advice {
+            cause: "notifier false sharing",
+            evidence: format!(
+                "{} of {} failed walks were failed only by invalidations outside the walked range but inside the notifier's interval ({}); {} were true conflicts",
+                e.false_sharing,
+                e.busy_walks,
+                e.notifier_interval_bytes.map_or("size unknown".into(), format_bytes),
+                e.true_conflicts
+            ),
+            action: "register finer interval notifiers (one per 2 MiB is the usual middle ground) so an invalidation fails only the walks of the pages it touches".into(),
+        });
+    }
+    let reclaim: u64 = e.top_invalidators.iter().filter(|(comm, _, _)| comm.starts_with("kswapd") || comm.starts_with("kcompactd")).map(|(_, _, n)| n).sum();
+    if reclaim > 0 && ratio(reclaim, e.invalidations).is_some_and(|r| r >= 0.1) {
+        advice.push(Advice {
+            cause: "reclaim",
+            evidence: format!("{reclaim} of {} invalidations came from kswapd/kcompactd", e.invalidations),
+            action: "the machine is under memory pressure: give the workload more memory, lower other consumers, or pin (mlock) the mirrored buffers".into(),
+        });
+    }
+    let protection: u64 = e.top_invalidators.iter().filter(|(_, event, _)| *event == "PROTECTION_VMA").map(|(_, _, n)| n).sum();
+    if protection > 0 && ratio(protection, e.invalidations).is_some_and(|r| r >= 0.1) {
+        advice.push(Advice {
+            cause: "NUMA balancing or mprotect",
+            evidence: format!(
+                "{protection} of {} invalidations were PROTECTION_VMA (NUMA hinting faults or mprotect); kernel.numa_balancing = {}",
+                e.invalidations,
+                e.numa_balancing.as_deref().unwrap_or("unknown")
+            ),
+            action: "if numa_balancing is on, disable it for this workload (sysctl kernel.numa_balancing=0) or bind its memory (numactl --membind); if the application mprotects the buffer, stop toggling protections on mirrored memory".into(),
+        });
+    }
+    if level_of(metrics, "invalidate_freq") >= Level::Warn && e.small_invalidation_share.is_some_and(|s| s >= 0.5) {
+        advice.push(Advice {
+            cause: "fine-grained unmaps",
+            evidence: format!(
+                "{} invalidations/s, {} of them one page or less",
+                e.invalidate_freq.map_or("n/a".into(), |f| format!("{f:.0}")),
+                percent(e.small_invalidation_share)
+            ),
+            action: "batch the munmap/madvise calls into larger ranges; each 4 KiB call invalidates (and fails walks) on its own".into(),
+        });
+    }
+    if let Some(p99) = e.callback_p99_ns.filter(|&p| p >= SLOW_CALLBACK_NS) {
+        advice.push(Advice {
+            cause: "slow invalidate callbacks",
+            evidence: format!("P99 time inside invalidate_range_start (the subscribers' callbacks) is {}", format_nanos(p99)),
+            action: "move device TLB flushes out of the invalidate callback's critical section (defer them, or batch them per range)".into(),
+        });
+    }
+    advice
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bands_follow_the_thresholds_table() {
+        let t = Thresholds::default();
+        assert_eq!(t.retry_rate.classify(Some(0.049)), Level::Ok);
+        assert_eq!(t.retry_rate.classify(Some(0.05)), Level::Warn);
+        assert_eq!(t.retry_rate.classify(Some(0.15)), Level::Warn);
+        assert_eq!(t.retry_rate.classify(Some(0.151)), Level::Crit);
+        assert_eq!(t.timeout_rate.classify(Some(0.0005)), Level::Ok);
+        assert_eq!(t.timeout_rate.classify(Some(0.02)), Level::Crit);
+        assert_eq!(t.avg_latency_ns.classify(Some(87_000.0)), Level::Ok);
+        assert_eq!(t.avg_latency_ns.classify(Some(523_000.0)), Level::Crit);
+        assert_eq!(t.invalidate_freq.classify(Some(5_000.0)), Level::Warn);
+        assert_eq!(t.invalidate_freq.classify(None), Level::Unknown);
+        assert_eq!(t.invalidate_freq.classify(Some(f64::NAN)), Level::Unknown);
+    }
+
+    #[test]
+    fn rates_of_empty_windows_are_unknown_not_zero() {
+        assert_eq!(ratio(0, 0), None);
+        assert_eq!(ratio(5, 0), None);
+        assert_eq!(ratio(0, 10), Some(0.0));
+        assert_eq!(ratio(85, 100), Some(0.85));
+        assert_eq!(per_second(10, 0), None);
+        assert_eq!(per_second(1000, 500_000_000), Some(2000.0));
+    }
+
+    #[test]
+    fn the_materials_gpu_case_goes_from_crit_to_ok() {
+        let t = Thresholds::default();
+        let before = Evidence { retry_rate: Some(0.85), avg_walk_ns: Some(523_000.0), ..Evidence::default() };
+        let after = Evidence { retry_rate: Some(0.056), avg_walk_ns: Some(87_000.0), ..Evidence::default() };
+        assert_eq!(judge(&before, &t).overall, Level::Crit);
+        assert_eq!(judge(&after, &t).overall, Level::Warn);
+        let after = Evidence { retry_rate: Some(0.02), avg_walk_ns: Some(87_000.0), ..Evidence::default() };
+        assert_eq!(judge(&after, &t).overall, Level::Ok);
+    }
+
+    #[test]
+    fn nothing_observed_is_unknown_overall() {
+        assert_eq!(judge(&Evidence::default(), &Thresholds::default()).overall, Level::Unknown);
+    }
+
+    #[test]
+    fn overridden_thresholds_change_the_level() {
+        let t = Thresholds { retry_rate: Band { warn: 0.5, crit: 0.9 }, ..Thresholds::default() };
+        let e = Evidence { retry_rate: Some(0.3), ..Evidence::default() };
+        assert_eq!(judge(&e, &t).overall, Level::Ok);
+    }
+
+    #[test]
+    fn large_failing_walks_get_the_chunking_advice() {
+        let e = Evidence {
+            walks: 100,
+            busy_walks: 90,
+            invalidations: 200,
+            retry_rate: Some(0.45),
+            busy_per_walk: Some(0.9),
+            avg_walk_ns: Some(2e6),
+            mean_walk_bytes: Some((64u64 << 20) as f64),
+            ..Evidence::default()
+        };
+        let v = judge(&e, &Thresholds::default());
+        assert_eq!(v.overall, Level::Crit);
+        let chunk = v.advice.iter().find(|a| a.cause == "large walks").expect("chunking advice");
+        assert!(chunk.action.contains("2 MiB chunks"), "{chunk:?}");
+        assert!(chunk.evidence.contains("64 MiB"), "{chunk:?}");
+    }
+
+    #[test]
+    fn small_walks_do_not_get_the_chunking_advice_but_false_sharing_gets_finer_notifiers() {
+        let e = Evidence {
+            walks: 1000,
+            busy_walks: 100,
+            invalidations: 400,
+            retry_rate: Some(0.25),
+            busy_per_walk: Some(0.1),
+            mean_walk_bytes: Some((2u64 << 20) as f64),
+            true_conflicts: 10,
+            false_sharing: 90,
+            notifier_interval_bytes: Some(64 << 20),
+            ..Evidence::default()
+        };
+        let v = judge(&e, &Thresholds::default());
+        assert!(v.advice.iter().all(|a| a.cause != "large walks"), "{v:?}");
+        let finer = v.advice.iter().find(|a| a.cause == "notifier false sharing").expect("false sharing advice");
+        assert!(finer.action.contains("finer interval notifiers"));
+    }
+
+    #[test]
+    fn reclaim_numa_small_unmaps_and_slow_callbacks_are_named() {
+        let e = Evidence {
+            invalidations: 100,
+            invalidate_freq: Some(20_000.0),
+            small_invalidation_share: Some(0.9),
+            top_invalidators: vec![("kswapd0".into(), "UNMAP", 30), ("app".into(), "PROTECTION_VMA", 20)],
+            callback_p99_ns: Some(300_000),
+            numa_balancing: Some("1".into()),
+            ..Evidence::default()
+        };
+        let causes: Vec<&str> = judge(&e, &Thresholds::default()).advice.iter().map(|a| a.cause).collect();
+        assert_eq!(causes, ["reclaim", "NUMA balancing or mprotect", "fine-grained unmaps", "slow invalidate callbacks"]);
+    }
+}

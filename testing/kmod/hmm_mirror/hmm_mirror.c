@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hmm_mirror - a test driver that mirrors user memory like a GPU driver.
+ *
+ * Debian's kernels have CONFIG_HMM_MIRROR but not CONFIG_DEVICE_PRIVATE, so the kernel's own
+ * lib/test_hmm.c cannot load there. This driver needs neither device memory nor hardware: its
+ * "device page table" is an array of pfns, kept coherent with the CPU page tables by
+ * mmu_interval_notifiers and filled by hmm_range_fault() in the retry loop every in-tree
+ * caller uses (nouveau_range_fault, dmirror_range_fault, xe_hmm):
+ *
+ *	seq = mmu_interval_read_begin(notifier);
+ *	mmap_read_lock(mm); ret = hmm_range_fault(&range); mmap_read_unlock(mm);
+ *	if (ret == -EBUSY) retry until the timeout;
+ *	lock; if (mmu_interval_read_retry(notifier, seq)) { unlock; retry; } store pfns; unlock;
+ *
+ * One ioctl mirrors one user range with a chosen walk size and notifier granularity and
+ * returns the driver's own counters, which mm-probe's retry-storm must reproduce.
+ */
+
+#include <linux/fs.h>
+#include <linux/hmm.h>
+#include <linux/ktime.h>
+#include <linux/miscdevice.h>
+#include <linux/mm.h>
+#include <linux/mmu_notifier.h>
+#include <linux/module.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <linux/uaccess.h>
+
+#include "hmm_mirror_uapi.h"
+
+/* Bounds that keep one call's allocations small (64 Ki notifiers, 2 MiB of pfns). */
+#define MIRROR_MAX_BYTES	(1UL << 30)
+#define MIRROR_MAX_NOTIFIERS	65536UL
+#define MIRROR_DEFAULT_TIMEOUT_MS	1000U	/* HMM_RANGE_DEFAULT_TIMEOUT */
+
+struct mirror;
+
+/* One interval notifier and the slice of the mirror it guards. */
+struct mirror_notifier {
+	struct mmu_interval_notifier sub;
+	struct mirror *mirror;
+	unsigned long start;
+	unsigned long end;
+	bool inserted;
+};
+
+/* The state of one HMM_MIRROR_IOC_WALK call. */
+struct mirror {
+	struct mm_struct *mm;
+	unsigned long start;
+	unsigned long npages;
+	/*
+	 * The "device page table" lock. A spinlock, so the invalidate callback never sleeps and
+	 * can accept non-blockable invalidations (the OOM reaper) instead of failing them.
+	 */
+	spinlock_t lock;
+	unsigned long *device_pfns;	/* the mirror, one entry per page, under lock */
+	unsigned long *walk_pfns;	/* hmm_range_fault() output for one chunk */
+	atomic64_t invalidations;
+	unsigned long nr_notifiers;
+	struct mirror_notifier notifiers[];
+};
+
+static bool mirror_invalidate(struct mmu_interval_notifier *sub,
+			      const struct mmu_notifier_range *range,
+			      unsigned long cur_seq)
+{
+	struct mirror_notifier *mn = container_of(sub, struct mirror_notifier, sub);
+	struct mirror *mirror = mn->mirror;
+	unsigned long start = max(range->start, mn->start);
+	unsigned long end = min(range->end, mn->end);
+
+	spin_lock(&mirror->lock);
+	mmu_interval_set_seq(sub, cur_seq);
+	/* A real device would shoot down its TLB here; the mirror just forgets the pages. */
+	if (start < end)
+		memset(&mirror->device_pfns[(start - mirror->start) >> PAGE_SHIFT], 0,
+		       ((end - start) >> PAGE_SHIFT) * sizeof(unsigned long));
+	spin_unlock(&mirror->lock);
+	atomic64_inc(&mirror->invalidations);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops mirror_notifier_ops = {
+	.invalidate = mirror_invalidate,
+};
+
+static void mirror_free(struct mirror *mirror)
+{
+	unsigned long i;
+
+	/* remove() waits for running callbacks; none runs after it returns. */
+	for (i = 0; i < mirror->nr_notifiers; i++)
+		if (mirror->notifiers[i].inserted)
+			mmu_interval_notifier_remove(&mirror->notifiers[i].sub);
+	kvfree(mirror->walk_pfns);
+	kvfree(mirror->device_pfns);
+	kvfree(mirror);
+}
+
+static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirror_walk *req,
+				    unsigned long walk_bytes)
+{
+	unsigned long notifier_bytes = req->notifier_bytes ? req->notifier_bytes : req->length;
+	unsigned long nr = DIV_ROUND_UP(req->length, notifier_bytes);
+	struct mirror *mirror;
+	unsigned long i;
+	int ret;
+
+	if (nr > MIRROR_MAX_NOTIFIERS)
+		return ERR_PTR(-E2BIG);
+	mirror = kvzalloc(struct_size(mirror, notifiers, nr), GFP_KERNEL);
+	if (!mirror)
+		return ERR_PTR(-ENOMEM);
+	mirror->mm = mm;
+	mirror->start = req->addr;
+	mirror->npages = req->length >> PAGE_SHIFT;
+	spin_lock_init(&mirror->lock);
+	atomic64_set(&mirror->invalidations, 0);
+	mirror->device_pfns = kvcalloc(mirror->npages, sizeof(unsigned long), GFP_KERNEL);
+	mirror->walk_pfns = kvcalloc(walk_bytes >> PAGE_SHIFT, sizeof(unsigned long), GFP_KERNEL);
+	mirror->nr_notifiers = nr;
+	if (!mirror->device_pfns || !mirror->walk_pfns) {
+		mirror_free(mirror);
+		return ERR_PTR(-ENOMEM);
+	}
+	for (i = 0; i < nr; i++) {
+		struct mirror_notifier *mn = &mirror->notifiers[i];
+
+		mn->mirror = mirror;
+		mn->start = req->addr + i * notifier_bytes;
+		mn->end = min(mn->start + notifier_bytes, (unsigned long)(req->addr + req->length));
+		ret = mmu_interval_notifier_insert(&mn->sub, mm, mn->start, mn->end - mn->start,
+						   &mirror_notifier_ops);
+		if (ret) {
+			mirror_free(mirror);
+			return ERR_PTR(ret);
+		}
+		mn->inserted = true;
+	}
+	return mirror;
+}
+
+static void mirror_store(struct mirror *mirror, const struct hmm_range *range)
+{
+	unsigned long first = (range->start - mirror->start) >> PAGE_SHIFT;
+	unsigned long n = (range->end - range->start) >> PAGE_SHIFT;
+
+	memcpy(&mirror->device_pfns[first], mirror->walk_pfns, n * sizeof(unsigned long));
+}
+
+/*
+ * Mirrors [start, end), which lies inside one notifier's interval, with the driver retry
+ * loop. The timeout runs from the first read_begin, as in nouveau and xe.
+ */
+static int mirror_chunk(struct mirror *mirror, struct mirror_notifier *mn, unsigned long start,
+			unsigned long end, u64 timeout_ns, struct hmm_mirror_walk *out)
+{
+	struct hmm_range range = {
+		.notifier = &mn->sub,
+		.start = start,
+		.end = end,
+		.hmm_pfns = mirror->walk_pfns,
+		.default_flags = HMM_PFN_REQ_FAULT,
+		.pfn_flags_mask = 0,
+	};
+	u64 deadline_ns = ktime_get_ns() + timeout_ns;
+	int ret;
+
+	for (;;) {
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		range.notifier_seq = mmu_interval_read_begin(range.notifier);
+		out->read_begins++;
+		mmap_read_lock(mirror->mm);
+		ret = hmm_range_fault(&range);
+		mmap_read_unlock(mirror->mm);
+		out->walks++;
+		if (ret == -EBUSY) {
+			out->busy_returns++;
+			if (ktime_get_ns() >= deadline_ns) {
+				out->timeouts++;
+				return -EBUSY;
+			}
+			continue;
+		}
+		if (ret)
+			return ret;
+
+		spin_lock(&mirror->lock);
+		if (mmu_interval_read_retry(range.notifier, range.notifier_seq)) {
+			spin_unlock(&mirror->lock);
+			out->seq_retries++;
+			/* Not in the brief loop of every driver, but an ioctl must not spin forever. */
+			if (ktime_get_ns() >= deadline_ns) {
+				out->seq_timeouts++;
+				return -EBUSY;
+			}
+			continue;
+		}
+		mirror_store(mirror, &range);
+		spin_unlock(&mirror->lock);
+		return 0;
+	}
+}
+
+static unsigned long mirror_count_valid(struct mirror *mirror)
+{
+	unsigned long i, valid = 0;
+
+	spin_lock(&mirror->lock);
+	for (i = 0; i < mirror->npages; i++)
+		if (mirror->device_pfns[i] & HMM_PFN_VALID)
+			valid++;
+	spin_unlock(&mirror->lock);
+	return valid;
+}
+
+static int mirror_walk(struct hmm_mirror_walk *req)
+{
+	struct mm_struct *mm = current->mm;
+	unsigned long end = req->addr + req->length;
+	unsigned long notifier_bytes, walk_bytes, addr;
+	u64 start_ns = ktime_get_ns();
+	u64 timeout_ns;
+	struct mirror *mirror;
+	int ret = 0;
+
+	if (!mm || req->flags || !req->length || req->length > MIRROR_MAX_BYTES ||
+	    !PAGE_ALIGNED(req->addr) || !PAGE_ALIGNED(req->length) ||
+	    !PAGE_ALIGNED(req->chunk_bytes) || !PAGE_ALIGNED(req->notifier_bytes) ||
+	    end < req->addr)
+		return -EINVAL;
+	notifier_bytes = req->notifier_bytes ? req->notifier_bytes : req->length;
+	/* A walk is bounded by its notifier: hmm_range names exactly one. */
+	walk_bytes = req->chunk_bytes ? min_t(unsigned long, req->chunk_bytes, notifier_bytes)
+				      : notifier_bytes;
+	walk_bytes = min_t(unsigned long, walk_bytes, req->length);
+	timeout_ns = (u64)(req->timeout_ms ? req->timeout_ms : MIRROR_DEFAULT_TIMEOUT_MS) *
+		     NSEC_PER_MSEC;
+
+	mirror = mirror_create(mm, req, walk_bytes);
+	if (IS_ERR(mirror))
+		return PTR_ERR(mirror);
+
+	for (addr = req->addr; addr < end;) {
+		unsigned long index = (addr - req->addr) / notifier_bytes;
+		struct mirror_notifier *mn = &mirror->notifiers[index];
+		unsigned long chunk_end = min(addr + walk_bytes, mn->end);
+
+		req->chunks++;
+		ret = mirror_chunk(mirror, mn, addr, chunk_end, timeout_ns, req);
+		if (ret)
+			break;
+		addr = chunk_end;
+	}
+	req->result = ret;
+	req->pages_mirrored = mirror_count_valid(mirror);
+	req->invalidations = atomic64_read(&mirror->invalidations);
+	mirror_free(mirror);
+	req->elapsed_ns = ktime_get_ns() - start_ns;
+	/* The counters are the answer even when the walk gave up; only -EINTR is an error. */
+	return ret == -EINTR ? ret : 0;
+}
+
+static long mirror_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct hmm_mirror_walk req;
+	int ret;
+
+	if (cmd != HMM_MIRROR_IOC_WALK)
+		return -ENOTTY;
+	if (copy_from_user(&req, (void __user *)arg, sizeof(req)))
+		return -EFAULT;
+	req.walks = req.busy_returns = req.seq_retries = req.timeouts = 0;
+	req.seq_timeouts = req.invalidations = req.read_begins = req.chunks = 0;
+	req.pages_mirrored = req.elapsed_ns = 0;
+	req.result = 0;
+	ret = mirror_walk(&req);
+	if (ret)
+		return ret;
+	if (copy_to_user((void __user *)arg, &req, sizeof(req)))
+		return -EFAULT;
+	return 0;
+}
+
+/*
+ * .owner pins the module while the device is open, so rmmod is refused (EBUSY) during a
+ * walk, and every notifier is removed before the ioctl returns: nothing outlives a call.
+ */
+static const struct file_operations mirror_fops = {
+	.owner = THIS_MODULE,
+	.unlocked_ioctl = mirror_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.llseek = noop_llseek,
+};
+
+static struct miscdevice mirror_device = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "hmm_mirror",
+	.fops = &mirror_fops,
+	.mode = 0600,
+};
+
+static int __init mirror_init(void)
+{
+	return misc_register(&mirror_device);
+}
+
+static void __exit mirror_exit(void)
+{
+	misc_deregister(&mirror_device);
+}
+
+module_init(mirror_init);
+module_exit(mirror_exit);
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("HMM mirror test driver for mm-probe: hmm_range_fault retry loops on demand");

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * hmm_mirror: a test driver that mirrors user memory the way a GPU driver does, with
+ * mmu_interval_notifier + hmm_range_fault(), so mm-probe's retry-storm can be checked
+ * against a driver's own counts on stock kernels (no DEVICE_PRIVATE needed).
+ *
+ * User space opens /dev/hmm_mirror and issues HMM_MIRROR_IOC_WALK; the call registers the
+ * notifiers, mirrors the range, removes the notifiers and returns the counters below.
+ */
+#ifndef _HMM_MIRROR_UAPI_H
+#define _HMM_MIRROR_UAPI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+struct hmm_mirror_walk {
+	/* in */
+	__u64 addr;		/* page aligned start of the user range */
+	__u64 length;		/* bytes, a multiple of the page size */
+	__u64 chunk_bytes;	/* bytes per hmm_range_fault() walk; 0 = the whole range at once */
+	__u64 notifier_bytes;	/* bytes per interval notifier; 0 = one over the whole range */
+	__u32 timeout_ms;	/* give a chunk up after this long retrying; 0 = 1000 (HMM default) */
+	__u32 flags;		/* must be 0 */
+	/* out */
+	__u64 walks;		/* hmm_range_fault() calls */
+	__u64 busy_returns;	/* of which returned -EBUSY */
+	__u64 seq_retries;	/* successful walks discarded by mmu_interval_read_retry() */
+	__u64 timeouts;		/* chunks given up after -EBUSY past the timeout */
+	__u64 seq_timeouts;	/* chunks given up on the read_retry path past the timeout */
+	__u64 invalidations;	/* invalidate callbacks run on this call's notifiers */
+	__u64 read_begins;	/* mmu_interval_read_begin() calls */
+	__u64 chunks;		/* walk units (chunks split at notifier boundaries) */
+	__u64 pages_mirrored;	/* valid mirror entries when the call ended */
+	__u64 elapsed_ns;	/* whole call, notifier insert to remove */
+	__s64 result;		/* 0, or the error that ended the walk (-EBUSY after a timeout) */
+};
+
+#define HMM_MIRROR_IOC_WALK	_IOWR('H', 0x01, struct hmm_mirror_walk)
+
+#endif /* _HMM_MIRROR_UAPI_H */

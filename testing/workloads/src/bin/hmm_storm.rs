@@ -1,0 +1,327 @@
+//! hmm_storm: a GPU-driver-style mirror under concurrent invalidations.
+//!
+//! Maps an anonymous region, asks the hmm_mirror test driver (/dev/hmm_mirror) to mirror it
+//! `--iterations` times (each call: insert interval notifiers, hmm_range_fault() retry loop
+//! per chunk, remove notifiers), while a thread named `madv-storm` invalidates small pieces of
+//! the region in a loop. Prints the driver's own counters, summed over the calls, as one JSON
+//! object on stdout, so tests can compare them with what mm-probe saw.
+//!
+//! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
+//!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
+//!                  [--piece 64K] [--interval-us 50] [--device /dev/hmm_mirror]
+
+use std::{
+    ffi::CString,
+    fs::OpenOptions,
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// The invalidating thread's name: tests look for it among the invalidators.
+const STORM_COMM: &str = "madv-storm";
+
+/// Mirrors `struct hmm_mirror_walk` of testing/kmod/hmm_mirror/hmm_mirror_uapi.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct MirrorWalk {
+    addr: u64,
+    length: u64,
+    chunk_bytes: u64,
+    notifier_bytes: u64,
+    timeout_ms: u32,
+    flags: u32,
+    walks: u64,
+    busy_returns: u64,
+    seq_retries: u64,
+    timeouts: u64,
+    seq_timeouts: u64,
+    invalidations: u64,
+    read_begins: u64,
+    chunks: u64,
+    pages_mirrored: u64,
+    elapsed_ns: u64,
+    result: i64,
+}
+
+/// _IOWR('H', 0x01, struct hmm_mirror_walk)
+const HMM_MIRROR_IOC_WALK: u64 = (3 << 30) | ((size_of::<MirrorWalk>() as u64) << 16) | ((b'H' as u64) << 8) | 0x01;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// madvise(MADV_DONTNEED): MMU_NOTIFY_CLEAR.
+    DontNeed,
+    /// mmap(MAP_FIXED) over a piece, replacing it atomically: MMU_NOTIFY_UNMAP without leaving
+    /// a hole a walk could hit (a hole would make hmm_range_fault fail with -EFAULT).
+    Remap,
+    /// mprotect(PROT_READ) then back: MMU_NOTIFY_PROTECTION_VMA.
+    Mprotect,
+    None,
+}
+
+#[derive(Clone, Debug)]
+struct Options {
+    size_bytes: u64,
+    chunk_bytes: u64,
+    notifier_bytes: u64,
+    iterations: u64,
+    duration: Option<Duration>,
+    timeout_ms: u32,
+    mode: Mode,
+    piece_bytes: u64,
+    interval: Duration,
+    device: String,
+}
+
+fn main() -> Result<()> {
+    let options = parse(std::env::args().skip(1).collect())?;
+    let page = page_size();
+    if options.size_bytes % page != 0 || options.piece_bytes % page != 0 || options.piece_bytes > options.size_bytes {
+        bail!("--size and --piece must be multiples of the page size ({page}) and --piece <= --size");
+    }
+    let device = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&options.device)
+        .with_context(|| format!("opening {} (load hmm_mirror.ko first: insmod hmm_mirror.ko)", options.device))?;
+    let region = map_region(options.size_bytes)?;
+    touch(region, options.size_bytes, page);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm_ops = Arc::new(AtomicU64::new(0));
+    let storm = {
+        let (stop, storm_ops, options) = (stop.clone(), storm_ops.clone(), options.clone());
+        thread::Builder::new()
+            .name(STORM_COMM.into())
+            .spawn(move || invalidate_until(region, &options, &stop, &storm_ops))?
+    };
+
+    let started = Instant::now();
+    let mut total = MirrorWalk::default();
+    let mut calls = 0u64;
+    let mut results = Vec::new();
+    loop {
+        let mut walk = MirrorWalk {
+            addr: region as u64,
+            length: options.size_bytes,
+            chunk_bytes: options.chunk_bytes,
+            notifier_bytes: options.notifier_bytes,
+            timeout_ms: options.timeout_ms,
+            ..MirrorWalk::default()
+        };
+        // SAFETY: the request is a valid MirrorWalk that lives across the call.
+        let rc = unsafe { libc::ioctl(device.as_raw_fd(), HMM_MIRROR_IOC_WALK as _, &mut walk) };
+        if rc != 0 {
+            stop.store(true, Ordering::Relaxed);
+            let err = std::io::Error::last_os_error();
+            bail!("HMM_MIRROR_IOC_WALK failed: {err}");
+        }
+        eprintln!(
+            "hmm_storm: call {calls}: walks {} busy {} seq_retries {} timeouts {} invalidations {} elapsed {:.1} ms result {}",
+            walk.walks, walk.busy_returns, walk.seq_retries, walk.timeouts, walk.invalidations,
+            walk.elapsed_ns as f64 / 1e6, walk.result
+        );
+        accumulate(&mut total, &walk);
+        results.push(walk.result);
+        calls += 1;
+        let done = match options.duration {
+            Some(limit) => started.elapsed() >= limit,
+            None => calls >= options.iterations,
+        };
+        if done {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    storm.join().map_err(|_| anyhow::anyhow!("the {STORM_COMM} thread panicked"))??;
+
+    let failed_calls = results.iter().filter(|&&r| r != 0).count();
+    println!(
+        "{{\"tgid\":{},\"storm_comm\":\"{STORM_COMM}\",\"mode\":\"{:?}\",\"size_bytes\":{},\"chunk_bytes\":{},\
+\"notifier_bytes\":{},\"timeout_ms\":{},\"calls\":{calls},\"failed_calls\":{failed_calls},\"walks\":{},\
+\"busy_returns\":{},\"seq_retries\":{},\"timeouts\":{},\"seq_timeouts\":{},\"invalidations\":{},\
+\"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{}}}",
+        std::process::id(),
+        options.mode,
+        options.size_bytes,
+        options.chunk_bytes,
+        options.notifier_bytes,
+        options.timeout_ms,
+        total.walks,
+        total.busy_returns,
+        total.seq_retries,
+        total.timeouts,
+        total.seq_timeouts,
+        total.invalidations,
+        total.read_begins,
+        total.chunks,
+        total.elapsed_ns,
+        storm_ops.load(Ordering::Relaxed),
+        started.elapsed().as_nanos(),
+    );
+    Ok(())
+}
+
+fn accumulate(total: &mut MirrorWalk, walk: &MirrorWalk) {
+    total.walks += walk.walks;
+    total.busy_returns += walk.busy_returns;
+    total.seq_retries += walk.seq_retries;
+    total.timeouts += walk.timeouts;
+    total.seq_timeouts += walk.seq_timeouts;
+    total.invalidations += walk.invalidations;
+    total.read_begins += walk.read_begins;
+    total.chunks += walk.chunks;
+    total.elapsed_ns += walk.elapsed_ns;
+}
+
+/// The invalidating thread: one piece per step, spread over the region by a fixed LCG so
+/// every run invalidates the same sequence of pieces.
+fn invalidate_until(region: usize, options: &Options, stop: &AtomicBool, ops: &AtomicU64) -> Result<()> {
+    set_comm(STORM_COMM)?;
+    let pieces = options.size_bytes / options.piece_bytes;
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    while !stop.load(Ordering::Relaxed) {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let piece = (state >> 33) % pieces;
+        let addr = region + (piece * options.piece_bytes) as usize;
+        invalidate(addr, options.piece_bytes as usize, options.mode)?;
+        ops.fetch_add(1, Ordering::Relaxed);
+        if !options.interval.is_zero() {
+            thread::sleep(options.interval);
+        }
+    }
+    Ok(())
+}
+
+fn invalidate(addr: usize, len: usize, mode: Mode) -> Result<()> {
+    let ptr = addr as *mut libc::c_void;
+    // SAFETY: [addr, addr+len) lies inside the region this process mapped and never unmaps
+    // for good (remap replaces it in place).
+    let rc = unsafe {
+        match mode {
+            Mode::DontNeed => libc::madvise(ptr, len, libc::MADV_DONTNEED),
+            Mode::Remap => {
+                let p = libc::mmap(
+                    ptr,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED { -1 } else { 0 }
+            }
+            Mode::Mprotect => {
+                let rc = libc::mprotect(ptr, len, libc::PROT_READ);
+                if rc != 0 { rc } else { libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_WRITE) }
+            }
+            Mode::None => 0,
+        }
+    };
+    if rc != 0 {
+        bail!("{mode:?} on {addr:#x}+{len}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn map_region(size: u64) -> Result<usize> {
+    // SAFETY: a fresh anonymous mapping; the kernel picks the address.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        bail!("mmap of {size} bytes: {}", std::io::Error::last_os_error());
+    }
+    Ok(ptr as usize)
+}
+
+/// Writes one byte per page so the first walk finds real pages, as a GPU driver usually does.
+fn touch(region: usize, size: u64, page: u64) {
+    for offset in (0..size).step_by(page as usize) {
+        // SAFETY: inside the mapping just created, which is writable.
+        unsafe { std::ptr::write_volatile((region + offset as usize) as *mut u8, 1) };
+    }
+}
+
+fn set_comm(name: &str) -> Result<()> {
+    let name = CString::new(name)?;
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    if unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) } != 0 {
+        bail!("prctl(PR_SET_NAME): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
+}
+
+/// `64M`, `2M`, `64K`, `4096`, `0`.
+fn parse_bytes(text: &str) -> Result<u64> {
+    let (number, multiplier) = match text.as_bytes().last() {
+        Some(b'K' | b'k') => (&text[..text.len() - 1], 1 << 10),
+        Some(b'M' | b'm') => (&text[..text.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    let value: u64 = number.parse().with_context(|| format!("{text:?} is not a size like 64M, 2M, 64K or 4096"))?;
+    Ok(value * multiplier)
+}
+
+fn parse(args: Vec<String>) -> Result<Options> {
+    let mut options = Options {
+        size_bytes: 64 << 20,
+        chunk_bytes: 0,
+        notifier_bytes: 0,
+        iterations: 5,
+        duration: None,
+        timeout_ms: 1000,
+        mode: Mode::DontNeed,
+        piece_bytes: 64 << 10,
+        interval: Duration::from_micros(50),
+        device: "/dev/hmm_mirror".into(),
+    };
+    let mut args = args.into_iter();
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--size" => options.size_bytes = parse_bytes(&value()?)?,
+            "--chunk" => options.chunk_bytes = parse_bytes(&value()?)?,
+            "--notifier" => options.notifier_bytes = parse_bytes(&value()?)?,
+            "--iterations" => options.iterations = value()?.parse()?,
+            "--duration-ms" => options.duration = Some(Duration::from_millis(value()?.parse()?)),
+            "--timeout-ms" => options.timeout_ms = value()?.parse()?,
+            "--piece" => options.piece_bytes = parse_bytes(&value()?)?,
+            "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
+            "--device" => options.device = value()?,
+            "--mode" => {
+                options.mode = match value()?.as_str() {
+                    "dontneed" => Mode::DontNeed,
+                    "remap" | "munmap" => Mode::Remap,
+                    "mprotect" => Mode::Mprotect,
+                    "none" => Mode::None,
+                    other => bail!("unknown --mode {other}: use dontneed, remap, mprotect or none"),
+                }
+            }
+            other => bail!("unknown argument {other}; see the usage at the top of hmm_storm.rs"),
+        }
+    }
+    if options.iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    Ok(options)
+}

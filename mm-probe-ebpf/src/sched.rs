@@ -19,11 +19,14 @@ use aya_ebpf::{
     programs::{TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::latency::{
-    COUNTER_COUNT, CpuCurrent, Counter, FILTER_ALL, FILTER_PIDS, FuncState, LatencyHist, MAX_CPUS,
-    QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
+    COUNTER_COUNT, Counter, CpuCurrent, FILTER_ALL, FILTER_PIDS, FuncState, LatencyHist, MAX_CPUS, QUANTITIES,
+    QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
 };
 
-use crate::{func_latency::LAT_FUNC_STATE, kernel::{bump, log2_bucket}};
+use crate::{
+    func_latency::LAT_FUNC_STATE,
+    kernel::{bump, log2_bucket},
+};
 
 #[unsafe(no_mangle)]
 static LAT_THRESHOLD_NS: Global<u64> = Global::new(500_000);

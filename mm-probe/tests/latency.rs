@@ -35,7 +35,8 @@ impl Tracing {
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut first = String::new();
         stdout.read_line(&mut first).expect("reading the plan line");
-        let plan: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("plan line is not JSON ({e}): {first:?}"));
+        let plan: Value =
+            serde_json::from_str(&first).unwrap_or_else(|e| panic!("plan line is not JSON ({e}): {first:?}"));
         assert_eq!(plan["type"], "probe_plan", "{plan}");
         eprintln!("probe plan: {}", serde_json::to_string_pretty(&plan["functions"]).unwrap());
         Self { child, stdout, plan }
@@ -80,6 +81,7 @@ fn spikes<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
 /// What rt_waker printed: its pid and how many loops really slept (= wakeups to measure).
 struct WakerRun {
     pid: u32,
+    loops: u64,
     slept: u64,
 }
 
@@ -94,7 +96,7 @@ fn run_waker(args: &[&str]) -> WakerRun {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
     };
-    WakerRun { pid: field("pid") as u32, slept: field("slept") }
+    WakerRun { pid: field("pid") as u32, loops: field("loops"), slept: field("slept") }
 }
 
 /// Sanity of one quantity's summary: percentiles in order, histogram rows summing to the count,
@@ -140,7 +142,8 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
     let threshold_ns = 2_000_000;
     let tracing = Tracing::start(&["--threshold", "2ms", "--top", "5"]);
     let functions_traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
-    let waker = run_waker(&["--prio", "80", "--period-us", "1000", "--loops", "1000"]);
+    // 2 ms periods: an emulated guest under tracing cannot keep a 1 ms period.
+    let waker = run_waker(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
     let lines = tracing.interrupt();
 
     let summary = only(&lines, "summary");
@@ -153,13 +156,15 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
         .find(|t| t["pid"] == waker.pid)
         .unwrap_or_else(|| panic!("rt_waker {} missing from the tasks: {summary}", waker.pid));
     let measured = task["wakeups"].as_u64().unwrap();
-    // One wakeup per loop that slept; a deadline missed between the waker's check and its
-    // clock_nanosleep call is the only slack.
+    // At most one wakeup per loop. A loop whose deadline was still ahead sleeps and is woken
+    // once; one whose deadline had passed may still sleep (the expired timer is programmed
+    // and fires a moment later) or return at once, so `slept` is a lower bound.
     let slack = 2 + waker.slept / 100;
     assert!(
-        measured.abs_diff(waker.slept) <= slack,
-        "rt_waker slept {} times, the tool measured {measured} wakeups: {task}",
-        waker.slept
+        measured + slack >= waker.slept && measured <= waker.loops + slack,
+        "rt_waker slept at least {} of {} loops, the tool measured {measured} wakeups: {task}",
+        waker.slept,
+        waker.loops
     );
     assert_eq!(task["prio"], 99 - 80, "kernel priority of SCHED_FIFO 80");
     assert_eq!(task["comm"], "rt_waker");
@@ -238,7 +243,8 @@ struct Module {
 
 impl Module {
     fn load(name: &'static str) -> Self {
-        let dir = module_dir().unwrap_or_else(|| panic!("MM_PROBE_TEST_MODULES is not set: the harness must build {name}.ko"));
+        let dir = module_dir()
+            .unwrap_or_else(|| panic!("MM_PROBE_TEST_MODULES is not set: the harness must build {name}.ko"));
         let path = dir.join(format!("{name}.ko"));
         let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         use std::os::fd::AsRawFd as _;
@@ -259,11 +265,16 @@ impl Drop for Module {
 }
 
 /// Runs `holds` holds of `hold_us` on `cpu` from a thread named cpu_hog_writer; returns its tid.
+/// The writer runs at SCHED_FIFO 50, so that once a hold ends only the (higher) waker runs
+/// before it and the hold's entry-to-return time stays the spin plus the waker's turn.
 fn hog_cpu(cpu: usize, hold_us: u64, holds: usize, pause: Duration) -> u32 {
     std::thread::Builder::new()
         .name("cpu_hog_writer".into())
         .spawn(move || {
             mm_probe_workloads_pin(cpu);
+            let param = libc::sched_param { sched_priority: 50 };
+            // SAFETY: sets this thread's policy with a valid parameter.
+            assert_eq!(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }, 0);
             let mut file = std::fs::OpenOptions::new().write(true).open("/proc/cpu_hog").expect("/proc/cpu_hog");
             for _ in 0..holds {
                 std::thread::sleep(pause);
@@ -317,10 +328,9 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     assert!(check_function_plan(&tracing, "cpu_hog_hold"));
     eprintln!("cpu_hog_hold attached by {}", tracing.function("cpu_hog_hold")["mechanism"]);
     // The waker shares CPU 0 with the holds: each hold delays one of its wakeups.
-    let waker = std::thread::spawn(|| {
-        run_waker(&["--prio", "90", "--period-us", "1000", "--loops", "1500", "--cpu", "0"])
-    });
-    let writer_tid = hog_cpu(0, HOLD_US, HOLDS, Duration::from_millis(150));
+    let waker =
+        std::thread::spawn(|| run_waker(&["--prio", "90", "--period-us", "2000", "--loops", "800", "--cpu", "0"]));
+    let writer_tid = hog_cpu(0, HOLD_US, HOLDS, Duration::from_millis(250));
     let waker = waker.join().unwrap();
     let lines = tracing.interrupt();
     let module_counters = std::fs::read_to_string("/proc/cpu_hog").unwrap();
@@ -411,4 +421,118 @@ fn an_madvise_pageout_storm_is_timed_call_by_call() {
     let walks = walk["count"].as_u64().unwrap();
     let (fewest, most) = (madvise_calls * REGION_MIB / 2, madvise_calls * (REGION_MIB / 2 + 1));
     assert!((fewest..=most).contains(&walks), "{walks} walks for {madvise_calls} madvise calls: {walk}");
+}
+
+/// A waker started as SCHED_FIFO but held before its first loop, so it can be traced with -p.
+struct HeldWaker {
+    child: Child,
+    pid: u32,
+}
+
+impl HeldWaker {
+    fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(workload("rt_waker"))
+            .args(args)
+            .arg("--go-on-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting rt_waker");
+        let mut ready = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut ready).expect("rt_waker ready line");
+        let pid = ready.trim().strip_prefix("ready pid=").and_then(|p| p.parse().ok()).expect("ready pid=N");
+        Self { child, pid }
+    }
+
+    /// Lets it loop and waits for its report.
+    fn run(mut self) -> WakerRun {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "rt_waker failed: {text}");
+        eprintln!("{text}");
+        let field = |name: &str| -> u64 {
+            text.split_whitespace().find_map(|w| w.strip_prefix(&format!("{name}="))).and_then(|v| v.parse().ok()).unwrap()
+        };
+        WakerRun { pid: self.pid, loops: field("loops"), slept: field("slept") }
+    }
+}
+
+/// The field case: a periodic SCHED_FIFO 99 waker (like cyclictest) shares a CPU with an
+/// madvise(MADV_PAGEOUT) storm while another thread keeps memory hot. Only the waker is traced
+/// (-p), as cyclictest measures only itself. Prints one `MEASURED` line per kernel for the
+/// README's before/after table, and the worst spikes as the tool explains them.
+#[test]
+fn a_fifo_waker_beside_an_madvise_pageout_storm() {
+    require_root();
+    let threshold_ns: u64 = 10_000_000;
+    let waker = HeldWaker::spawn(&["--prio", "99", "--period-us", "2000", "--loops", "1000", "--cpu", "1"]);
+    let pid = waker.pid.to_string();
+    let tracing = Tracing::start(&["-p", &pid, "--threshold", "10ms", "--top", "5"]);
+    let traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
+    let storm = Command::new(workload("pageout_storm"))
+        .args(["--bytes", "64M", "--duration-ms", "2500", "--cpu", "1", "--pressure-bytes", "256M"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting pageout_storm");
+    let waker = waker.run();
+    let storm = storm.wait_with_output().unwrap();
+    assert!(storm.status.success());
+    let storm: Value = serde_json::from_slice(&storm.stdout).expect("pageout_storm prints JSON");
+    let lines = tracing.interrupt();
+
+    let summary = only(&lines, "summary");
+    let wakeup = &summary["wakeup"];
+    let walk = summary["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "madvise_cold_or_pageout_pte_range")
+        .cloned()
+        .unwrap_or_default();
+    let waits = spikes(&lines, "wakeup");
+    let causes = &summary["verdict"]["causes"];
+    let blamed = causes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c[0] == "madvise_cold_or_pageout_pte_range")
+        .map_or(0, |c| c[1].as_u64().unwrap());
+    let us = |v: &Value| v.as_u64().map_or("-".to_string(), |n| format!("{}", n / 1000));
+    eprintln!(
+        "MEASURED kernel={} wakeups={} p50_us={} p90_us={} p99_us={} p999_us={} max_us={} over_10ms={} \
+         spikes_blamed_on_walk={} storm_madvise_calls={} storm_worst_madvise_us={} walk_calls={} walk_p50_us={} \
+         walk_p99_us={} walk_max_us={} walk_over_10ms={} causes={causes}",
+        vm_kernel().unwrap_or_else(|| "host".into()),
+        wakeup["count"],
+        us(&wakeup["p50_ns"]),
+        us(&wakeup["p90_ns"]),
+        us(&wakeup["p99_ns"]),
+        us(&wakeup["p999_ns"]),
+        us(&wakeup["max_ns"]),
+        wakeup["over_threshold"],
+        blamed,
+        storm["calls"],
+        storm["worst_madvise_us"],
+        walk["count"],
+        us(&walk["p50_ns"]),
+        us(&walk["p99_ns"]),
+        us(&walk["max_ns"]),
+        walk["over_threshold"],
+    );
+    for spike in &waits {
+        eprintln!("SPIKE {}\n  stack: {:?}", spike["explanation"], frames(&spike["stack"]));
+    }
+    eprintln!("VERDICT {}: {}", summary["verdict"]["level"], summary["verdict"]["text"]);
+
+    let measured = wakeup["count"].as_u64().unwrap();
+    assert!(measured + 2 + waker.slept / 100 >= waker.slept && measured <= waker.loops + 2, "{wakeup}");
+    if traced {
+        assert!(walk["count"].as_u64().unwrap_or(0) >= storm["calls"].as_u64().unwrap() * 32, "{walk} {storm}");
+    }
+    for spike in &waits {
+        assert_eq!(spike["pid"], waker.pid, "only the waker is traced: {spike}");
+        assert!(spike["latency_ns"].as_u64().unwrap() > threshold_ns);
+        assert!(!spike["explanation"].as_str().unwrap().is_empty());
+    }
 }

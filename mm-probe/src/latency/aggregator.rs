@@ -13,7 +13,9 @@ use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray},
 };
-use mm_probe_common::latency::{HIST_MAP, HIST_SLOTS, LOG2_BUCKETS, LatencyHist, SUB_BUCKET_BITS, SUB_BUCKETS, TASKS_MAP, TaskWakeups};
+use mm_probe_common::latency::{
+    HIST_MAP, HIST_SLOTS, LOG2_BUCKETS, LatencyHist, SUB_BUCKET_BITS, SUB_BUCKETS, TASKS_MAP, TaskWakeups,
+};
 use serde::Serialize;
 
 use super::decoder::comm;

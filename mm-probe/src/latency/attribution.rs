@@ -51,16 +51,14 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String]) -> Attribution {
     let without_rescheduling = same_task && wakeup.prev.since_ns.is_some_and(|since| since <= wakeup.wakeup_ns);
     let window = (wakeup.wakeup_ns, wakeup.run_ns);
     let before = same_task.then_some(&wakeup.blocker_funcs);
-    let mut shares: Vec<FunctionShare> = (0..MAX_FUNCS.min(functions.len()))
-        .filter_map(|slot| {
-            share(slot, before, &wakeup.prev_funcs, window).map(|(in_wait_ns, calls, running_call_ns)| FunctionShare {
-                function: functions[slot].clone(),
-                in_wait_ns,
-                calls,
-                running_call_ns,
+    let mut shares: Vec<FunctionShare> =
+        (0..MAX_FUNCS.min(functions.len()))
+            .filter_map(|slot| {
+                share(slot, before, &wakeup.prev_funcs, window).map(|(in_wait_ns, calls, running_call_ns)| {
+                    FunctionShare { function: functions[slot].clone(), in_wait_ns, calls, running_call_ns }
+                })
             })
-        })
-        .collect();
+            .collect();
     shares.sort_by(|a, b| b.in_wait_ns.cmp(&a.in_wait_ns));
     let syscall = wakeup.prev_syscall.as_ref().and_then(Option::as_ref);
     let cause = cause(wakeup, &shares, syscall);
@@ -133,12 +131,7 @@ fn explain(
     shares: &[FunctionShare],
     syscall: Option<&Syscall>,
 ) -> String {
-    let mut text = format!(
-        "{} waited {} on CPU {}",
-        wakeup.task,
-        format_nanos(wakeup.latency_ns),
-        wakeup.run_cpu
-    );
+    let mut text = format!("{} waited {} on CPU {}", wakeup.task, format_nanos(wakeup.latency_ns), wakeup.run_cpu);
     if wakeup.target_cpu != wakeup.run_cpu {
         text += &format!(" (woken for CPU {})", wakeup.target_cpu);
     }
@@ -148,7 +141,8 @@ fn explain(
     } else if wakeup.blocker.task.pid == 0 && wakeup.prev.task.pid == 0 {
         return text + "the CPU was idle, so the wait was spent waking it and handling interrupts";
     } else if !same_task {
-        text += &format!("{} was running at the wakeup, {} ran last before it; ", wakeup.blocker.task, wakeup.prev.task);
+        text +=
+            &format!("{} was running at the wakeup, {} ran last before it; ", wakeup.blocker.task, wakeup.prev.task);
     }
     text += &format!("{} was ", wakeup.prev.task);
     text += &match syscall {
@@ -281,7 +275,11 @@ mod tests {
         let a = attribute(&w, &names());
         assert!(!a.blocker_ran_until_switch && !a.without_rescheduling);
         assert_eq!(a.functions[0].in_wait_ns, 2 * MS, "from 11 ms to the switch at 13 ms");
-        assert!(a.explanation.contains("stress-ng-264 was running at the wakeup, kswapd0-300 ran last before it"), "{}", a.explanation);
+        assert!(
+            a.explanation.contains("stress-ng-264 was running at the wakeup, kswapd0-300 ran last before it"),
+            "{}",
+            a.explanation
+        );
         assert!(a.explanation.contains("kswapd0-300 was running → madvise"), "{}", a.explanation);
     }
 
@@ -294,7 +292,11 @@ mod tests {
         w.prev_syscall = None;
         let a = attribute(&w, &names());
         assert_eq!(a.cause, "idle");
-        assert!(a.explanation.ends_with("the CPU was idle, so the wait was spent waking it and handling interrupts"), "{}", a.explanation);
+        assert!(
+            a.explanation.ends_with("the CPU was idle, so the wait was spent waking it and handling interrupts"),
+            "{}",
+            a.explanation
+        );
     }
 
     #[test]
@@ -304,7 +306,9 @@ mod tests {
         let a = attribute(&w, &names());
         assert_eq!(a.cause, "unknown");
         assert!(
-            a.explanation.contains("stress-ng-264 was in user space or an interrupt (outside the traced functions) without rescheduling"),
+            a.explanation.contains(
+                "stress-ng-264 was in user space or an interrupt (outside the traced functions) without rescheduling"
+            ),
             "{}",
             a.explanation
         );

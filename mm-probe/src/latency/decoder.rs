@@ -164,7 +164,10 @@ pub fn comm(bytes: &[u8; 16]) -> String {
 }
 
 fn on_cpu(raw: &CpuCurrent) -> OnCpu {
-    OnCpu { task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) }, since_ns: (raw.since_ns != 0).then_some(raw.since_ns) }
+    OnCpu {
+        task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
+        since_ns: (raw.since_ns != 0).then_some(raw.since_ns),
+    }
 }
 
 /// `None` when the task was not in a syscall (nr -1).

@@ -133,7 +133,9 @@ fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     let Ok(kallsyms) = kernel.kallsyms() else { return Ok(()) };
     for f in options.functions.iter().skip(1) {
         if kallsyms.resolve(f).is_none() {
-            user_bail!("--func {f}: no such kernel function in /proc/kallsyms (inlined, renamed, or its module is not loaded)");
+            user_bail!(
+                "--func {f}: no such kernel function in /proc/kallsyms (inlined, renamed, or its module is not loaded)"
+            );
         }
     }
     Ok(())
@@ -147,21 +149,29 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
     ];
     let Ok(root) = tracefs::root() else { return settings };
     let fields: &[(&str, &str, &[(&str, &'static str)])] = &[
-        ("sched", "sched_wakeup", &[
-            ("comm", names::TP_WAKEUP_COMM),
-            ("pid", names::TP_WAKEUP_PID),
-            ("prio", names::TP_WAKEUP_PRIO),
-            ("target_cpu", names::TP_WAKEUP_TARGET_CPU),
-        ]),
-        ("sched", "sched_switch", &[
-            ("prev_comm", names::TP_SWITCH_PREV_COMM),
-            ("prev_pid", names::TP_SWITCH_PREV_PID),
-            ("prev_prio", names::TP_SWITCH_PREV_PRIO),
-            ("prev_state", names::TP_SWITCH_PREV_STATE),
-            ("next_comm", names::TP_SWITCH_NEXT_COMM),
-            ("next_pid", names::TP_SWITCH_NEXT_PID),
-            ("next_prio", names::TP_SWITCH_NEXT_PRIO),
-        ]),
+        (
+            "sched",
+            "sched_wakeup",
+            &[
+                ("comm", names::TP_WAKEUP_COMM),
+                ("pid", names::TP_WAKEUP_PID),
+                ("prio", names::TP_WAKEUP_PRIO),
+                ("target_cpu", names::TP_WAKEUP_TARGET_CPU),
+            ],
+        ),
+        (
+            "sched",
+            "sched_switch",
+            &[
+                ("prev_comm", names::TP_SWITCH_PREV_COMM),
+                ("prev_pid", names::TP_SWITCH_PREV_PID),
+                ("prev_prio", names::TP_SWITCH_PREV_PRIO),
+                ("prev_state", names::TP_SWITCH_PREV_STATE),
+                ("next_comm", names::TP_SWITCH_NEXT_COMM),
+                ("next_pid", names::TP_SWITCH_NEXT_PID),
+                ("next_prio", names::TP_SWITCH_NEXT_PRIO),
+            ],
+        ),
         ("raw_syscalls", "sys_enter", &[("id", names::TP_SYS_ENTER_ID), ("args", names::TP_SYS_ENTER_ARGS)]),
     ];
     for (category, event, wanted) in fields {
@@ -382,17 +392,13 @@ fn print_interval(
     interval_ns: u64,
     collected: &mut Collected,
 ) {
-    let quantity = |slot: usize, name: &str| Quantity::new(name, &now[slot].since(&previous[slot]), options.threshold_ns, false);
+    let quantity =
+        |slot: usize, name: &str| Quantity::new(name, &now[slot].since(&previous[slot]), options.threshold_ns, false);
     let interval = Interval {
         elapsed_ns,
         interval_ns,
         wakeup: quantity(0, "wakeup"),
-        functions: header
-            .functions
-            .iter()
-            .filter(|f| f.attached)
-            .map(|f| quantity(f.slot + 1, &f.function))
-            .collect(),
+        functions: header.functions.iter().filter(|f| f.attached).map(|f| quantity(f.slot + 1, &f.function)).collect(),
         wakeup_spikes: std::mem::take(&mut collected.interval_wakeup_spikes),
         function_spikes: std::mem::take(&mut collected.interval_function_spikes),
     };
@@ -507,7 +513,8 @@ mod tests {
 
     #[test]
     fn funcs_are_deduplicated_and_bounded() {
-        let o = options(&["--func", "zap_pte_range", "--func", "zap_pte_range", "--func", probes::DEFAULT_FUNCTION]).unwrap();
+        let o = options(&["--func", "zap_pte_range", "--func", "zap_pte_range", "--func", probes::DEFAULT_FUNCTION])
+            .unwrap();
         assert_eq!(o.functions, ["madvise_cold_or_pageout_pte_range", "zap_pte_range"]);
         let many: Vec<String> = (0..8).flat_map(|i| ["--func".to_string(), format!("f{i}")]).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
@@ -533,9 +540,13 @@ mod tests {
 
     #[test]
     fn missing_functions_are_explained_with_every_attempt() {
-        let functions = vec![
-            FunctionPlan { slot: 0, function: "a".into(), attached: false, mechanism: None, reason: Some("kprobes are not built in".into()) },
-        ];
+        let functions = vec![FunctionPlan {
+            slot: 0,
+            function: "a".into(),
+            attached: false,
+            mechanism: None,
+            reason: Some("kprobes are not built in".into()),
+        }];
         let a = function_availability(&functions);
         assert!(!a.available);
         let reason = a.reason.unwrap();

@@ -82,7 +82,8 @@ macro_rules! slot_hooks {
 /// Per slot: the fentry/fexit pair, then the kprobe/kretprobe pair.
 static SLOT_HOOKS: [[[Hook; 2]; 2]; MAX_FUNCS] = slot_hooks!(0, 1, 2, 3, 4, 5, 6, 7);
 
-const DEFAULT_TARGETS: &[Target] = &[Target { name: DEFAULT_FUNCTION, kernels: "5.4+ (static, called through cold_walk_ops, never inlined)" }];
+const DEFAULT_TARGETS: &[Target] =
+    &[Target { name: DEFAULT_FUNCTION, kernels: "5.4+ (static, called through cold_walk_ops, never inlined)" }];
 
 /// Slot 0 with its default function, as `doctor` shows it.
 pub const DEFAULT_FUNCTION_PROBE: LogicalProbe = LogicalProbe {
@@ -106,11 +107,13 @@ pub fn function_probe(slot: usize, name: &str) -> LogicalProbe {
     let name: &'static str = Box::leak(name.to_string().into_boxed_str());
     let targets: &'static [Target] = Box::leak(Box::new([Target { name, kernels: "named with --func" }]));
     let hooks = &SLOT_HOOKS[slot % MAX_FUNCS];
-    let candidates: &'static [Candidate] = Box::leak(Box::new([
-        Candidate { hooks: &hooks[0], targets },
-        Candidate { hooks: &hooks[1], targets },
-    ]));
-    LogicalProbe { name, purpose: "entry-to-return time of a --func target, and attribution of spikes to it", candidates }
+    let candidates: &'static [Candidate] =
+        Box::leak(Box::new([Candidate { hooks: &hooks[0], targets }, Candidate { hooks: &hooks[1], targets }]));
+    LogicalProbe {
+        name,
+        purpose: "entry-to-return time of a --func target, and attribution of spikes to it",
+        candidates,
+    }
 }
 
 #[cfg(test)]

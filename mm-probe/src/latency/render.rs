@@ -131,7 +131,13 @@ pub struct LostEvents {
 
 impl LostEvents {
     pub fn any(&self) -> bool {
-        self.wakeup_spikes + self.function_spikes + self.wakeups + self.function_entries + self.stack_errors + self.malformed_records > 0
+        self.wakeup_spikes
+            + self.function_spikes
+            + self.wakeups
+            + self.function_entries
+            + self.stack_errors
+            + self.malformed_records
+            > 0
     }
 }
 
@@ -269,7 +275,8 @@ pub fn interval_text(i: &Interval) -> String {
     );
     for f in &i.functions {
         let p = &f.percentiles;
-        let _ = write!(line, " | {} calls {} p99 {} over {}", f.name, p.count, format_nanos(p.p99_ns), f.over_threshold);
+        let _ =
+            write!(line, " | {} calls {} p99 {} over {}", f.name, p.count, format_nanos(p.p99_ns), f.over_threshold);
     }
     line.push('\n');
     line
@@ -277,13 +284,7 @@ pub fn interval_text(i: &Interval) -> String {
 
 fn quantity_text(out: &mut String, title: &str, unit_word: &str, q: &Quantity, d: &Distribution, threshold_ns: u64) {
     let p = &q.percentiles;
-    let _ = writeln!(
-        out,
-        "{title}: {} {unit_word}, {} over {}",
-        p.count,
-        q.over_threshold,
-        format_nanos(threshold_ns)
-    );
+    let _ = writeln!(out, "{title}: {} {unit_word}, {} over {}", p.count, q.over_threshold, format_nanos(threshold_ns));
     if p.count > 0 {
         let _ = writeln!(
             out,
@@ -329,7 +330,11 @@ pub fn summary_text(s: &SummaryText) -> String {
     }
     if !sum.tasks.is_empty() {
         let _ = writeln!(out, "tasks, worst first:");
-        let _ = writeln!(out, "  {:>7}  {:<16} {:<8} {:>8} {:>9} {:>9} {:>6}", "PID", "COMM", "PRIO", "WAKEUPS", "MEAN", "MAX", "OVER");
+        let _ = writeln!(
+            out,
+            "  {:>7}  {:<16} {:<8} {:>8} {:>9} {:>9} {:>6}",
+            "PID", "COMM", "PRIO", "WAKEUPS", "MEAN", "MAX", "OVER"
+        );
         for t in sum.tasks.iter().take(10) {
             let _ = writeln!(
                 out,
@@ -402,7 +407,14 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
     }
     out.push('\n');
     for share in &a.functions {
-        let _ = write!(out, "      in {} for {} of the wait ({} call{}", share.function, format_nanos(share.in_wait_ns), share.calls, if share.calls == 1 { "" } else { "s" });
+        let _ = write!(
+            out,
+            "      in {} for {} of the wait ({} call{}",
+            share.function,
+            format_nanos(share.in_wait_ns),
+            share.calls,
+            if share.calls == 1 { "" } else { "s" }
+        );
         if let Some(running) = share.running_call_ns {
             let _ = write!(out, "; the call running at the switch had run {}", format_nanos(running));
         }
@@ -473,6 +485,9 @@ mod tests {
     fn lost_events_are_listed_never_hidden() {
         assert_eq!(lost_text(&LostEvents::default()), "lost events: none\n");
         let lost = LostEvents { wakeup_spikes: 3, stack_errors: 1, ..LostEvents::default() };
-        assert_eq!(lost_text(&lost), "lost events: 3 wakeup spikes (ring buffer full), 1 stacks (stack map collision or full)\n");
+        assert_eq!(
+            lost_text(&lost),
+            "lost events: 3 wakeup spikes (ring buffer full), 1 stacks (stack map collision or full)\n"
+        );
     }
 }

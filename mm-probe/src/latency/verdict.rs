@@ -55,7 +55,11 @@ pub fn judge(
     causes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let threshold = format_nanos(threshold_ns);
     let (level, mut text) = if wakeups.count == 0 {
-        (Level::NoData, "no measured task woke up: start the real-time workload, or widen the selection with -p or --all-tasks".to_string())
+        (
+            Level::NoData,
+            "no measured task woke up: start the real-time workload, or widen the selection with -p or --all-tasks"
+                .to_string(),
+        )
     } else if wakeups.over_threshold == 0 {
         (
             Level::Ok,
@@ -95,7 +99,9 @@ fn describe_cause(cause: &str) -> String {
     match cause {
         "idle" => "the CPU was idle (wakeup from idle, interrupts)".into(),
         "unknown" => "the blocker was outside the traced functions and syscalls".into(),
-        syscall if syscall.starts_with("syscall ") => format!("the blocker was in {}, outside the traced functions", &syscall[8..]),
+        syscall if syscall.starts_with("syscall ") => {
+            format!("the blocker was in {}, outside the traced functions", &syscall[8..])
+        }
         function => format!("the blocker was inside {function}"),
     }
 }
@@ -121,10 +127,8 @@ mod tests {
 
     #[test]
     fn the_common_cause_and_slow_functions_are_named() {
-        let causes = BTreeMap::from([
-            ("madvise_cold_or_pageout_pte_range".to_string(), 15),
-            ("syscall munmap".to_string(), 2),
-        ]);
+        let causes =
+            BTreeMap::from([("madvise_cold_or_pageout_pte_range".to_string(), 15), ("syscall munmap".to_string(), 2)]);
         let functions = [("madvise_cold_or_pageout_pte_range".to_string(), dist(50_000, 20, 1_941_000))];
         let v = judge(&dist(12_034, 17, 1_953_000), 500_000, &causes, &functions);
         assert_eq!(v.level, Level::Crit);

@@ -8,7 +8,7 @@
 //! the CPU.
 //!
 //! Usage: pageout_storm [--bytes N(M|G)] [--threads N] [--duration-ms N] [--advice pageout|cold]
-//!                      [--cpu N] [--pressure-bytes N(M|G)]
+//!                      [--cpu N (the storm threads)] [--pressure-bytes N(M|G)]
 //! Prints one JSON line: calls, bytes per call, total and worst madvise time.
 
 use std::{
@@ -131,9 +131,6 @@ fn storm(args: &Args, stop: &AtomicBool) -> Result<Tally> {
 
 fn main() -> Result<()> {
     let args = Arc::new(parse()?);
-    if let Some(cpu) = args.cpu {
-        mm_probe_workloads::pin_to_cpu(cpu)?;
-    }
     let stop = Arc::new(AtomicBool::new(false));
     let pressure = (args.pressure_bytes > 0).then(|| {
         let (bytes, stop) = (args.pressure_bytes, stop.clone());
@@ -150,7 +147,13 @@ fn main() -> Result<()> {
     let storms: Vec<_> = (0..args.threads)
         .map(|_| {
             let (args, stop) = (args.clone(), stop.clone());
-            std::thread::spawn(move || storm(&args, &stop))
+            std::thread::spawn(move || {
+                // Only the storm threads are pinned; the pressure thread runs where it can.
+                if let Some(cpu) = args.cpu {
+                    mm_probe_workloads::pin_to_cpu(cpu)?;
+                }
+                storm(&args, &stop)
+            })
         })
         .collect();
     std::thread::sleep(args.duration);

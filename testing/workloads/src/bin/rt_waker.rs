@@ -2,12 +2,14 @@
 //! clock_nanosleep(TIMER_ABSTIME) and measures how late it woke, so every loop is exactly one
 //! wakeup for the kernel's sched_wakeup → sched_switch path.
 //!
-//! Usage: rt_waker [--prio N] [--period-us N] [--loops N] [--cpu N] [--start-after-ms N]
+//! Usage: rt_waker [--prio N] [--period-us N] [--loops N] [--cpu N] [--start-after-ms N] [--go-on-stdin]
+//! With --go-on-stdin it prints `ready pid=<pid>` once it is a SCHED_FIFO task, then waits for a
+//! line on stdin before its first loop, so a test can start tracing in between.
 //! Prints one line: `rt_waker pid=<pid> loops=<n> slept=<s> max_late_us=<m> avg_late_us=<a>`, where
 //! `slept` leaves out the loops whose deadline had already passed (clock_nanosleep returns at
 //! once without sleeping, so there was no wakeup to measure).
 
-use std::time::Duration;
+use std::{io::Write as _, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -17,10 +19,12 @@ struct Args {
     loops: u64,
     cpu: Option<usize>,
     start_after: Duration,
+    go_on_stdin: bool,
 }
 
 fn parse() -> Result<Args> {
-    let mut args = Args { prio: 80, period: Duration::from_millis(1), loops: 1000, cpu: None, start_after: Duration::ZERO };
+    let mut args =
+        Args { prio: 80, period: Duration::from_millis(1), loops: 1000, cpu: None, start_after: Duration::ZERO, go_on_stdin: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
@@ -30,6 +34,7 @@ fn parse() -> Result<Args> {
             "--loops" => args.loops = value()?.parse()?,
             "--cpu" => args.cpu = Some(value()?.parse()?),
             "--start-after-ms" => args.start_after = Duration::from_millis(value()?.parse()?),
+            "--go-on-stdin" => args.go_on_stdin = true,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -66,6 +71,11 @@ fn main() -> Result<()> {
             bail!("sched_setscheduler(SCHED_FIFO, {}): {} (run as root)", args.prio, std::io::Error::last_os_error());
         }
     }
+    if args.go_on_stdin {
+        println!("ready pid={}", std::process::id());
+        std::io::stdout().flush()?;
+        std::io::stdin().read_line(&mut String::new())?;
+    }
     std::thread::sleep(args.start_after);
     let mut next = now();
     let (mut max_late, mut sum_late, mut overruns) = (0i64, 0i64, 0u64);
@@ -75,7 +85,8 @@ fn main() -> Result<()> {
             overruns += 1;
         }
         // SAFETY: next is a valid timespec; a null remainder is allowed with TIMER_ABSTIME.
-        let rc = unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &next, std::ptr::null_mut()) };
+        let rc =
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &next, std::ptr::null_mut()) };
         if rc != 0 {
             bail!("clock_nanosleep: {}", std::io::Error::from_raw_os_error(rc));
         }

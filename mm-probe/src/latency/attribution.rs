@@ -118,9 +118,10 @@ fn cause(wakeup: &Wakeup, shares: &[FunctionShare], syscall: Option<&Syscall>) -
     if wakeup.prev.task.pid == 0 && wakeup.blocker.task.pid == 0 {
         return "idle".into();
     }
-    match syscall {
-        Some(call) => format!("syscall {}", call.name.unwrap_or("other")),
-        None => "unknown".into(),
+    match (syscall, wakeup.prev_stack.entry()) {
+        (Some(call), _) => format!("syscall {}", call.name.unwrap_or("other")),
+        (None, Some(entry)) => entry.cause().into(),
+        (None, None) => "unknown".into(),
     }
 }
 
@@ -145,10 +146,11 @@ fn explain(
             &format!("{} was running at the wakeup, {} ran last before it; ", wakeup.blocker.task, wakeup.prev.task);
     }
     text += &format!("{} was ", wakeup.prev.task);
-    text += &match syscall {
-        Some(call) => format!("in {}", call.summary),
-        None if wakeup.prev_syscall.is_some() => "in user space or an interrupt".to_string(),
-        None => "running".to_string(),
+    text += &match (syscall, wakeup.prev_stack.entry()) {
+        (Some(call), _) => format!("in {}", call.summary),
+        (None, Some(entry)) => entry.phrase().to_string(),
+        (None, None) if wakeup.prev_syscall.is_some() => "in user space or an interrupt".to_string(),
+        (None, None) => "running".to_string(),
     };
     match shares.first() {
         Some(top) if top.in_wait_ns as f64 >= CAUSE_SHARE * wakeup.latency_ns.max(1) as f64 => {
@@ -294,6 +296,27 @@ mod tests {
         assert_eq!(a.cause, "idle");
         assert!(
             a.explanation.ends_with("the CPU was idle, so the wait was spent waking it and handling interrupts"),
+            "{}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn a_blocker_in_a_page_fault_is_named_from_its_stack() {
+        let mut w = wakeup(800 * US);
+        w.prev_syscall = Some(None);
+        w.prev_stack = Stack {
+            frames: vec![
+                "__schedule+0x4f8".into(),
+                "exit_to_user_mode_prepare+0x17c".into(),
+                "asm_exc_page_fault+0x22".into(),
+            ],
+            error: None,
+        };
+        let a = attribute(&w, &names());
+        assert_eq!(a.cause, "page fault");
+        assert!(
+            a.explanation.contains("stress-ng-264 was in a page fault (outside the traced functions)"),
             "{}",
             a.explanation
         );

@@ -51,6 +51,69 @@ pub struct Stack {
     pub error: Option<String>,
 }
 
+/// How the task whose stack this is had entered the kernel, read from the outermost frame
+/// (x86-64 entry symbol names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelEntry {
+    Syscall,
+    PageFault,
+    /// Another exception (int3, general protection…).
+    Exception,
+    /// An interrupt taken while in user space.
+    Interrupt,
+    KernelThread,
+    Idle,
+}
+
+impl KernelEntry {
+    /// "in a page fault", as the explanation says it.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            KernelEntry::Syscall => "in a syscall",
+            KernelEntry::PageFault => "in a page fault",
+            KernelEntry::Exception => "in an exception handler",
+            KernelEntry::Interrupt => "interrupted in user space",
+            KernelEntry::KernelThread => "running in the kernel (a kernel thread)",
+            KernelEntry::Idle => "idle",
+        }
+    }
+
+    /// The cause category a spike gets when no traced function explains it.
+    pub fn cause(self) -> &'static str {
+        match self {
+            KernelEntry::Syscall => "syscall",
+            KernelEntry::PageFault => "page fault",
+            KernelEntry::Exception => "exception",
+            KernelEntry::Interrupt => "interrupt",
+            KernelEntry::KernelThread => "kernel thread",
+            KernelEntry::Idle => "idle",
+        }
+    }
+}
+
+impl Stack {
+    /// How the task had entered the kernel, when the outermost frame says so.
+    pub fn entry(&self) -> Option<KernelEntry> {
+        let outermost = self.frames.last()?;
+        let name = outermost.split('+').next().unwrap_or(outermost);
+        Some(match name {
+            n if n.starts_with("entry_SYSCALL") || n.starts_with("entry_INT80") => KernelEntry::Syscall,
+            "asm_exc_page_fault" => KernelEntry::PageFault,
+            n if n.starts_with("asm_exc_") => KernelEntry::Exception,
+            n if n.starts_with("asm_sysvec_") || n == "asm_common_interrupt" => KernelEntry::Interrupt,
+            n if n.starts_with("ret_from_fork") => KernelEntry::KernelThread,
+            n if n.starts_with("secondary_startup")
+                || n.starts_with("common_startup")
+                || n.contains("start_kernel") =>
+            {
+                KernelEntry::Idle
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// A wakeup that took longer than the threshold.
 #[derive(Clone, Debug)]
 pub struct Wakeup {
@@ -89,6 +152,8 @@ pub struct FunctionCall {
 pub struct Decoder<'a> {
     pub kallsyms: Option<&'a Kallsyms>,
     pub stacks: Option<StackTraceMap<MapData>>,
+    /// Stacks already read, by id.
+    pub symbolized: std::collections::HashMap<u32, Vec<String>>,
 }
 
 impl Decoder<'_> {
@@ -125,8 +190,8 @@ impl Decoder<'_> {
         }
     }
 
-    /// Reads, symbolizes and frees a stack (freeing keeps the small table from filling up;
-    /// a spike sharing the id that is decoded later reports the stack as gone).
+    /// Reads and symbolizes a stack, once per id: spikes with the same blocking path share an
+    /// id, so ids stay in the map (a full map or a hash collision shows as a stack error).
     fn stack(&mut self, id: i64) -> Stack {
         if id < 0 {
             let why = if id == -i64::from(libc::EEXIST) {
@@ -136,16 +201,19 @@ impl Decoder<'_> {
             };
             return Stack { frames: Vec::new(), error: Some(why) };
         }
-        let Some(map) = self.stacks.as_mut() else {
+        let id = id as u32;
+        if let Some(frames) = self.symbolized.get(&id) {
+            return Stack { frames: frames.clone(), error: None };
+        }
+        let Some(map) = self.stacks.as_ref() else {
             return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
         };
-        let id = id as u32;
         let trace = match map.get(&id, 0) {
             Ok(trace) => trace,
-            Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} no longer stored: {e}")) },
+            Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
         };
-        let _ = map.remove(&id);
-        let frames = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
+        let frames: Vec<String> = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
+        self.symbolized.insert(id, frames.clone());
         Stack { frames, error: None }
     }
 }
@@ -306,6 +374,37 @@ mod tests {
         assert_eq!(decode_syscall(&cold).unwrap().summary, "madvise(MADV_COLD, 4 KiB)");
         assert!(decode_syscall(&SyscallState { nr: -1, ..raw }).is_none(), "-1: back in user space");
         assert_eq!(decode_syscall(&SyscallState { nr: 99999, ..raw }).unwrap().summary, "syscall 99999()");
+    }
+
+    #[test]
+    fn the_outermost_frame_says_how_the_kernel_was_entered() {
+        let stack = |frames: &[&str]| Stack { frames: frames.iter().map(|f| f.to_string()).collect(), error: None };
+        let fault = stack(&[
+            "__schedule+0x50e",
+            "preempt_schedule_irq+0x3f",
+            "asm_sysvec_apic_timer_interrupt+0x16",
+            "clear_page_rep+0x7",
+            "do_user_addr_fault+0x191",
+            "exc_page_fault+0x73",
+            "asm_exc_page_fault+0x22",
+        ]);
+        assert_eq!(fault.entry(), Some(KernelEntry::PageFault));
+        let syscall = stack(&["__schedule+0x618", "do_syscall_64+0x71", "entry_SYSCALL_64_after_hwframe+0x76"]);
+        assert_eq!(syscall.entry(), Some(KernelEntry::Syscall));
+        let user = stack(&[
+            "__schedule+0x5bc",
+            "schedule+0x27",
+            "irqentry_exit_to_user_mode+0xfc",
+            "asm_sysvec_apic_timer_interrupt+0x1a",
+        ]);
+        assert_eq!(user.entry(), Some(KernelEntry::Interrupt));
+        let kthread = stack(&["__schedule+0x50e", "smpboot_thread_fn+0x1dc", "kthread+0x101", "ret_from_fork+0x1f"]);
+        assert_eq!(kthread.entry(), Some(KernelEntry::KernelThread));
+        let idle =
+            stack(&["__schedule+0x50e", "do_idle+0x17c", "start_kernel+0x700", "secondary_startup_64_no_verify+0xe5"]);
+        assert_eq!(idle.entry(), Some(KernelEntry::Idle));
+        assert_eq!(stack(&[]).entry(), None);
+        assert_eq!(stack(&["0xffffffffc0001234"]).entry(), None);
     }
 
     #[test]

@@ -288,7 +288,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
     let hists = HistReader::new(&mut ebpf)?;
     let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
-    let mut decoder = Decoder { kallsyms: kernel.kallsyms().ok(), stacks };
+    let mut decoder = Decoder { kallsyms: kernel.kallsyms().ok(), stacks, symbolized: Default::default() };
     let mut collected = Collected {
         wakeups: Worst::new(options.top),
         calls: Worst::new(options.top),

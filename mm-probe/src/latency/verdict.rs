@@ -99,6 +99,10 @@ fn describe_cause(cause: &str) -> String {
     match cause {
         "idle" => "the CPU was idle (wakeup from idle, interrupts)".into(),
         "unknown" => "the blocker was outside the traced functions and syscalls".into(),
+        "page fault" => "the blocker was in a page fault, outside the traced functions".into(),
+        "interrupt" => "the blocker was interrupted in user space".into(),
+        "kernel thread" => "a kernel thread held the CPU, outside the traced functions".into(),
+        "exception" => "the blocker was in an exception handler".into(),
         syscall if syscall.starts_with("syscall ") => {
             format!("the blocker was in {}, outside the traced functions", &syscall[8..])
         }

@@ -7,11 +7,18 @@
 //! walk still isolates every page and hands the list to reclaim, which is the work that holds
 //! the CPU.
 //!
+//! Every region is faulted in before the storm starts (first touches are page faults, which in
+//! an emulated guest would otherwise fill the whole run). With --go-on-stdin it then prints
+//! `ready pid=<pid>` and waits for a line on stdin, so a test can start tracing in between.
+//!
 //! Usage: pageout_storm [--bytes N(M|G)] [--threads N] [--duration-ms N] [--advice pageout|cold]
-//!                      [--cpu N (the storm threads)] [--pressure-bytes N(M|G)]
-//! Prints one JSON line: calls, bytes per call, total and worst madvise time.
+//!                      [--cpu N (the storm threads)] [--pressure-bytes N(M|G)] [--go-on-stdin]
+//! Prints one JSON line: calls, bytes per call, total and worst madvise time, the page faults
+//! taken during the storm, and the swap the kernel had (without swap, MADV_PAGEOUT cannot free
+//! anonymous pages: the walk isolates them and reclaim puts them back).
 
 use std::{
+    io::Write as _,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -28,6 +35,7 @@ struct Args {
     advice: libc::c_int,
     cpu: Option<usize>,
     pressure_bytes: usize,
+    go_on_stdin: bool,
 }
 
 const PAGE: usize = 4096;
@@ -50,6 +58,7 @@ fn parse() -> Result<Args> {
         advice: libc::MADV_PAGEOUT,
         cpu: None,
         pressure_bytes: 0,
+        go_on_stdin: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +76,7 @@ fn parse() -> Result<Args> {
             }
             "--cpu" => args.cpu = Some(value()?.parse()?),
             "--pressure-bytes" => args.pressure_bytes = size(&value()?)?,
+            "--go-on-stdin" => args.go_on_stdin = true,
             other => bail!("unknown argument {other}"),
         }
     }
@@ -108,8 +118,8 @@ struct Tally {
     worst: Duration,
 }
 
-fn storm(args: &Args, stop: &AtomicBool) -> Result<Tally> {
-    let base = map(args.bytes)?;
+fn storm(args: &Args, base: usize, stop: &AtomicBool) -> Result<Tally> {
+    let base = base as *mut u8;
     let mut tally = Tally::default();
     let mut round = 0u8;
     while !stop.load(Ordering::Relaxed) {
@@ -129,30 +139,61 @@ fn storm(args: &Args, stop: &AtomicBool) -> Result<Tally> {
     Ok(tally)
 }
 
+/// An address that can cross to a thread (the mapping outlives every thread using it).
+fn prepared(bytes: usize) -> Result<usize> {
+    let base = map(bytes)?;
+    touch(base, bytes, 0xff);
+    Ok(base as usize)
+}
+
+fn swap_total_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("SwapTotal:")?.split_whitespace().next()?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Minor and major page faults of this process so far.
+fn faults() -> (i64, i64) {
+    // SAFETY: getrusage fills the zeroed struct.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        (usage.ru_minflt, usage.ru_majflt)
+    }
+}
+
 fn main() -> Result<()> {
     let args = Arc::new(parse()?);
+    let regions: Vec<usize> = (0..args.threads).map(|_| prepared(args.bytes)).collect::<Result<_>>()?;
+    let pressure_region = (args.pressure_bytes > 0).then(|| prepared(args.pressure_bytes)).transpose()?;
+    if args.go_on_stdin {
+        println!("ready pid={}", std::process::id());
+        std::io::stdout().flush()?;
+        std::io::stdin().read_line(&mut String::new())?;
+    }
+    let faults_before = faults();
     let stop = Arc::new(AtomicBool::new(false));
-    let pressure = (args.pressure_bytes > 0).then(|| {
+    let pressure = pressure_region.map(|base| {
         let (bytes, stop) = (args.pressure_bytes, stop.clone());
-        std::thread::spawn(move || -> Result<()> {
-            let base = map(bytes)?;
+        std::thread::spawn(move || {
             let mut round = 0u8;
             while !stop.load(Ordering::Relaxed) {
                 round = round.wrapping_add(1);
-                touch(base, bytes, round);
+                touch(base as *mut u8, bytes, round);
             }
-            Ok(())
         })
     });
-    let storms: Vec<_> = (0..args.threads)
-        .map(|_| {
+    let storms: Vec<_> = regions
+        .into_iter()
+        .map(|base| {
             let (args, stop) = (args.clone(), stop.clone());
             std::thread::spawn(move || {
                 // Only the storm threads are pinned; the pressure thread runs where it can.
                 if let Some(cpu) = args.cpu {
                     mm_probe_workloads::pin_to_cpu(cpu)?;
                 }
-                storm(&args, &stop)
+                storm(&args, base, &stop)
             })
         })
         .collect();
@@ -166,16 +207,21 @@ fn main() -> Result<()> {
         tally.worst = tally.worst.max(t.worst);
     }
     if let Some(handle) = pressure {
-        handle.join().map_err(|_| anyhow::anyhow!("pressure thread panicked"))??;
+        handle.join().map_err(|_| anyhow::anyhow!("pressure thread panicked"))?;
     }
+    let faults_after = faults();
     println!(
-        "{{\"pid\":{},\"advice\":{},\"bytes_per_call\":{},\"calls\":{},\"total_madvise_us\":{},\"worst_madvise_us\":{}}}",
+        "{{\"pid\":{},\"advice\":{},\"bytes_per_call\":{},\"calls\":{},\"total_madvise_us\":{},\"worst_madvise_us\":{},\
+         \"minor_faults\":{},\"major_faults\":{},\"swap_total_kib\":{}}}",
         std::process::id(),
         args.advice,
         args.bytes,
         tally.calls,
         tally.total.as_micros(),
-        tally.worst.as_micros()
+        tally.worst.as_micros(),
+        faults_after.0 - faults_before.0,
+        faults_after.1 - faults_before.1,
+        swap_total_kib()
     );
     Ok(())
 }

@@ -23,8 +23,14 @@ struct Args {
 }
 
 fn parse() -> Result<Args> {
-    let mut args =
-        Args { prio: 80, period: Duration::from_millis(1), loops: 1000, cpu: None, start_after: Duration::ZERO, go_on_stdin: false };
+    let mut args = Args {
+        prio: 80,
+        period: Duration::from_millis(1),
+        loops: 1000,
+        cpu: None,
+        start_after: Duration::ZERO,
+        go_on_stdin: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));

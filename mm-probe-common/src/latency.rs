@@ -137,6 +137,10 @@ pub struct WakeupStart {
     pub wakeup_ns: u64,
     pub target_cpu: u32,
     pub prio: i32,
+    /// The CPU sched_wakeup fired on: another CPU than `target_cpu` means the woken task
+    /// could only run once that CPU took a reschedule IPI (or a TTWU_QUEUE'd wakeup).
+    pub waker_cpu: u32,
+    pub _pad: u32,
     /// The task running on `target_cpu` when the wakeup happened.
     pub blocker: CpuCurrent,
     /// The blocker's function state at the wakeup.
@@ -168,6 +172,9 @@ pub struct WakeupSpike {
     pub target_cpu: u32,
     /// The CPU it finally ran on.
     pub run_cpu: u32,
+    /// The CPU the wakeup happened on.
+    pub waker_cpu: u32,
+    pub _pad: u32,
     /// Who ran on `target_cpu` at the wakeup.
     pub blocker: CpuCurrent,
     pub blocker_funcs: FuncState,

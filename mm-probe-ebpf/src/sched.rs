@@ -171,6 +171,7 @@ fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
     let start = unsafe { &mut *LAT_SCRATCH.get_ptr_mut(0)? };
     start.wakeup_ns = unsafe { bpf_ktime_get_ns() };
     start.target_cpu = target_cpu;
+    start.waker_cpu = unsafe { bpf_get_smp_processor_id() };
     start.prio = prio;
     match LAT_CPU_CURRENT.get(target_cpu) {
         Some(current) => start.blocker = *current,
@@ -278,6 +279,7 @@ fn emit_spike(
     spike.run_ns = now;
     spike.target_cpu = start.target_cpu;
     spike.run_cpu = cpu;
+    spike.waker_cpu = start.waker_cpu;
     spike.blocker = start.blocker;
     spike.blocker_funcs = start.blocker_funcs;
     spike.prev = CpuCurrent {

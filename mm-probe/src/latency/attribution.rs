@@ -135,6 +135,9 @@ fn explain(
     let mut text = format!("{} waited {} on CPU {}", wakeup.task, format_nanos(wakeup.latency_ns), wakeup.run_cpu);
     if wakeup.target_cpu != wakeup.run_cpu {
         text += &format!(" (woken for CPU {})", wakeup.target_cpu);
+    } else if wakeup.waker_cpu != wakeup.run_cpu {
+        // The woken task could only preempt once CPU `run_cpu` took the reschedule IPI.
+        text += &format!(" (woken from CPU {})", wakeup.waker_cpu);
     }
     text += ": ";
     if wakeup.blocker.since_ns.is_none() && wakeup.target_cpu == wakeup.run_cpu {
@@ -194,6 +197,7 @@ mod tests {
             run_ns: 10 * MS + latency_ns,
             target_cpu: 1,
             run_cpu: 1,
+            waker_cpu: 1,
             blocker: stress.clone(),
             blocker_funcs: FuncState::default(),
             prev: stress,
@@ -283,6 +287,18 @@ mod tests {
             a.explanation
         );
         assert!(a.explanation.contains("kswapd0-300 was running → madvise"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_wakeup_from_another_cpu_says_so() {
+        let mut w = wakeup(2 * MS);
+        w.waker_cpu = 0;
+        let a = attribute(&w, &names());
+        assert!(
+            a.explanation.starts_with("cyclictest-250 waited 2ms on CPU 1 (woken from CPU 0): "),
+            "{}",
+            a.explanation
+        );
     }
 
     #[test]

@@ -124,6 +124,7 @@ pub struct Wakeup {
     pub run_ns: u64,
     pub target_cpu: u32,
     pub run_cpu: u32,
+    pub waker_cpu: u32,
     pub blocker: OnCpu,
     pub blocker_funcs: FuncState,
     pub prev: OnCpu,
@@ -167,6 +168,7 @@ impl Decoder<'_> {
             run_ns: raw.run_ns,
             target_cpu: raw.target_cpu,
             run_cpu: raw.run_cpu,
+            waker_cpu: raw.waker_cpu,
             blocker: on_cpu(&raw.blocker),
             blocker_funcs: raw.blocker_funcs,
             prev: on_cpu(&raw.prev),
@@ -218,10 +220,14 @@ impl Decoder<'_> {
     }
 }
 
+/// No kernel function is this large: a bigger offset means the address lies past the last
+/// symbol of a region (BPF images, module gaps) and the name would be a lie.
+const MAX_FUNCTION_OFFSET: u64 = 1 << 20;
+
 fn symbolize(kallsyms: Option<&Kallsyms>, address: u64) -> String {
     match kallsyms.and_then(|k| k.symbolize(address)) {
-        Some(resolved) => resolved.to_string(),
-        None => format!("{address:#x}"),
+        Some(resolved) if resolved.offset < MAX_FUNCTION_OFFSET => resolved.to_string(),
+        _ => format!("{address:#x}"),
     }
 }
 

@@ -34,7 +34,7 @@ use crate::{
     cli::LatencyArgs,
     collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
     error::UserError,
-    kernel::{Kernel, privileges, tracefs},
+    kernel::{Kallsyms, Kernel, privileges, tracefs},
     probes::{GlobalValue, Plan, Planner, load_object},
     report::json,
     user_bail,
@@ -288,7 +288,10 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
     let hists = HistReader::new(&mut ebpf)?;
     let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
-    let mut decoder = Decoder { kallsyms: kernel.kallsyms().ok(), stacks, symbolized: Default::default() };
+    // Read the symbols again now that the programs are attached: stacks through fentry pass
+    // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on.
+    let symbols = Kallsyms::read().ok();
+    let mut decoder = Decoder { kallsyms: symbols.as_ref(), stacks, symbolized: Default::default() };
     let mut collected = Collected {
         wakeups: Worst::new(options.top),
         calls: Worst::new(options.top),

@@ -170,6 +170,7 @@ pub struct WakeupSpikeJson<'a> {
     pub woken_at_ns: u64,
     pub target_cpu: u32,
     pub run_cpu: u32,
+    pub waker_cpu: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocker: Option<&'a TaskRef>,
     pub prev: &'a TaskRef,
@@ -194,6 +195,7 @@ impl<'a> WakeupSpikeJson<'a> {
             woken_at_ns: w.wakeup_ns.saturating_sub(start_ns),
             target_cpu: w.target_cpu,
             run_cpu: w.run_cpu,
+            waker_cpu: w.waker_cpu,
             blocker: w.blocker.since_ns.map(|_| &w.blocker.task),
             prev: &w.prev.task,
             prev_state: prev_state_name(w.prev_state),
@@ -395,10 +397,11 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
     let _ = writeln!(out, "{rank:>3}. {}", a.explanation);
     let _ = write!(
         out,
-        "      {} {}, woken at +{:.3}s; {} switched away {}",
+        "      {} {}, woken at +{:.3}s from CPU {}; {} switched away {}",
         w.task,
         priority(w.prio),
         w.wakeup_ns.saturating_sub(start_ns) as f64 / 1e9,
+        w.waker_cpu,
         w.prev.task,
         prev_state_name(w.prev_state)
     );

@@ -99,6 +99,22 @@ fn run_waker(args: &[&str]) -> WakerRun {
     WakerRun { pid: field("pid") as u32, loops: field("loops"), slept: field("slept") }
 }
 
+/// The waker's wakeups as the tool counted them, against what the waker did. A loop whose
+/// deadline was still ahead sleeps and is woken once; one whose deadline had passed may still
+/// sleep (the expired timer is programmed and fires a moment later) or return at once, so
+/// `slept` is a lower bound and `loops` the expected upper one. The upper bound allows 2 %
+/// more: a sleeper can be woken without its timer expiring (do_nanosleep then sleeps again),
+/// and a held waker is woken once more by the line that releases it.
+fn assert_plausible_wakeups(measured: u64, waker: &WakerRun, context: &Value) {
+    let slack = 2 + waker.slept / 100;
+    assert!(
+        measured + slack >= waker.slept && measured <= waker.loops + 3 + waker.loops / 50,
+        "rt_waker slept at least {} of {} loops, the tool measured {measured} wakeups: {context}",
+        waker.slept,
+        waker.loops
+    );
+}
+
 /// Sanity of one quantity's summary: percentiles in order, histogram rows summing to the count,
 /// the threshold row named.
 fn check_quantity(q: &Value, threshold_ns: u64) {
@@ -156,16 +172,7 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
         .find(|t| t["pid"] == waker.pid)
         .unwrap_or_else(|| panic!("rt_waker {} missing from the tasks: {summary}", waker.pid));
     let measured = task["wakeups"].as_u64().unwrap();
-    // At most one wakeup per loop. A loop whose deadline was still ahead sleeps and is woken
-    // once; one whose deadline had passed may still sleep (the expired timer is programmed
-    // and fires a moment later) or return at once, so `slept` is a lower bound.
-    let slack = 2 + waker.slept / 100;
-    assert!(
-        measured + slack >= waker.slept && measured <= waker.loops + slack,
-        "rt_waker slept at least {} of {} loops, the tool measured {measured} wakeups: {task}",
-        waker.slept,
-        waker.loops
-    );
+    assert_plausible_wakeups(measured, &waker, task);
     assert_eq!(task["prio"], 99 - 80, "kernel priority of SCHED_FIFO 80");
     assert_eq!(task["comm"], "rt_waker");
     assert!(task["max_ns"].as_u64().unwrap() >= task["mean_ns"].as_u64().unwrap());
@@ -337,7 +344,10 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     eprintln!("/proc/cpu_hog: {module_counters}");
     let held_ns: u64 = module_counters.split_whitespace().nth(3).unwrap().parse().unwrap();
 
-    // The histogram: exactly the holds, all in the row of 20 ms ([16384, 32767] µs).
+    // The histogram: exactly the holds, none below the row of 20 ms ([16384, 32767] µs). A hold's
+    // entry-to-return time is its spin plus what ran on CPU 0 between the spin and the return:
+    // the writer lets the waker in from inside cpu_hog_hold, and the waker then runs the
+    // periods it missed back to back (and an emulated vCPU can stall), so rows above it count.
     let summary = only(&lines, "summary");
     let hog = summary["functions"]
         .as_array()
@@ -348,8 +358,10 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     check_quantity(hog, 10_000_000);
     assert_eq!(hog["count"], HOLDS as u64, "{hog}");
     assert_eq!(hog["over_threshold"], HOLDS as u64, "{hog}");
-    let row = hog["histogram"]["buckets"].as_array().unwrap().iter().find(|b| b["low"] == 16384).unwrap();
-    assert_eq!(row["count"], HOLDS as u64, "every hold is in [16384, 32767] µs: {hog}");
+    let rows = hog["histogram"]["buckets"].as_array().unwrap();
+    let at_or_above: u64 =
+        rows.iter().filter(|b| b["low"].as_u64().unwrap() >= 16384).map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(at_or_above, HOLDS as u64, "every hold is at or above the [16384, 32767] µs row: {hog}");
     assert!(hog["p50_ns"].as_u64().unwrap() >= HOLD_US * 1000 * 9 / 10, "{hog}");
 
     // The function spikes: one per hold, at least as long as the module says it spun, with the
@@ -542,7 +554,7 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
         us(&wakeup["max_ns"]),
         wakeup["over_threshold"],
     );
-    assert!(wakeup["count"].as_u64().unwrap() + 2 + alone.slept / 100 >= alone.slept, "{wakeup}");
+    assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &alone, wakeup);
 
     let storm_args: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1"];
     let pressure_args: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
@@ -580,8 +592,7 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
     }
     eprintln!("VERDICT {}: {}", summary["verdict"]["level"], summary["verdict"]["text"]);
 
-    let measured = wakeup["count"].as_u64().unwrap();
-    assert!(measured + 2 + waker.slept / 100 >= waker.slept && measured <= waker.loops + 2, "{wakeup}");
+    assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &waker, wakeup);
     if traced {
         assert!(walk["count"].as_u64().unwrap_or(0) >= storm["calls"].as_u64().unwrap() * 32, "{walk} {storm}");
     }

@@ -130,6 +130,9 @@ pub fn run(args: &LatencyArgs) -> Result<()> {
 
 /// A mistyped `--func` is a usage error, not a silently empty histogram.
 fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
+    if options.functions.len() < 2 {
+        return Ok(());
+    }
     let Ok(kallsyms) = kernel.kallsyms() else { return Ok(()) };
     for f in options.functions.iter().skip(1) {
         if kallsyms.resolve(f).is_none() {
@@ -253,6 +256,10 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         }
     }
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
+    // Read the symbols again now that the programs are attached (stacks through fentry pass
+    // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on), and
+    // before the plan is out, so that the reading does not compete with what is measured.
+    let symbols = Kallsyms::read().ok();
     let start_ns = monotonic_ns();
     let header = Header {
         kernel: kernel.release.to_string(),
@@ -288,9 +295,6 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
     let hists = HistReader::new(&mut ebpf)?;
     let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
-    // Read the symbols again now that the programs are attached: stacks through fentry pass
-    // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on.
-    let symbols = Kallsyms::read().ok();
     let mut decoder = Decoder { kallsyms: symbols.as_ref(), stacks, symbolized: Default::default() };
     let mut collected = Collected {
         wakeups: Worst::new(options.top),

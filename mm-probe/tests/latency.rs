@@ -102,13 +102,16 @@ fn run_waker(args: &[&str]) -> WakerRun {
 /// The waker's wakeups as the tool counted them, against what the waker did. A loop whose
 /// deadline was still ahead sleeps and is woken once; one whose deadline had passed may still
 /// sleep (the expired timer is programmed and fires a moment later) or return at once, so
-/// `slept` is a lower bound and `loops` the expected upper one. The upper bound allows 2 %
-/// more: a sleeper can be woken without its timer expiring (do_nanosleep then sleeps again),
-/// and a held waker is woken once more by the line that releases it.
+/// `slept` is a lower bound and `loops` the expected upper one. Above it: a held waker is
+/// woken once more by the line that releases it, a sleeper can be woken without its timer
+/// expiring (do_nanosleep then sleeps again), and on PREEMPT_RT every contended spinlock_t is
+/// a sleeping lock whose release wakes the waiter (4 % extra seen on 6.12-rt): 2 % allowed,
+/// 10 % on real-time kernels.
 fn assert_plausible_wakeups(measured: u64, waker: &WakerRun, context: &Value) {
     let slack = 2 + waker.slept / 100;
+    let extra = if vm_kernel().is_some_and(|k| k.ends_with("-rt")) { waker.loops / 10 } else { waker.loops / 50 };
     assert!(
-        measured + slack >= waker.slept && measured <= waker.loops + 3 + waker.loops / 50,
+        measured + slack >= waker.slept && measured <= waker.loops + 3 + extra,
         "rt_waker slept at least {} of {} loops, the tool measured {measured} wakeups: {context}",
         waker.slept,
         waker.loops
@@ -204,22 +207,30 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
 #[test]
 fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable() {
     require_root();
+    let waker = HeldWaker::spawn(&["--prio", "70", "--period-us", "5000", "--loops", "200"]);
     let mut tool = Command::new(mm_probe())
-        .args(["latency", "--threshold", "500us", "--duration", "3s", "-p"])
-        .arg(std::process::id().to_string())
+        .args(["latency", "--threshold", "500us", "--duration", "3s", "--interval", "500ms", "-p"])
+        .arg(waker.pid.to_string())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = {
-        let mut text = String::new();
-        tool.stdout.take().unwrap().read_to_string(&mut text).unwrap();
-        assert_eq!(tool.wait().unwrap().code(), Some(0));
-        text
-    };
+    let mut stdout = BufReader::new(tool.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let waker = waker.run();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    assert_eq!(tool.wait().unwrap().code(), Some(0));
+    let out = first + &rest;
     eprintln!("{out}");
     assert!(out.contains("threshold 500µs"), "{out}");
-    assert!(out.contains(&format!("tasks [{}]", std::process::id())), "{out}");
+    assert!(out.contains(&format!("tasks [{}]", waker.pid)), "{out}");
+    let intervals = out.lines().filter(|l| l.contains("s  wakeups ")).count();
+    assert!(intervals >= 3, "--interval 500ms over 3s prints a line per interval: {out}");
     assert!(out.contains("=== ") && out.contains("(duration) ==="), "{out}");
+    assert!(out.contains("wakeup latency: ") && out.contains("  P50 ") && out.contains("P99.9 "), "{out}");
+    assert!(out.contains("usecs : count     distribution"), "{out}");
+    assert!(out.contains("rt_waker"), "the task table names the waker: {out}");
     assert!(out.contains("lost events:"), "{out}");
     assert!(out.contains("verdict: "), "{out}");
     if vm_kernel().is_none() && !Path::new("/sys/bus/event_source/devices/kprobe/type").exists() {

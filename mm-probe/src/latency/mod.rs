@@ -18,6 +18,7 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, StackTraceMap},
+    programs::Program,
 };
 use mm_probe_common::latency::{
     self as names, COUNTERS_MAP, Counter, FILTER_ALL, FILTER_PIDS, FILTER_RT, FuncSpike, MAX_FUNCS, QUANTITY_WAKEUP,
@@ -328,6 +329,9 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         }
         absorb(&mut decoder, &mut collected, &header, options, start_ns, wakeup_batch, call_batch);
     };
+    // Detach before the final reads, so that the histograms, the per-task table, the counters
+    // and the rings all describe the same events.
+    detach_all(&mut ebpf);
     let mut wakeup_batch = Vec::new();
     let mut call_batch = Vec::new();
     wakeup_ring.drain_now(|r| wakeup_batch.push(r));
@@ -348,6 +352,19 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     let duration_ns = monotonic_ns() - start_ns;
     report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns);
     Ok(())
+}
+
+/// Unloads every program (detaching it); the maps stay readable.
+fn detach_all(ebpf: &mut Ebpf) {
+    for (_, program) in ebpf.programs_mut() {
+        let _ = match program {
+            Program::TracePoint(p) => p.unload(),
+            Program::KProbe(p) => p.unload(),
+            Program::FEntry(p) => p.unload(),
+            Program::FExit(p) => p.unload(),
+            _ => Ok(()),
+        };
+    }
 }
 
 fn counter(counters: &[u64], which: Counter) -> u64 {

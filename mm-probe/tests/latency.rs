@@ -521,7 +521,7 @@ fn trace_waker(loops: &str, threshold: &str, storms: &[&[&str]]) -> (Vec<Value>,
     let mut storms: Vec<HeldStorm> = storms.iter().map(|args| HeldStorm::spawn(args)).collect();
     let waker = HeldWaker::spawn(&["--prio", "99", "--period-us", "5000", "--loops", loops, "--cpu", "1"]);
     let pid = waker.pid.to_string();
-    let tracing = Tracing::start(&["-p", &pid, "--threshold", threshold, "--top", "5"]);
+    let tracing = Tracing::start(&["-p", &pid, "--threshold", threshold, "--top", "100"]);
     let traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
     for storm in &mut storms {
         storm.release();
@@ -541,75 +541,72 @@ fn walk_summary(summary: &Value) -> Value {
         .unwrap_or_default()
 }
 
-/// The field case: a periodic SCHED_FIFO 99 waker shares CPU 1 with an madvise(MADV_PAGEOUT)
-/// storm while another process keeps 256 MiB hot (like `stress-ng --vm`; a separate process, so
-/// the storm's TLB flushes stay local), measured after a baseline run of the waker alone (the
-/// emulated guest's own noise). Prints `MEASURED` lines for the README's table and the worst
-/// spikes as the tool explains them.
+/// The field case: a periodic SCHED_FIFO 99 waker shares CPU 1 with an madvise storm while
+/// another process keeps 256 MiB hot (like `stress-ng --vm`; a separate process, so the storm's
+/// TLB flushes stay local). Three phases, each traced with a 1 ms threshold: the waker alone
+/// (the emulated guest's own noise), beside MADV_PAGEOUT (the field case: each pmd_entry call
+/// walks 512 PTEs, then reclaims the isolated pages, which reschedules per page), and beside
+/// MADV_COLD (the PTE walk alone, the part upstream b2f557a21bc8 breaks up with cond_resched).
+/// Prints a `MEASURED` line per phase for the README's table, and the worst spikes as the tool
+/// explains them.
 #[test]
 fn a_fifo_waker_beside_an_madvise_pageout_storm() {
     require_root();
-    let threshold_ns: u64 = 5_000_000;
+    let threshold_ns: u64 = 1_000_000;
     let kernel = vm_kernel().unwrap_or_else(|| "host".into());
     let us = |v: &Value| v.as_u64().map_or("-".to_string(), |n| format!("{}", n / 1000));
+    let pressure: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
+    let pageout: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "pageout"];
+    let cold: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "cold"];
+    let phases: [(&str, &str, &[&[&str]]); 3] =
+        [("alone", "300", &[]), ("pageout", "500", &[pageout, pressure]), ("cold", "500", &[cold, pressure])];
+    for (phase, loops, storms) in phases {
+        let (lines, waker, storms, traced) = trace_waker(loops, "1ms", storms);
+        let summary = only(&lines, "summary");
+        let wakeup = &summary["wakeup"];
+        let walk = walk_summary(summary);
+        let waits = spikes(&lines, "wakeup");
+        let blamed: Vec<&&Value> = waits.iter().filter(|s| s["cause"] == "madvise_cold_or_pageout_pte_range").collect();
+        let worst_blamed = blamed.iter().filter_map(|s| s["latency_ns"].as_u64()).max();
+        let storm = storms.first().cloned().unwrap_or_default();
+        eprintln!(
+            "MEASURED kernel={kernel} phase={phase} wakeups={} p50_us={} p99_us={} p999_us={} max_us={} over_1ms={} \
+             blamed_on_walk={} worst_blamed_us={} madvise_calls={} walk_calls={} walk_p50_us={} walk_p99_us={} \
+             walk_max_us={} faults={} swap_kib={} causes={}",
+            wakeup["count"],
+            us(&wakeup["p50_ns"]),
+            us(&wakeup["p99_ns"]),
+            us(&wakeup["p999_ns"]),
+            us(&wakeup["max_ns"]),
+            wakeup["over_threshold"],
+            blamed.len(),
+            worst_blamed.map_or("-".into(), |n| (n / 1000).to_string()),
+            storm["calls"],
+            walk["count"],
+            us(&walk["p50_ns"]),
+            us(&walk["p99_ns"]),
+            us(&walk["max_ns"]),
+            storm["minor_faults"],
+            storm["swap_total_kib"],
+            summary["verdict"]["causes"],
+        );
+        for spike in waits.iter().take(3) {
+            eprintln!("SPIKE {}\n  stack: {:?}", spike["explanation"], frames(&spike["stack"]));
+        }
 
-    let (baseline, alone, _, _) = trace_waker("300", "5ms", &[]);
-    let summary = only(&baseline, "summary");
-    let wakeup = &summary["wakeup"];
-    eprintln!(
-        "MEASURED kernel={kernel} phase=alone wakeups={} p50_us={} p99_us={} p999_us={} max_us={} over_5ms={}",
-        wakeup["count"],
-        us(&wakeup["p50_ns"]),
-        us(&wakeup["p99_ns"]),
-        us(&wakeup["p999_ns"]),
-        us(&wakeup["max_ns"]),
-        wakeup["over_threshold"],
-    );
-    assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &alone, wakeup);
-
-    let storm_args: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1"];
-    let pressure_args: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
-    let (lines, waker, storms, traced) = trace_waker("500", "5ms", &[storm_args, pressure_args]);
-    let storm = &storms[0];
-    let summary = only(&lines, "summary");
-    let wakeup = &summary["wakeup"];
-    let walk = walk_summary(summary);
-    let causes = &summary["verdict"]["causes"];
-    let cause_count =
-        |name: &str| causes.as_array().unwrap().iter().find(|c| c[0] == name).map_or(0, |c| c[1].as_u64().unwrap());
-    eprintln!(
-        "MEASURED kernel={kernel} phase=storm wakeups={} p50_us={} p99_us={} p999_us={} max_us={} over_5ms={} \
-         blamed_on_walk={} storm_madvise_calls={} storm_faults={} swap_kib={} walk_calls={} walk_p50_us={} walk_p99_us={} \
-         walk_max_us={} walk_over_5ms={} causes={causes}",
-        wakeup["count"],
-        us(&wakeup["p50_ns"]),
-        us(&wakeup["p99_ns"]),
-        us(&wakeup["p999_ns"]),
-        us(&wakeup["max_ns"]),
-        wakeup["over_threshold"],
-        cause_count("madvise_cold_or_pageout_pte_range"),
-        storm["calls"],
-        storm["minor_faults"],
-        storm["swap_total_kib"],
-        walk["count"],
-        us(&walk["p50_ns"]),
-        us(&walk["p99_ns"]),
-        us(&walk["max_ns"]),
-        walk["over_threshold"],
-    );
-    let waits = spikes(&lines, "wakeup");
-    for spike in &waits {
-        eprintln!("SPIKE {}\n  stack: {:?} {}", spike["explanation"], frames(&spike["stack"]), spike["stack"]["error"]);
-    }
-    eprintln!("VERDICT {}: {}", summary["verdict"]["level"], summary["verdict"]["text"]);
-
-    assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &waker, wakeup);
-    if traced {
-        assert!(walk["count"].as_u64().unwrap_or(0) >= storm["calls"].as_u64().unwrap() * 32, "{walk} {storm}");
-    }
-    for spike in &waits {
-        assert_eq!(spike["pid"], waker.pid, "only the waker is traced: {spike}");
-        assert!(spike["latency_ns"].as_u64().unwrap() > threshold_ns);
-        assert!(!spike["explanation"].as_str().unwrap().is_empty());
+        assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &waker, wakeup);
+        if traced && !storms.is_empty() {
+            assert!(walk["count"].as_u64().unwrap_or(0) >= storm["calls"].as_u64().unwrap() * 32, "{walk} {storm}");
+        }
+        assert_eq!(
+            summary["wakeup_spikes"].as_u64().unwrap() + only(&lines, "lost_events")["wakeup_spikes"].as_u64().unwrap(),
+            wakeup["over_threshold"].as_u64().unwrap(),
+            "every spike is listed or counted lost"
+        );
+        for spike in &waits {
+            assert_eq!(spike["pid"], waker.pid, "only the waker is traced: {spike}");
+            assert!(spike["latency_ns"].as_u64().unwrap() > threshold_ns);
+            assert!(!spike["explanation"].as_str().unwrap().is_empty());
+        }
     }
 }

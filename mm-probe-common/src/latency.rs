@@ -1,1 +1,218 @@
-//! Records shared by the latency programs and user space (filled in by that capability).
+//! Records shared by the latency programs (`sched.rs`, `func_latency.rs`) and `mm-probe latency`.
+//!
+//! Two quantities are measured in the kernel: the wakeup latency of a task (sched_wakeup to the
+//! sched_switch that runs it) and the duration of traced kernel functions (entry to return).
+//! Both go into log-linear histograms kept per CPU; only events over the threshold are sent to
+//! user space, together with the facts needed to explain them (the blocker, its stack, whether
+//! it was inside a traced function, its syscall).
+
+/// Function slots: slot 0 is madvise_cold_or_pageout_pte_range by default, `--func` fills the
+/// rest. The object carries one entry/exit program pair per slot because a loaded fentry program
+/// is bound to one function (its BTF id is fixed at load time).
+pub const MAX_FUNCS: usize = 8;
+
+/// Histogram index of the wakeup latency; function slot `i` has index `1 + i`.
+pub const QUANTITY_WAKEUP: u32 = 0;
+pub const QUANTITIES: u32 = 1 + MAX_FUNCS as u32;
+
+/// Each power of two is split into this many linear sub-buckets (log2 of it below), so that
+/// percentiles computed from the histogram are within 1/8 of a power of two (about 6 %).
+pub const SUB_BUCKET_BITS: u32 = 3;
+pub const SUB_BUCKETS: usize = 1 << SUB_BUCKET_BITS;
+pub const LOG2_BUCKETS: usize = 64;
+pub const HIST_SLOTS: usize = LOG2_BUCKETS * SUB_BUCKETS;
+
+/// Entries of the per-CPU "who runs here" array; CPUs beyond it are not attributed.
+pub const MAX_CPUS: u32 = 1024;
+
+/// Globals user space sets before load.
+pub const THRESHOLD_NS: &str = "LAT_THRESHOLD_NS";
+/// Which wakeups to measure, one of the `FILTER_*` values.
+pub const FILTER_MODE: &str = "LAT_FILTER_MODE";
+/// Real-time and deadline tasks: kernel priority below 100 (RT prio 99 - rt_priority, DL -1).
+pub const FILTER_RT: u32 = 0;
+/// The pids in [`PIDS_MAP`].
+pub const FILTER_PIDS: u32 = 1;
+/// Every task.
+pub const FILTER_ALL: u32 = 2;
+
+/// Tracepoint field offsets, read from tracefs `format` files by user space (real-time kernel
+/// builds have carried extra common fields, so nothing after the common header is assumed).
+pub const TP_WAKEUP_COMM: &str = "LAT_TP_WAKEUP_COMM";
+pub const TP_WAKEUP_PID: &str = "LAT_TP_WAKEUP_PID";
+pub const TP_WAKEUP_PRIO: &str = "LAT_TP_WAKEUP_PRIO";
+pub const TP_WAKEUP_TARGET_CPU: &str = "LAT_TP_WAKEUP_TARGET_CPU";
+pub const TP_SWITCH_PREV_COMM: &str = "LAT_TP_SWITCH_PREV_COMM";
+pub const TP_SWITCH_PREV_PID: &str = "LAT_TP_SWITCH_PREV_PID";
+pub const TP_SWITCH_PREV_PRIO: &str = "LAT_TP_SWITCH_PREV_PRIO";
+pub const TP_SWITCH_PREV_STATE: &str = "LAT_TP_SWITCH_PREV_STATE";
+pub const TP_SWITCH_NEXT_COMM: &str = "LAT_TP_SWITCH_NEXT_COMM";
+pub const TP_SWITCH_NEXT_PID: &str = "LAT_TP_SWITCH_NEXT_PID";
+pub const TP_SWITCH_NEXT_PRIO: &str = "LAT_TP_SWITCH_NEXT_PRIO";
+pub const TP_SYS_ENTER_ID: &str = "LAT_TP_SYS_ENTER_ID";
+pub const TP_SYS_ENTER_ARGS: &str = "LAT_TP_SYS_ENTER_ARGS";
+
+/// Maps.
+pub const HIST_MAP: &str = "LAT_HIST";
+pub const TASKS_MAP: &str = "LAT_TASKS";
+pub const PIDS_MAP: &str = "LAT_PIDS";
+pub const STACKS_MAP: &str = "LAT_STACKS";
+pub const WAKEUP_SPIKES_RING: &str = "LAT_WAKEUP_SPIKES";
+pub const FUNC_SPIKES_RING: &str = "LAT_FUNC_SPIKES";
+pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
+
+/// Slots of the per-CPU counter array [`COUNTERS_MAP`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// A wakeup spike could not be reserved in its ring buffer.
+    LostWakeupSpikes = 0,
+    /// A function spike could not be reserved in its ring buffer.
+    LostFuncSpikes = 1,
+    /// A wakeup could not be remembered (the pending-wakeup map was full).
+    LostWakeups = 2,
+    /// A function entry could not be remembered (the per-task map was full).
+    LostFuncEntries = 3,
+    /// bpf_get_stackid failed (bucket collision or map full); the spike has no stack.
+    StackErrors = 4,
+}
+
+pub const COUNTER_COUNT: u32 = 5;
+
+/// One quantity's histogram on one CPU (value of the per-CPU array [`HIST_MAP`]). The slots
+/// count values in microseconds: slot `k * SUB_BUCKETS + s` counts values whose highest set bit
+/// is `k` and whose next `SUB_BUCKET_BITS` bits are `s`; values below `SUB_BUCKETS` use
+/// `k * SUB_BUCKETS + value`. Count, sum and maximum are exact, in nanoseconds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LatencyHist {
+    pub count: u64,
+    pub sum_ns: u64,
+    pub max_ns: u64,
+    /// How many exceeded the threshold.
+    pub over_threshold: u64,
+    pub slots: [u64; HIST_SLOTS],
+}
+
+/// A task's traced-function state (value of the per-task map, also copied into spikes): which
+/// slot's call is in progress since when, and running totals of completed calls. User space
+/// diffs two copies to learn how long a task spent in each function during a wait.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuncState {
+    /// Entry time of the call in progress, 0 when not inside the function.
+    pub entry_ns: [u64; MAX_FUNCS],
+    /// Total time in completed calls.
+    pub total_ns: [u64; MAX_FUNCS],
+    /// Completed calls.
+    pub calls: [u64; MAX_FUNCS],
+}
+
+/// The syscall a task is in (value of the per-task syscall map, also copied into spikes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyscallState {
+    /// Syscall number; -1 when the task is not in a syscall (it returned).
+    pub nr: i64,
+    pub enter_ns: u64,
+    /// The first four arguments (madvise: start, len, advice).
+    pub args: [u64; 4],
+}
+
+/// The task running on a CPU, as the last sched_switch there left it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuCurrent {
+    pub pid: u32,
+    pub prio: i32,
+    /// When it was switched in; 0 when no switch was seen on this CPU since tracing started.
+    pub since_ns: u64,
+    pub comm: [u8; 16],
+}
+
+/// A wakeup waiting for its task to run (value of the pending-wakeup map, keyed by pid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WakeupStart {
+    pub wakeup_ns: u64,
+    pub target_cpu: u32,
+    pub prio: i32,
+    /// The CPU sched_wakeup fired on: another CPU than `target_cpu` means the woken task
+    /// could only run once that CPU took a reschedule IPI (or a TTWU_QUEUE'd wakeup).
+    pub waker_cpu: u32,
+    pub _pad: u32,
+    /// The task running on `target_cpu` when the wakeup happened.
+    pub blocker: CpuCurrent,
+    /// The blocker's function state at the wakeup.
+    pub blocker_funcs: FuncState,
+}
+
+/// Per-task wakeup statistics (value of [`TASKS_MAP`], keyed by pid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskWakeups {
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    pub over_threshold: u64,
+    pub prio: i32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+/// A wakeup over the threshold, sent at the sched_switch that finally ran the task.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WakeupSpike {
+    pub pid: u32,
+    pub prio: i32,
+    pub comm: [u8; 16],
+    pub wakeup_ns: u64,
+    pub run_ns: u64,
+    pub target_cpu: u32,
+    /// The CPU it finally ran on.
+    pub run_cpu: u32,
+    /// The CPU the wakeup happened on.
+    pub waker_cpu: u32,
+    pub _pad: u32,
+    /// Who ran on `target_cpu` at the wakeup.
+    pub blocker: CpuCurrent,
+    pub blocker_funcs: FuncState,
+    /// Who switched away to let it run (usually the blocker), and when it had been switched in.
+    pub prev: CpuCurrent,
+    pub prev_state: i64,
+    /// Kernel stack of `prev` at that switch (id in [`STACKS_MAP`]), negative on failure.
+    pub prev_stack_id: i64,
+    pub prev_funcs: FuncState,
+    pub prev_syscall: SyscallState,
+}
+
+/// A traced function call over the threshold, sent at its return.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FuncSpike {
+    pub slot: u32,
+    pub pid: u32,
+    pub tgid: u32,
+    pub cpu: u32,
+    pub entry_ns: u64,
+    pub duration_ns: u64,
+    pub comm: [u8; 16],
+    /// Kernel stack at the return (the caller chain), negative on failure.
+    pub stack_id: i64,
+    pub syscall: SyscallState,
+}
+
+crate::user_pod!(LatencyHist, FuncState, SyscallState, CpuCurrent, WakeupStart, TaskWakeups, WakeupSpike, FuncSpike);
+
+/// Histogram slot of `value`, given its log2 bucket (the kernel computes the bucket with an
+/// unrolled search; user space uses the same function to decode).
+#[inline(always)]
+pub fn hist_slot(value: u64, log2: u32) -> usize {
+    let sub = if log2 >= SUB_BUCKET_BITS {
+        (value >> (log2 - SUB_BUCKET_BITS)) as usize & (SUB_BUCKETS - 1)
+    } else {
+        value as usize & (SUB_BUCKETS - 1)
+    };
+    (log2 as usize * SUB_BUCKETS + sub) & (HIST_SLOTS - 1)
+}

@@ -5,6 +5,7 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod func_latency;
 mod hmm;
 mod kernel;
 mod notifier;

@@ -14,6 +14,34 @@ const CLONE_SUFFIXES: [&str; 4] = [".isra.", ".constprop.", ".part.", ".llvm."];
 #[derive(Debug, Default)]
 pub struct Kallsyms {
     names: BTreeSet<String>,
+    /// Function symbols by address, for turning stack frames into names.
+    by_address: Vec<Symbol>,
+}
+
+/// A function symbol with its address and, for module symbols, the module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    pub address: u64,
+    pub name: String,
+    pub module: Option<String>,
+}
+
+/// A code address resolved to the function holding it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved<'a> {
+    pub symbol: &'a Symbol,
+    pub offset: u64,
+}
+
+impl std::fmt::Display for Resolved<'_> {
+    /// `name+0x1f [module]`, as kernel stack traces print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}+{:#x}", self.symbol.name, self.offset)?;
+        if let Some(module) = &self.symbol.module {
+            write!(f, " [{module}]")?;
+        }
+        Ok(())
+    }
 }
 
 /// How a logical function name was found among the kernel's symbols.
@@ -40,16 +68,35 @@ impl Kallsyms {
     }
 
     /// Parses kallsyms text: `address type name [module]`; only text (function) symbols count.
+    /// Addresses read as zero (no privileges, kptr_restrict) are kept out of the address index.
     pub fn parse(text: &str) -> Self {
-        let names = text
-            .lines()
-            .filter_map(|line| {
-                let mut fields = line.split_whitespace();
-                let (_addr, kind, name) = (fields.next()?, fields.next()?, fields.next()?);
-                matches!(kind, "t" | "T" | "w" | "W").then(|| name.to_string())
-            })
-            .collect();
-        Self { names }
+        let mut names = BTreeSet::new();
+        let mut by_address = Vec::new();
+        for line in text.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
+                continue;
+            };
+            if !matches!(kind, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            names.insert(name.to_string());
+            let address = u64::from_str_radix(address, 16).unwrap_or(0);
+            if address != 0 {
+                let module = fields.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
+                by_address.push(Symbol { address, name: name.to_string(), module });
+            }
+        }
+        by_address.sort_by_key(|s| s.address);
+        Self { names, by_address }
+    }
+
+    /// The function holding `address` (the nearest symbol at or below it), or `None` below the
+    /// first symbol or when addresses were unreadable.
+    pub fn symbolize(&self, address: u64) -> Option<Resolved<'_>> {
+        let index = self.by_address.partition_point(|s| s.address <= address).checked_sub(1)?;
+        let symbol = &self.by_address[index];
+        Some(Resolved { symbol, offset: address - symbol.address })
     }
 
     pub fn len(&self) -> usize {
@@ -129,6 +176,20 @@ ffffffff81008000 t foo_bar
             Some(SymbolMatch::Clone("zap_pte_range.isra.0.part.0".into()))
         );
         assert_eq!(k.resolve("only"), None);
+    }
+
+    #[test]
+    fn addresses_resolve_to_the_enclosing_function() {
+        let k = Kallsyms::parse(SAMPLE);
+        let r = k.symbolize(0xffffffff81002010).unwrap();
+        assert_eq!(r.to_string(), "madvise_cold_or_pageout_pte_range+0x10");
+        let r = k.symbolize(0xffffffff81007004).unwrap();
+        assert_eq!(r.to_string(), "nfs_thing+0x4 [nfs]");
+        assert_eq!(k.symbolize(0xffffffff81008000).unwrap().offset, 0);
+        assert!(k.symbolize(0x1000).is_none(), "below every symbol");
+        let hidden = Kallsyms::parse("0000000000000000 T hmm_range_fault\n");
+        assert!(hidden.symbolize(0xffffffff81001000).is_none(), "zeroed addresses are not an index");
+        assert!(hidden.resolve("hmm_range_fault").is_some(), "names still resolve");
     }
 
     #[test]

@@ -42,47 +42,60 @@ pub fn event_exists(root: &Path, category: &str, name: &str) -> bool {
     root.join("events").join(category).join(name).join("id").exists()
 }
 
-/// Byte offset of `field` in the record of tracepoint `category:name`, from its `format` file
-/// (tracepoint programs read their context at these offsets; they moved between versions for
-/// some events).
-pub fn field_offset(root: &Path, category: &str, name: &str, field: &str) -> Option<u32> {
-    let format = std::fs::read_to_string(root.join("events").join(category).join(name).join("format")).ok()?;
-    parse_field_offset(&format, field)
+/// The byte offset of every field of the tracepoint `category:name`, from its `format` file.
+/// Classic tracepoint programs read the record at these offsets; reading them instead of
+/// assuming them keeps programs right on builds whose common header differs (real-time patch
+/// sets have added common fields).
+pub fn field_offsets(root: &Path, category: &str, name: &str) -> Result<Vec<(String, u32)>> {
+    let path = root.join("events").join(category).join(name).join("format");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    Ok(parse_format(&text))
 }
 
-/// Finds `field:<type> <field>; offset:N;` in a tracepoint format description.
-pub fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
-    format.lines().find_map(|line| {
-        let mut parts = line.trim().split(';');
-        let decl = parts.next()?.trim().strip_prefix("field:")?;
-        let declared = decl.rsplit([' ', '*']).next()?;
-        let declared = declared.split('[').next()?;
-        if declared != field {
-            return None;
-        }
-        parts.find_map(|p| p.trim().strip_prefix("offset:")).and_then(|o| o.trim().parse().ok())
-    })
+/// Parses `field:<type> <name>[<n>];\toffset:<o>;\tsize:<s>;…` lines into (name, offset).
+pub fn parse_format(text: &str) -> Vec<(String, u32)> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let declaration = line.strip_prefix("field:")?.split(';').next()?;
+            let name = declaration.split_whitespace().last()?;
+            let name = name.split('[').next()?.to_string();
+            let offset = line.split(';').find_map(|part| part.trim().strip_prefix("offset:"))?;
+            Some((name, offset.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Byte offset of one field of the tracepoint `category:name`, or `None` if it has no such field.
+pub fn field_offset(root: &Path, category: &str, name: &str, field: &str) -> Option<u32> {
+    let offsets = field_offsets(root, category, name).ok()?;
+    offsets.into_iter().find(|(n, _)| n == field).map(|(_, offset)| offset)
 }
 
 #[cfg(test)]
-mod field_tests {
+mod tests {
     use super::*;
 
     #[test]
-    fn offsets_from_a_format_file() {
-        // exceptions:page_fault_user and mmap_lock:mmap_lock_start_locking on 6.18.44.
-        let format = "name: page_fault_user\nID: 190\nformat:\n\
+    fn parses_field_offsets_from_a_format_file() {
+        let format = "name: sched_switch\nID: 372\nformat:\n\
             \tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\
             \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\
-            \tfield:unsigned long address;\toffset:8;\tsize:8;\tsigned:0;\n\
-            \tfield:unsigned long error_code;\toffset:24;\tsize:8;\tsigned:0;\n\
-            \tfield:struct mm_struct * mm;\toffset:8;\tsize:8;\tsigned:0;\n\
-            \tfield:char comm[16];\toffset:40;\tsize:16;\tsigned:0;\n";
-        assert_eq!(parse_field_offset(format, "address"), Some(8));
-        assert_eq!(parse_field_offset(format, "error_code"), Some(24));
-        assert_eq!(parse_field_offset(format, "mm"), Some(8));
-        assert_eq!(parse_field_offset(format, "comm"), Some(40));
-        assert_eq!(parse_field_offset(format, "common_pid"), Some(4));
-        assert_eq!(parse_field_offset(format, "ip"), None);
+            \tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\
+            \tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;\n\
+            \tfield:unsigned long args[6];\toffset:16;\tsize:48;\tsigned:0;\n\n\
+            print fmt: \"prev_comm=%s\", REC->prev_comm\n";
+        let fields = parse_format(format);
+        assert_eq!(
+            fields,
+            [
+                ("common_type".to_string(), 0),
+                ("common_pid".to_string(), 4),
+                ("prev_comm".to_string(), 8),
+                ("prev_pid".to_string(), 24),
+                ("args".to_string(), 16)
+            ]
+        );
     }
 }

@@ -1,47 +1,135 @@
 //! The kernel hooks latency uses, best first.
+//!
+//! Wakeup latency comes from classic sched tracepoints, which every kernel of the matrix has
+//! (the host included). Function durations need function probes: fentry/fexit where the kernel
+//! allows trampolines and the function is in vmlinux BTF, kprobe/kretprobe otherwise (module
+//! functions have no vmlinux BTF). The object has one program pair per function slot.
+
+use mm_probe_common::latency::MAX_FUNCS;
 
 use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 
+/// The function every run traces unless told otherwise: it walks up to 512 PTEs under the PTE
+/// lock per call, and without the cond_resched() of upstream b2f557a21bc8 (v6.7) it can hold
+/// the CPU for milliseconds (kernel-facts §5).
+pub const DEFAULT_FUNCTION: &str = "madvise_cold_or_pageout_pte_range";
+
 pub const WAKEUP: LogicalProbe = LogicalProbe {
     name: "sched_wakeup",
-    purpose: "when a task became runnable",
+    purpose: "when a task became runnable (start of its wakeup latency)",
     candidates: &[Candidate {
         hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_wakeup" }],
         targets: &[Target { name: "sched:sched_wakeup", kernels: "all" }],
     }],
 };
 
+pub const WAKEUP_NEW: LogicalProbe = LogicalProbe {
+    name: "sched_wakeup_new",
+    purpose: "when a new task first became runnable",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_wakeup_new" }],
+        targets: &[Target { name: "sched:sched_wakeup_new", kernels: "all" }],
+    }],
+};
+
 pub const SWITCH: LogicalProbe = LogicalProbe {
     name: "sched_switch",
-    purpose: "when a woken task ran, and who ran before it",
+    purpose: "when a woken task ran, and who held the CPU until then (blocker and its stack)",
     candidates: &[Candidate {
         hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_switch" }],
         targets: &[Target { name: "sched:sched_switch", kernels: "all" }],
     }],
 };
 
-/// Functions known to hold a CPU under memory pressure; `--func` adds more.
-const MM_FUNCTIONS: &[Target] = &[Target { name: "madvise_cold_or_pageout_pte_range", kernels: "5.4+" }];
+pub const SYS_ENTER: LogicalProbe = LogicalProbe {
+    name: "sys_enter",
+    purpose: "which syscall the blocker was in (for madvise: advice and length)",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_enter" }],
+        targets: &[Target { name: "raw_syscalls:sys_enter", kernels: "all" }],
+    }],
+};
 
-pub const MM_FUNCTION: LogicalProbe = LogicalProbe {
-    name: "mm function duration",
+pub const SYS_EXIT: LogicalProbe = LogicalProbe {
+    name: "sys_exit",
+    purpose: "whether the blocker had returned from its syscall",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_exit" }],
+        targets: &[Target { name: "raw_syscalls:sys_exit", kernels: "all" }],
+    }],
+};
+
+/// The probes that do not depend on the command line.
+pub const SCHED_PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, SYS_ENTER, SYS_EXIT];
+
+macro_rules! slot_hooks {
+    ($($slot:literal),*) => {
+        [$(
+            [
+                [
+                    Hook { mechanism: Mechanism::Fentry, program: concat!("lat_func_entry_", $slot) },
+                    Hook { mechanism: Mechanism::Fexit, program: concat!("lat_func_exit_", $slot) },
+                ],
+                [
+                    Hook { mechanism: Mechanism::Kprobe, program: concat!("lat_func_kprobe_", $slot) },
+                    Hook { mechanism: Mechanism::Kretprobe, program: concat!("lat_func_kretprobe_", $slot) },
+                ],
+            ]
+        ),*]
+    };
+}
+
+/// Per slot: the fentry/fexit pair, then the kprobe/kretprobe pair.
+static SLOT_HOOKS: [[[Hook; 2]; 2]; MAX_FUNCS] = slot_hooks!(0, 1, 2, 3, 4, 5, 6, 7);
+
+const DEFAULT_TARGETS: &[Target] =
+    &[Target { name: DEFAULT_FUNCTION, kernels: "5.4+ (static, called through cold_walk_ops, never inlined)" }];
+
+/// Slot 0 with its default function, as `doctor` shows it.
+pub const DEFAULT_FUNCTION_PROBE: LogicalProbe = LogicalProbe {
+    name: DEFAULT_FUNCTION,
     purpose: "how long madvise_cold_or_pageout_pte_range held the CPU, and attribution of spikes to it",
     candidates: &[
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Fentry, program: "lat_func_entry" },
-                Hook { mechanism: Mechanism::Fexit, program: "lat_func_exit" },
-            ],
-            targets: MM_FUNCTIONS,
-        },
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Kprobe, program: "lat_func_kprobe" },
-                Hook { mechanism: Mechanism::Kretprobe, program: "lat_func_kretprobe" },
-            ],
-            targets: MM_FUNCTIONS,
-        },
+        Candidate { hooks: &SLOT_HOOKS[0][0], targets: DEFAULT_TARGETS },
+        Candidate { hooks: &SLOT_HOOKS[0][1], targets: DEFAULT_TARGETS },
     ],
 };
 
-pub const PROBES: &[LogicalProbe] = &[WAKEUP, SWITCH, MM_FUNCTION];
+/// What `doctor` tries for this capability.
+pub const PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, SYS_ENTER, SYS_EXIT, DEFAULT_FUNCTION_PROBE];
+
+/// The probe for function `name` in slot `slot` (< MAX_FUNCS). The catalog vocabulary is
+/// `'static` because it is normally a table; a `--func` name is leaked once per run to join it.
+pub fn function_probe(slot: usize, name: &str) -> LogicalProbe {
+    if slot == 0 && name == DEFAULT_FUNCTION {
+        return DEFAULT_FUNCTION_PROBE;
+    }
+    let name: &'static str = Box::leak(name.to_string().into_boxed_str());
+    let targets: &'static [Target] = Box::leak(Box::new([Target { name, kernels: "named with --func" }]));
+    let hooks = &SLOT_HOOKS[slot % MAX_FUNCS];
+    let candidates: &'static [Candidate] =
+        Box::leak(Box::new([Candidate { hooks: &hooks[0], targets }, Candidate { hooks: &hooks[1], targets }]));
+    LogicalProbe {
+        name,
+        purpose: "entry-to-return time of a --func target, and attribution of spikes to it",
+        candidates,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_has_its_own_programs() {
+        let a = function_probe(1, "zap_pte_range");
+        let b = function_probe(2, "zap_pte_range");
+        assert_eq!(a.candidates[0].hooks[0].program, "lat_func_entry_1");
+        assert_eq!(a.candidates[1].hooks[1].program, "lat_func_kretprobe_1");
+        assert_eq!(b.candidates[0].hooks[1].program, "lat_func_exit_2");
+        assert_eq!(a.candidates[0].label(), "fentry+fexit");
+        assert_eq!(a.candidates[1].label(), "kprobe+kretprobe");
+        assert_eq!(function_probe(0, DEFAULT_FUNCTION).name, DEFAULT_FUNCTION);
+        assert_eq!(SLOT_HOOKS[7][1][0].program, "lat_func_kprobe_7");
+    }
+}

@@ -1,3 +1,16 @@
 //! Shared bits of the test workloads. Each workload is one binary under `src/bin/`, named for
 //! what it makes the kernel do; the end-to-end tests find them next to their own executable.
 pub mod thp;
+
+/// Pins the calling thread (and the threads it creates later) to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: the cpu_set_t is zeroed then filled with CPU_SET; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            anyhow::bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,422 @@
+//! From ring-buffer records to typed spikes: names out of comm bytes, stacks symbolized,
+//! syscalls named, times made relative to the start of the run.
+
+use aya::maps::{MapData, StackTraceMap};
+use mm_probe_common::latency::{CpuCurrent, FuncSpike, FuncState, SyscallState, WakeupSpike};
+use serde::Serialize;
+
+use crate::{kernel::Kallsyms, units::format_bytes};
+
+/// A task as the tracepoints name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TaskRef {
+    pub pid: u32,
+    pub comm: String,
+}
+
+impl std::fmt::Display for TaskRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.pid == 0 { write!(f, "idle") } else { write!(f, "{}-{}", self.comm, self.pid) }
+    }
+}
+
+/// The task on a CPU when something happened, and since when it had been running there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnCpu {
+    pub task: TaskRef,
+    /// Monotonic time it was switched in; `None` when no switch was seen there since tracing
+    /// started (then the task, too, is unknown unless the tracepoint named it).
+    pub since_ns: Option<u64>,
+}
+
+/// A syscall in progress.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Syscall {
+    pub nr: i64,
+    pub name: Option<&'static str>,
+    pub args: [u64; 4],
+    /// "madvise(MADV_PAGEOUT, 2 GiB)".
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length_bytes: Option<u64>,
+}
+
+/// A kernel stack, innermost frame first, or why it is missing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stack {
+    pub frames: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How the task whose stack this is had entered the kernel, read from the outermost frame
+/// (x86-64 entry symbol names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelEntry {
+    Syscall,
+    PageFault,
+    /// Another exception (int3, general protection…).
+    Exception,
+    /// An interrupt taken while in user space.
+    Interrupt,
+    KernelThread,
+    Idle,
+}
+
+impl KernelEntry {
+    /// "in a page fault", as the explanation says it.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            KernelEntry::Syscall => "in a syscall",
+            KernelEntry::PageFault => "in a page fault",
+            KernelEntry::Exception => "in an exception handler",
+            KernelEntry::Interrupt => "interrupted in user space",
+            KernelEntry::KernelThread => "running in the kernel (a kernel thread)",
+            KernelEntry::Idle => "idle",
+        }
+    }
+
+    /// The cause category a spike gets when no traced function explains it.
+    pub fn cause(self) -> &'static str {
+        match self {
+            KernelEntry::Syscall => "syscall",
+            KernelEntry::PageFault => "page fault",
+            KernelEntry::Exception => "exception",
+            KernelEntry::Interrupt => "interrupt",
+            KernelEntry::KernelThread => "kernel thread",
+            KernelEntry::Idle => "idle",
+        }
+    }
+}
+
+impl Stack {
+    /// How the task had entered the kernel, when the outermost frame says so.
+    pub fn entry(&self) -> Option<KernelEntry> {
+        let outermost = self.frames.last()?;
+        let name = outermost.split('+').next().unwrap_or(outermost);
+        Some(match name {
+            n if n.starts_with("entry_SYSCALL") || n.starts_with("entry_INT80") => KernelEntry::Syscall,
+            "asm_exc_page_fault" => KernelEntry::PageFault,
+            n if n.starts_with("asm_exc_") => KernelEntry::Exception,
+            n if n.starts_with("asm_sysvec_") || n == "asm_common_interrupt" => KernelEntry::Interrupt,
+            n if n.starts_with("ret_from_fork") => KernelEntry::KernelThread,
+            n if n.starts_with("secondary_startup")
+                || n.starts_with("common_startup")
+                || n.contains("start_kernel") =>
+            {
+                KernelEntry::Idle
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// A wakeup that took longer than the threshold.
+#[derive(Clone, Debug)]
+pub struct Wakeup {
+    pub task: TaskRef,
+    pub prio: i32,
+    pub latency_ns: u64,
+    pub wakeup_ns: u64,
+    pub run_ns: u64,
+    pub target_cpu: u32,
+    pub run_cpu: u32,
+    pub waker_cpu: u32,
+    pub blocker: OnCpu,
+    pub blocker_funcs: FuncState,
+    pub prev: OnCpu,
+    pub prev_state: i64,
+    pub prev_stack: Stack,
+    pub prev_funcs: FuncState,
+    /// `None` when the syscall hooks saw nothing of it; `Some(None)` when it was in user space.
+    pub prev_syscall: Option<Option<Syscall>>,
+}
+
+/// A traced function call that took longer than the threshold.
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionCall {
+    pub slot: usize,
+    pub task: TaskRef,
+    pub tgid: u32,
+    pub cpu: u32,
+    #[serde(skip)]
+    pub entry_ns: u64,
+    pub duration_ns: u64,
+    pub stack: Stack,
+    pub syscall: Option<Syscall>,
+}
+
+/// What decoding needs besides the record.
+pub struct Decoder<'a> {
+    pub kallsyms: Option<&'a Kallsyms>,
+    pub stacks: Option<StackTraceMap<MapData>>,
+    /// Stacks already read, by id.
+    pub symbolized: std::collections::HashMap<u32, Vec<String>>,
+}
+
+impl Decoder<'_> {
+    pub fn wakeup(&mut self, raw: &WakeupSpike) -> Wakeup {
+        let syscall = &raw.prev_syscall;
+        Wakeup {
+            task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
+            prio: raw.prio,
+            latency_ns: raw.run_ns.saturating_sub(raw.wakeup_ns),
+            wakeup_ns: raw.wakeup_ns,
+            run_ns: raw.run_ns,
+            target_cpu: raw.target_cpu,
+            run_cpu: raw.run_cpu,
+            waker_cpu: raw.waker_cpu,
+            blocker: on_cpu(&raw.blocker),
+            blocker_funcs: raw.blocker_funcs,
+            prev: on_cpu(&raw.prev),
+            prev_state: raw.prev_state,
+            prev_stack: self.stack(raw.prev_stack_id),
+            prev_funcs: raw.prev_funcs,
+            prev_syscall: (syscall.enter_ns != 0).then(|| decode_syscall(syscall)),
+        }
+    }
+
+    pub fn function_call(&mut self, raw: &FuncSpike) -> FunctionCall {
+        FunctionCall {
+            slot: raw.slot as usize,
+            task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
+            tgid: raw.tgid,
+            cpu: raw.cpu,
+            entry_ns: raw.entry_ns,
+            duration_ns: raw.duration_ns,
+            stack: self.stack(raw.stack_id),
+            syscall: decode_syscall(&raw.syscall),
+        }
+    }
+
+    /// Reads and symbolizes a stack, once per id: spikes with the same blocking path share an
+    /// id, so ids stay in the map (a full map or a hash collision shows as a stack error).
+    fn stack(&mut self, id: i64) -> Stack {
+        if id < 0 {
+            let why = if id == -i64::from(libc::EEXIST) {
+                "hash bucket held another stack (EEXIST)".to_string()
+            } else {
+                format!("bpf_get_stackid failed ({})", std::io::Error::from_raw_os_error(-id as i32))
+            };
+            return Stack { frames: Vec::new(), error: Some(why) };
+        }
+        let id = id as u32;
+        if let Some(frames) = self.symbolized.get(&id) {
+            return Stack { frames: frames.clone(), error: None };
+        }
+        let Some(map) = self.stacks.as_ref() else {
+            return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
+        };
+        let trace = match map.get(&id, 0) {
+            Ok(trace) => trace,
+            Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
+        };
+        let frames: Vec<String> = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
+        self.symbolized.insert(id, frames.clone());
+        Stack { frames, error: None }
+    }
+}
+
+/// No kernel function is this large: a bigger offset means the address lies past the last
+/// symbol of a region (BPF images, module gaps) and the name would be a lie.
+const MAX_FUNCTION_OFFSET: u64 = 1 << 20;
+
+fn symbolize(kallsyms: Option<&Kallsyms>, address: u64) -> String {
+    match kallsyms.and_then(|k| k.symbolize(address)) {
+        Some(resolved) if resolved.offset < MAX_FUNCTION_OFFSET => resolved.to_string(),
+        _ => format!("{address:#x}"),
+    }
+}
+
+/// A comm field (NUL-padded, at most 16 bytes) as text.
+pub fn comm(bytes: &[u8; 16]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+fn on_cpu(raw: &CpuCurrent) -> OnCpu {
+    OnCpu {
+        task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
+        since_ns: (raw.since_ns != 0).then_some(raw.since_ns),
+    }
+}
+
+/// `None` when the task was not in a syscall (nr -1).
+pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
+    if raw.nr < 0 {
+        return None;
+    }
+    let name = syscall_name(raw.nr);
+    let [a0, a1, a2, a3] = raw.args;
+    let (summary, advice, length_bytes) = match name {
+        Some("madvise") => {
+            let advice = madvise_advice(a2);
+            (format!("madvise({advice}, {})", format_bytes(a1)), Some(advice), Some(a1))
+        }
+        Some("process_madvise") => {
+            let advice = madvise_advice(a3);
+            (format!("process_madvise({advice}, {a2} ranges)"), Some(advice), None)
+        }
+        Some(call @ ("munmap" | "mprotect" | "msync" | "mlock" | "munlock")) => {
+            (format!("{call}({})", format_bytes(a1)), None, Some(a1))
+        }
+        Some("mmap") => (format!("mmap({})", format_bytes(a1)), None, Some(a1)),
+        Some("mremap") => (format!("mremap({} -> {})", format_bytes(a1), format_bytes(a2)), None, Some(a2)),
+        Some(call) => (format!("{call}()"), None, None),
+        None => (format!("syscall {}()", raw.nr), None, None),
+    };
+    let _ = a0;
+    Some(Syscall { nr: raw.nr, name, args: raw.args, summary, advice, length_bytes })
+}
+
+/// Syscalls worth naming in a latency report (the mm ones, and the common blocking ones).
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    const NAMES: &[(i64, &str)] = &[
+        (libc::SYS_madvise, "madvise"),
+        (libc::SYS_process_madvise, "process_madvise"),
+        (libc::SYS_munmap, "munmap"),
+        (libc::SYS_mmap, "mmap"),
+        (libc::SYS_mprotect, "mprotect"),
+        (libc::SYS_mremap, "mremap"),
+        (libc::SYS_msync, "msync"),
+        (libc::SYS_mlock, "mlock"),
+        (libc::SYS_munlock, "munlock"),
+        (libc::SYS_mlockall, "mlockall"),
+        (libc::SYS_brk, "brk"),
+        (libc::SYS_read, "read"),
+        (libc::SYS_write, "write"),
+        (libc::SYS_openat, "openat"),
+        (libc::SYS_close, "close"),
+        (libc::SYS_fsync, "fsync"),
+        (libc::SYS_futex, "futex"),
+        (libc::SYS_clock_nanosleep, "clock_nanosleep"),
+        (libc::SYS_nanosleep, "nanosleep"),
+        (libc::SYS_exit_group, "exit_group"),
+        (libc::SYS_exit, "exit"),
+        (libc::SYS_execve, "execve"),
+        (libc::SYS_clone, "clone"),
+        (libc::SYS_clone3, "clone3"),
+        (libc::SYS_wait4, "wait4"),
+        (libc::SYS_ioctl, "ioctl"),
+        (libc::SYS_sched_yield, "sched_yield"),
+    ];
+    NAMES.iter().find(|(n, _)| *n == nr).map(|(_, name)| *name)
+}
+
+/// madvise(2) advice values (include/uapi/asm-generic/mman-common.h).
+pub fn madvise_advice(advice: u64) -> String {
+    let name = match advice {
+        0 => "MADV_NORMAL",
+        1 => "MADV_RANDOM",
+        2 => "MADV_SEQUENTIAL",
+        3 => "MADV_WILLNEED",
+        4 => "MADV_DONTNEED",
+        8 => "MADV_FREE",
+        9 => "MADV_REMOVE",
+        10 => "MADV_DONTFORK",
+        11 => "MADV_DOFORK",
+        12 => "MADV_MERGEABLE",
+        13 => "MADV_UNMERGEABLE",
+        14 => "MADV_HUGEPAGE",
+        15 => "MADV_NOHUGEPAGE",
+        16 => "MADV_DONTDUMP",
+        17 => "MADV_DODUMP",
+        18 => "MADV_WIPEONFORK",
+        19 => "MADV_KEEPONFORK",
+        20 => "MADV_COLD",
+        21 => "MADV_PAGEOUT",
+        22 => "MADV_POPULATE_READ",
+        23 => "MADV_POPULATE_WRITE",
+        24 => "MADV_DONTNEED_LOCKED",
+        25 => "MADV_COLLAPSE",
+        100 => "MADV_HWPOISON",
+        101 => "MADV_SOFT_OFFLINE",
+        other => return format!("advice {other}"),
+    };
+    name.to_string()
+}
+
+/// sched_switch's prev_state: TASK_REPORT_MAX (0x100 since 4.14) when preempted, otherwise
+/// `1 << (state index - 1)`, 0 for a task that was still runnable (it yielded).
+pub fn prev_state_name(state: i64) -> String {
+    match state {
+        0 => "runnable (R)".into(),
+        0x100 => "preempted (R+)".into(),
+        1 => "sleeping (S)".into(),
+        2 => "uninterruptible (D)".into(),
+        4 => "stopped (T)".into(),
+        8 => "traced (t)".into(),
+        16 => "dead (X)".into(),
+        32 => "zombie (Z)".into(),
+        64 => "parked (P)".into(),
+        128 => "idle (I)".into(),
+        other => format!("state {other:#x}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comm_stops_at_the_first_nul() {
+        let mut raw = [0u8; 16];
+        raw[..10].copy_from_slice(b"cyclictest");
+        assert_eq!(comm(&raw), "cyclictest");
+        assert_eq!(comm(b"exactly16bytes!!"), "exactly16bytes!!");
+    }
+
+    #[test]
+    fn madvise_is_named_with_advice_and_length() {
+        let raw = SyscallState { nr: libc::SYS_madvise, enter_ns: 1, args: [0x7f00_0000_0000, 2 << 30, 21, 0] };
+        let call = decode_syscall(&raw).unwrap();
+        assert_eq!(call.summary, "madvise(MADV_PAGEOUT, 2 GiB)");
+        assert_eq!(call.advice.as_deref(), Some("MADV_PAGEOUT"));
+        assert_eq!(call.length_bytes, Some(2 << 30));
+        let cold = SyscallState { args: [0, 4096, 20, 0], ..raw };
+        assert_eq!(decode_syscall(&cold).unwrap().summary, "madvise(MADV_COLD, 4 KiB)");
+        assert!(decode_syscall(&SyscallState { nr: -1, ..raw }).is_none(), "-1: back in user space");
+        assert_eq!(decode_syscall(&SyscallState { nr: 99999, ..raw }).unwrap().summary, "syscall 99999()");
+    }
+
+    #[test]
+    fn the_outermost_frame_says_how_the_kernel_was_entered() {
+        let stack = |frames: &[&str]| Stack { frames: frames.iter().map(|f| f.to_string()).collect(), error: None };
+        let fault = stack(&[
+            "__schedule+0x50e",
+            "preempt_schedule_irq+0x3f",
+            "asm_sysvec_apic_timer_interrupt+0x16",
+            "clear_page_rep+0x7",
+            "do_user_addr_fault+0x191",
+            "exc_page_fault+0x73",
+            "asm_exc_page_fault+0x22",
+        ]);
+        assert_eq!(fault.entry(), Some(KernelEntry::PageFault));
+        let syscall = stack(&["__schedule+0x618", "do_syscall_64+0x71", "entry_SYSCALL_64_after_hwframe+0x76"]);
+        assert_eq!(syscall.entry(), Some(KernelEntry::Syscall));
+        let user = stack(&[
+            "__schedule+0x5bc",
+            "schedule+0x27",
+            "irqentry_exit_to_user_mode+0xfc",
+            "asm_sysvec_apic_timer_interrupt+0x1a",
+        ]);
+        assert_eq!(user.entry(), Some(KernelEntry::Interrupt));
+        let kthread = stack(&["__schedule+0x50e", "smpboot_thread_fn+0x1dc", "kthread+0x101", "ret_from_fork+0x1f"]);
+        assert_eq!(kthread.entry(), Some(KernelEntry::KernelThread));
+        let idle =
+            stack(&["__schedule+0x50e", "do_idle+0x17c", "start_kernel+0x700", "secondary_startup_64_no_verify+0xe5"]);
+        assert_eq!(idle.entry(), Some(KernelEntry::Idle));
+        assert_eq!(stack(&[]).entry(), None);
+        assert_eq!(stack(&["0xffffffffc0001234"]).entry(), None);
+    }
+
+    #[test]
+    fn switch_states_read_like_ps() {
+        assert_eq!(prev_state_name(0x100), "preempted (R+)");
+        assert_eq!(prev_state_name(1), "sleeping (S)");
+        assert_eq!(prev_state_name(0), "runnable (R)");
+    }
+}

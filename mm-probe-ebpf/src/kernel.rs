@@ -84,6 +84,7 @@ pub mod offsets {
         OFF_TASK_STRUCT_TGID,
         OFF_TASK_STRUCT_PRIO,
         OFF_TASK_STRUCT_COMM,
+        OFF_TASK_STRUCT_CPU,
         OFF_MM_STRUCT_FLAGS,
         OFF_VMA_VM_MM,
         OFF_VMA_VM_FLAGS,

@@ -1,22 +1,23 @@
 //! Wakeup latency, keyed by pid for every task at once (ftrace's wakeup_rt follows one task
 //! system-wide; see kernel/trace/trace_sched_wakeup.c).
 //!
-//! T0 is sched:sched_wakeup / sched_wakeup_new, which fire in ttwu_do_wakeup() and
+//! T0 is sched_wakeup / sched_wakeup_new, which fire in ttwu_do_wakeup() and
 //! wake_up_new_task() once the task is on its runqueue (the same T0 as wakeup_rt; sched_waking
 //! would add the time to get onto the runqueue). The end is the sched:sched_switch whose
 //! `next_pid` is the task. At that switch the task that switched away (`prev`) is the one that
 //! held the CPU: its kernel stack, its traced-function state and its syscall go into the spike.
 //! raw_syscalls:sys_enter/sys_exit keep each task's current syscall for that purpose.
 //!
-//! Tracepoint field offsets come from user space (read from tracefs `format`); the defaults are
-//! the layout every non-RT build since 5.x has.
+//! Each sched hook has a BTF tracepoint program (task_struct members at BTF offsets; preferred,
+//! see lat_sched_wakeup_btf) and a classic tracepoint fallback, whose record field offsets come
+//! from user space (read from tracefs `format`; the defaults are the layout of non-RT builds).
 
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{TracePointContext, tracing::StackIdContext},
+    programs::{BtfTracePointContext, TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::latency::{
     COUNTER_COUNT, Counter, CpuCurrent, FILTER_ALL, FILTER_PIDS, FuncState, LatencyHist, MAX_CPUS, QUANTITIES,
@@ -25,7 +26,11 @@ use mm_probe_common::latency::{
 
 use crate::{
     func_latency::LAT_FUNC_STATE,
-    kernel::{bump, log2_bucket},
+    kernel::{
+        bump, log2_bucket,
+        offsets::{OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO},
+        read_at,
+    },
 };
 
 #[unsafe(no_mangle)]
@@ -140,6 +145,43 @@ pub(crate) fn count(counter: Counter) {
     bump(&LAT_COUNTERS, counter as u32, 1);
 }
 
+/// What a switch tells, however it was read.
+struct Switch {
+    prev_pid: u32,
+    prev_prio: i32,
+    prev_comm: [u8; 16],
+    /// sched_switch's report encoding: TASK_REPORT_MAX (0x100) when preempted, else state bits.
+    prev_state: i64,
+    next_pid: u32,
+    next_prio: i32,
+    next_comm: [u8; 16],
+}
+
+/// tp_btf/sched_wakeup(struct task_struct *p). BTF tracepoints are preferred: the kernel's
+/// recursion guard for them is per program, while classic tracepoint and kprobe programs share
+/// one per-CPU guard, so a wakeup from an interrupt that lands while any other such program
+/// runs on that CPU (our sys_enter, say) would be skipped.
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn lat_sched_wakeup_btf(ctx: BtfTracePointContext) -> u32 {
+    let _ = try_wakeup_btf(&ctx);
+    0
+}
+
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn lat_sched_wakeup_new_btf(ctx: BtfTracePointContext) -> u32 {
+    let _ = try_wakeup_btf(&ctx);
+    0
+}
+
+fn try_wakeup_btf(ctx: &BtfTracePointContext) -> Option<()> {
+    let task: u64 = ctx.arg(0);
+    let pid: u32 = read_at(task, OFF_TASK_STRUCT_PID.load())?;
+    let prio: i32 = read_at(task, OFF_TASK_STRUCT_PRIO.load())?;
+    let target_cpu: u32 = read_at(task, OFF_TASK_STRUCT_CPU.load())?;
+    on_wakeup(pid, prio, target_cpu)
+}
+
+/// Classic sched:sched_wakeup, where BTF tracepoints are unavailable.
 #[tracepoint]
 pub fn lat_sched_wakeup(ctx: TracePointContext) -> u32 {
     let _ = try_wakeup(&ctx);
@@ -152,6 +194,13 @@ pub fn lat_sched_wakeup_new(ctx: TracePointContext) -> u32 {
     0
 }
 
+fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
+    let pid: u32 = field(ctx, &LAT_TP_WAKEUP_PID)?;
+    let prio: i32 = field(ctx, &LAT_TP_WAKEUP_PRIO)?;
+    let target_cpu: u32 = field(ctx, &LAT_TP_WAKEUP_TARGET_CPU)?;
+    on_wakeup(pid, prio, target_cpu)
+}
+
 #[inline(always)]
 fn wanted(pid: u32, prio: i32) -> bool {
     match LAT_FILTER_MODE.load() {
@@ -161,13 +210,11 @@ fn wanted(pid: u32, prio: i32) -> bool {
     }
 }
 
-fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
-    let pid: u32 = field(ctx, &LAT_TP_WAKEUP_PID)?;
-    let prio: i32 = field(ctx, &LAT_TP_WAKEUP_PRIO)?;
+#[inline(always)]
+fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
     if pid == 0 || !wanted(pid, prio) {
         return None;
     }
-    let target_cpu: u32 = field(ctx, &LAT_TP_WAKEUP_TARGET_CPU)?;
     let start = unsafe { &mut *LAT_SCRATCH.get_ptr_mut(0)? };
     start.wakeup_ns = unsafe { bpf_ktime_get_ns() };
     start.target_cpu = target_cpu;
@@ -187,6 +234,49 @@ fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
     Some(())
 }
 
+/// tp_btf/sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
+/// unsigned int prev_state): the fourth argument exists since 5.18 (fa2c3254d7cf); older
+/// kernels refuse this program at load and the classic tracepoint is used.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn lat_sched_switch_btf(ctx: BtfTracePointContext) -> u32 {
+    let _ = try_switch_btf(&ctx);
+    0
+}
+
+fn try_switch_btf(ctx: &BtfTracePointContext) -> Option<()> {
+    let preempt: u64 = ctx.arg(0);
+    let prev: u64 = ctx.arg(1);
+    let next: u64 = ctx.arg(2);
+    let state: u64 = ctx.arg(3);
+    let switch = Switch {
+        prev_pid: read_at(prev, OFF_TASK_STRUCT_PID.load())?,
+        prev_prio: read_at(prev, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
+        prev_comm: read_at(prev, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
+        prev_state: report_state(preempt & 1 != 0, state as u32),
+        next_pid: read_at(next, OFF_TASK_STRUCT_PID.load())?,
+        next_prio: read_at(next, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
+        next_comm: read_at(next, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
+    };
+    on_switch(ctx, &switch)
+}
+
+/// The classic record's prev_state encoding from the raw __state (what the tracepoint's
+/// __trace_sched_switch_state does): preempted is TASK_REPORT_MAX; TASK_IDLE (0x402) reports
+/// as I (0x80); TASK_RTLOCK_WAIT (0x1000, a PREEMPT_RT spinlock) as D; otherwise the low bits.
+#[inline(always)]
+fn report_state(preempt: bool, state: u32) -> i64 {
+    if preempt {
+        0x100
+    } else if state == 0x402 {
+        0x80
+    } else if state & 0x1000 != 0 {
+        2
+    } else {
+        i64::from(state & 0x7f)
+    }
+}
+
+/// Classic sched:sched_switch, where BTF tracepoints are unavailable.
 #[tracepoint]
 pub fn lat_sched_switch(ctx: TracePointContext) -> u32 {
     let _ = try_switch(&ctx);
@@ -194,18 +284,31 @@ pub fn lat_sched_switch(ctx: TracePointContext) -> u32 {
 }
 
 fn try_switch(ctx: &TracePointContext) -> Option<()> {
+    let switch = Switch {
+        prev_pid: field(ctx, &LAT_TP_SWITCH_PREV_PID)?,
+        prev_prio: field(ctx, &LAT_TP_SWITCH_PREV_PRIO).unwrap_or(0),
+        prev_comm: field(ctx, &LAT_TP_SWITCH_PREV_COMM).unwrap_or([0; 16]),
+        prev_state: field(ctx, &LAT_TP_SWITCH_PREV_STATE).unwrap_or(0),
+        next_pid: field(ctx, &LAT_TP_SWITCH_NEXT_PID)?,
+        next_prio: field(ctx, &LAT_TP_SWITCH_NEXT_PRIO).unwrap_or(0),
+        next_comm: field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]),
+    };
+    on_switch(ctx, &switch)
+}
+
+#[inline(always)]
+fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     let now = unsafe { bpf_ktime_get_ns() };
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let prev_pid: u32 = field(ctx, &LAT_TP_SWITCH_PREV_PID)?;
-    let next_pid: u32 = field(ctx, &LAT_TP_SWITCH_NEXT_PID)?;
+    let (prev_pid, next_pid) = (switch.prev_pid, switch.next_pid);
 
     // Who held this CPU until now, then who holds it from now on.
     let here = unsafe { &mut *LAT_CPU_CURRENT.get_ptr_mut(cpu)? };
     let prev_since_ns = if here.pid == prev_pid { here.since_ns } else { 0 };
     here.pid = next_pid;
-    here.prio = field(ctx, &LAT_TP_SWITCH_NEXT_PRIO).unwrap_or(0);
+    here.prio = switch.next_prio;
     here.since_ns = now;
-    here.comm = field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]);
+    here.comm = switch.next_comm;
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
@@ -219,23 +322,21 @@ fn try_switch(ctx: &TracePointContext) -> Option<()> {
     let latency_ns = now.saturating_sub(start.wakeup_ns);
     let over = latency_ns > threshold_ns();
     record(QUANTITY_WAKEUP, latency_ns, over);
-    account_task(ctx, next_pid, start.prio, latency_ns, over);
+    account_task(switch, start.prio, latency_ns, over);
     if over {
-        emit_spike(ctx, start, next_pid, now, cpu, prev_pid, prev_since_ns);
+        emit_spike(ctx, switch, start, now, cpu, prev_since_ns);
     }
     let _ = LAT_WAKEUPS.remove(&next_pid);
     Some(())
 }
 
-fn account_task(ctx: &TracePointContext, pid: u32, prio: i32, latency_ns: u64, over: bool) {
+#[inline(always)]
+fn account_task(switch: &Switch, prio: i32, latency_ns: u64, over: bool) {
+    let pid = switch.next_pid;
     let task = match LAT_TASKS.get_ptr_mut(&pid) {
         Some(task) => task,
         None => {
-            let fresh = TaskWakeups {
-                prio,
-                comm: field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]),
-                ..TaskWakeups::default()
-            };
+            let fresh = TaskWakeups { prio, comm: switch.next_comm, ..TaskWakeups::default() };
             if LAT_TASKS.insert(&pid, &fresh, 0).is_err() {
                 return;
             }
@@ -258,23 +359,23 @@ fn account_task(ctx: &TracePointContext, pid: u32, prio: i32, latency_ns: u64, o
 }
 
 #[inline(always)]
-fn emit_spike(
-    ctx: &TracePointContext,
+fn emit_spike<C: StackIdContext>(
+    ctx: &C,
+    switch: &Switch,
     start: &WakeupStart,
-    pid: u32,
     now: u64,
     cpu: u32,
-    prev_pid: u32,
     prev_since_ns: u64,
 ) {
     let Some(mut entry) = LAT_WAKEUP_SPIKES.reserve::<WakeupSpike>(0) else {
         count(Counter::LostWakeupSpikes);
         return;
     };
+    let prev_pid = switch.prev_pid;
     let spike = unsafe { &mut *entry.as_mut_ptr() };
-    spike.pid = pid;
+    spike.pid = switch.next_pid;
     spike.prio = start.prio;
-    spike.comm = field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]);
+    spike.comm = switch.next_comm;
     spike.wakeup_ns = start.wakeup_ns;
     spike.run_ns = now;
     spike.target_cpu = start.target_cpu;
@@ -282,13 +383,8 @@ fn emit_spike(
     spike.waker_cpu = start.waker_cpu;
     spike.blocker = start.blocker;
     spike.blocker_funcs = start.blocker_funcs;
-    spike.prev = CpuCurrent {
-        pid: prev_pid,
-        prio: field(ctx, &LAT_TP_SWITCH_PREV_PRIO).unwrap_or(0),
-        since_ns: prev_since_ns,
-        comm: field(ctx, &LAT_TP_SWITCH_PREV_COMM).unwrap_or([0; 16]),
-    };
-    spike.prev_state = field(ctx, &LAT_TP_SWITCH_PREV_STATE).unwrap_or(0);
+    spike.prev = CpuCurrent { pid: prev_pid, prio: switch.prev_prio, since_ns: prev_since_ns, comm: switch.prev_comm };
+    spike.prev_state = switch.prev_state;
     // The stack of the task switching away: this tracepoint runs in its context.
     spike.prev_stack_id = stack_id(ctx);
     match unsafe { LAT_FUNC_STATE.get(&prev_pid) } {

@@ -205,6 +205,42 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
 }
 
 #[test]
+fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
+    require_root();
+    let waker = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+    let mut child = Command::new(mm_probe())
+        .args(["latency", "--json", "--threshold", "2ms", "-p"])
+        .arg(waker.pid.to_string())
+        .env("MM_PROBE_SCHED_HOOKS", "tracepoint")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut plan = String::new();
+    stdout.read_line(&mut plan).unwrap();
+    let plan: Value = serde_json::from_str(&plan).unwrap();
+    for probe in
+        plan["plan"]["probes"].as_array().unwrap().iter().filter(|p| p["probe"].as_str().unwrap().starts_with("sched_"))
+    {
+        assert_eq!(probe["mechanism"], "tracepoint", "{probe}");
+    }
+    let waker = waker.run();
+    let lines = Tracing { child, stdout, plan }.interrupt();
+    let summary = only(&lines, "summary");
+    let lost = only(&lines, "lost_events");
+    let measured = summary["wakeup"]["count"].as_u64().unwrap();
+    // Classic tracepoint programs share the kernel's per-CPU recursion guard with every other
+    // classic tracepoint and kprobe program: a wakeup raised in an interrupt that lands while
+    // one of them runs on that CPU is skipped, and counted there.
+    let skipped = lost["skipped_by_recursion_guard"].as_u64().unwrap();
+    assert!(
+        measured + skipped + 2 + waker.slept / 100 >= waker.slept,
+        "{measured} measured, {skipped} skipped: {lost}"
+    );
+    assert!(measured <= waker.loops + 3 + waker.loops / 10, "{summary}");
+}
+
+#[test]
 fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable() {
     require_root();
     let waker = HeldWaker::spawn(&["--prio", "70", "--period-us", "5000", "--loops", "200"]);
@@ -543,10 +579,12 @@ fn walk_summary(summary: &Value) -> Value {
 
 /// The field case: a periodic SCHED_FIFO 99 waker shares CPU 1 with an madvise storm while
 /// another process keeps 256 MiB hot (like `stress-ng --vm`; a separate process, so the storm's
-/// TLB flushes stay local). Three phases, each traced with a 1 ms threshold: the waker alone
-/// (the emulated guest's own noise), beside MADV_PAGEOUT (the field case: each pmd_entry call
-/// walks 512 PTEs, then reclaims the isolated pages, which reschedules per page), and beside
-/// MADV_COLD (the PTE walk alone, the part upstream b2f557a21bc8 breaks up with cond_resched).
+/// TLB flushes stay local). Four phases, each traced with a 1 ms threshold: the waker alone, a
+/// control with both CPUs just as busy but the storm only touching its pages in user space (the
+/// emulated guest's own noise under load: vCPU threads stall on a shared host), beside
+/// MADV_PAGEOUT (the field case: each pmd_entry call walks 512 PTEs, then reclaims the isolated
+/// pages, which reschedules per page), and beside MADV_COLD (the PTE walk alone, the part that
+/// upstream b2f557a21bc8 breaks up with cond_resched).
 /// Prints a `MEASURED` line per phase for the README's table, and the worst spikes as the tool
 /// explains them.
 #[test]
@@ -558,8 +596,13 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
     let pressure: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
     let pageout: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "pageout"];
     let cold: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "cold"];
-    let phases: [(&str, &str, &[&[&str]]); 3] =
-        [("alone", "300", &[]), ("pageout", "500", &[pageout, pressure]), ("cold", "500", &[cold, pressure])];
+    let control: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "none"];
+    let phases: [(&str, &str, &[&[&str]]); 4] = [
+        ("alone", "300", &[]),
+        ("control", "500", &[control, pressure]),
+        ("pageout", "500", &[pageout, pressure]),
+        ("cold", "500", &[cold, pressure]),
+    ];
     for (phase, loops, storms) in phases {
         let (lines, waker, storms, traced) = trace_waker(loops, "1ms", storms);
         let summary = only(&lines, "summary");
@@ -595,7 +638,7 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
         }
 
         assert_plausible_wakeups(wakeup["count"].as_u64().unwrap(), &waker, wakeup);
-        if traced && !storms.is_empty() {
+        if traced && matches!(phase, "pageout" | "cold") {
             assert!(walk["count"].as_u64().unwrap_or(0) >= storm["calls"].as_u64().unwrap() * 32, "{walk} {storm}");
         }
         assert_eq!(

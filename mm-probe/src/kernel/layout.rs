@@ -29,6 +29,12 @@ pub const MEMBERS: &[Member] = &[
     Member { global: names::TASK_STRUCT_PRIO, struct_name: "task_struct", paths: &["prio"], note: "all" },
     Member { global: names::TASK_STRUCT_COMM, struct_name: "task_struct", paths: &["comm"], note: "all" },
     Member {
+        global: names::TASK_STRUCT_CPU,
+        struct_name: "task_struct",
+        paths: &["thread_info.cpu", "cpu"],
+        note: "task_cpu(): thread_info.cpu with THREAD_INFO_IN_TASK (x86) since 5.16, task_struct.cpu before",
+    },
+    Member {
         global: names::MM_STRUCT_FLAGS,
         struct_name: "mm_struct",
         paths: &["flags"],

@@ -20,9 +20,12 @@ use aya::{
     maps::{HashMap as BpfHashMap, StackTraceMap},
     programs::Program,
 };
-use mm_probe_common::latency::{
-    self as names, COUNTERS_MAP, Counter, FILTER_ALL, FILTER_PIDS, FILTER_RT, FuncSpike, MAX_FUNCS, QUANTITY_WAKEUP,
-    WakeupSpike,
+use mm_probe_common::{
+    latency::{
+        self as names, COUNTERS_MAP, Counter, FILTER_ALL, FILTER_PIDS, FILTER_RT, FuncSpike, MAX_FUNCS,
+        QUANTITY_WAKEUP, WakeupSpike,
+    },
+    layout,
 };
 
 use self::{
@@ -35,8 +38,8 @@ use crate::{
     cli::LatencyArgs,
     collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
     error::UserError,
-    kernel::{Kallsyms, Kernel, privileges, tracefs},
-    probes::{GlobalValue, Plan, Planner, load_object},
+    kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner, load_object},
     report::json,
     user_bail,
 };
@@ -194,7 +197,7 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
 /// itself cannot be measured.
 fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, Vec<FunctionPlan>)> {
     let planner = Planner::new(kernel);
-    let mut plan = planner.attach_all(ebpf, probes::SCHED_PROBES);
+    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
     for required in ["sched_wakeup", "sched_switch"] {
         if let Some(p) = plan.get(required).filter(|p| !p.attached()) {
             user_bail!(
@@ -217,6 +220,26 @@ fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, 
         plan.probes.push(probe);
     }
     Ok((plan, functions))
+}
+
+/// Set to `tracepoint` to use the classic sched tracepoints even where BTF ones work (the
+/// end-to-end tests exercise the fallback with it).
+pub const SCHED_HOOKS_ENV: &str = "MM_PROBE_SCHED_HOOKS";
+
+/// The sched probes for this kernel: the BTF tracepoint programs read task_struct members, so
+/// where BTF lacks one of them only the classic tracepoints are tried.
+fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
+    let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
+    let members =
+        [layout::TASK_STRUCT_PID, layout::TASK_STRUCT_PRIO, layout::TASK_STRUCT_COMM, layout::TASK_STRUCT_CPU];
+    let btf_usable = kernel.btf().is_ok_and(|btf| {
+        let resolved = Layout::resolve(btf);
+        members.iter().all(|m| resolved.offset(m).is_some())
+    });
+    probes::SCHED_PROBES
+        .iter()
+        .map(|p| if (btf_usable && !forced_classic) || p.candidates.len() == 1 { *p } else { probes::classic_only(p) })
+        .collect()
 }
 
 fn function_availability(functions: &[FunctionPlan]) -> Availability {
@@ -329,6 +352,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         }
         absorb(&mut decoder, &mut collected, &header, options, start_ns, wakeup_batch, call_batch);
     };
+    let skipped = recursion_misses(&ebpf);
     // Detach before the final reads, so that the histograms, the per-task table, the counters
     // and the rings all describe the same events.
     detach_all(&mut ebpf);
@@ -347,11 +371,25 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         function_entries: counter(&counters, Counter::LostFuncEntries),
         stack_errors: counter(&counters, Counter::StackErrors),
         malformed_records: wakeup_ring.malformed + call_ring.malformed,
+        skipped_by_recursion_guard: skipped,
     };
     let tasks = aggregator::tasks(&ebpf)?;
     let duration_ns = monotonic_ns() - start_ns;
     report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns);
     Ok(())
+}
+
+/// Runs of our programs the kernel skipped because another tracing program was running on
+/// that CPU (bpf_prog_info.recursion_misses, shown in the program fd's fdinfo since 5.12).
+fn recursion_misses(ebpf: &Ebpf) -> u64 {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    ebpf.programs()
+        .filter_map(|(_, program)| program.fd().ok())
+        .filter_map(|fd| std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).ok())
+        .filter_map(|info| {
+            info.lines().find_map(|l| l.strip_prefix("recursion_misses:").and_then(|v| v.trim().parse::<u64>().ok()))
+        })
+        .sum()
 }
 
 /// Unloads every program (detaching it); the maps stay readable.

@@ -14,32 +14,54 @@ use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 /// the CPU for milliseconds (kernel-facts §5).
 pub const DEFAULT_FUNCTION: &str = "madvise_cold_or_pageout_pte_range";
 
-pub const WAKEUP: LogicalProbe = LogicalProbe {
-    name: "sched_wakeup",
-    purpose: "when a task became runnable (start of its wakeup latency)",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_wakeup" }],
-        targets: &[Target { name: "sched:sched_wakeup", kernels: "all" }],
-    }],
-};
+/// A sched hook: the BTF tracepoint program first (the kernel's recursion guard for those is
+/// per program, so a wakeup raised while another tracing program runs on that CPU is not
+/// skipped, as it is for classic tracepoint programs), then the classic tracepoint.
+macro_rules! sched_probe {
+    ($name:literal, $purpose:literal, $btf_program:literal, $program:literal) => {
+        LogicalProbe {
+            name: $name,
+            purpose: $purpose,
+            candidates: &[
+                Candidate {
+                    hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: $btf_program }],
+                    targets: &[Target { name: $name, kernels: "BTF; sched_switch: 5.18+ (prev_state argument)" }],
+                },
+                Candidate {
+                    hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: $program }],
+                    targets: &[Target { name: concat!("sched:", $name), kernels: "all" }],
+                },
+            ],
+        }
+    };
+}
 
-pub const WAKEUP_NEW: LogicalProbe = LogicalProbe {
-    name: "sched_wakeup_new",
-    purpose: "when a new task first became runnable",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_wakeup_new" }],
-        targets: &[Target { name: "sched:sched_wakeup_new", kernels: "all" }],
-    }],
-};
+pub const WAKEUP: LogicalProbe = sched_probe!(
+    "sched_wakeup",
+    "when a task became runnable (start of its wakeup latency)",
+    "lat_sched_wakeup_btf",
+    "lat_sched_wakeup"
+);
 
-pub const SWITCH: LogicalProbe = LogicalProbe {
-    name: "sched_switch",
-    purpose: "when a woken task ran, and who held the CPU until then (blocker and its stack)",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sched_switch" }],
-        targets: &[Target { name: "sched:sched_switch", kernels: "all" }],
-    }],
-};
+pub const WAKEUP_NEW: LogicalProbe = sched_probe!(
+    "sched_wakeup_new",
+    "when a new task first became runnable",
+    "lat_sched_wakeup_new_btf",
+    "lat_sched_wakeup_new"
+);
+
+pub const SWITCH: LogicalProbe = sched_probe!(
+    "sched_switch",
+    "when a woken task ran, and who held the CPU until then (blocker and its stack)",
+    "lat_sched_switch_btf",
+    "lat_sched_switch"
+);
+
+/// The sched probes without their BTF candidates, for kernels whose BTF lacks a task_struct
+/// member the BTF programs read (they would attach and then see nothing).
+pub fn classic_only(probe: &LogicalProbe) -> LogicalProbe {
+    LogicalProbe { candidates: &probe.candidates[probe.candidates.len() - 1..], ..*probe }
+}
 
 pub const SYS_ENTER: LogicalProbe = LogicalProbe {
     name: "sys_enter",
@@ -119,6 +141,17 @@ pub fn function_probe(slot: usize, name: &str) -> LogicalProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sched_probes_prefer_btf_tracepoints_and_keep_the_classic_fallback() {
+        for probe in [WAKEUP, WAKEUP_NEW, SWITCH] {
+            assert_eq!(probe.candidates[0].label(), "tp_btf", "{}", probe.name);
+            assert_eq!(probe.candidates[1].targets[0].name, format!("sched:{}", probe.name));
+            let classic = classic_only(&probe);
+            assert_eq!(classic.candidates.len(), 1);
+            assert_eq!(classic.candidates[0].label(), "tracepoint");
+        }
+    }
 
     #[test]
     fn every_slot_has_its_own_programs() {

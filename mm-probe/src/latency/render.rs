@@ -127,6 +127,9 @@ pub struct LostEvents {
     pub function_entries: u64,
     pub stack_errors: u64,
     pub malformed_records: u64,
+    /// Program runs the kernel skipped because another tracing program was running on that CPU
+    /// (its recursion guard); a skipped sched_wakeup or function entry is a lost measurement.
+    pub skipped_by_recursion_guard: u64,
 }
 
 impl LostEvents {
@@ -137,6 +140,7 @@ impl LostEvents {
             + self.function_entries
             + self.stack_errors
             + self.malformed_records
+            + self.skipped_by_recursion_guard
             > 0
     }
 }
@@ -452,6 +456,7 @@ pub fn lost_text(lost: &LostEvents) -> String {
         (lost.function_entries, "function entries (per-task map full)"),
         (lost.stack_errors, "stacks (stack map collision or full)"),
         (lost.malformed_records, "malformed records"),
+        (lost.skipped_by_recursion_guard, "hook runs skipped while another tracing program ran on that CPU"),
     ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));

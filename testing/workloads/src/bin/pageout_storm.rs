@@ -11,7 +11,7 @@
 //! an emulated guest would otherwise fill the whole run). With --go-on-stdin it then prints
 //! `ready pid=<pid>` and waits for a line on stdin, so a test can start tracing in between.
 //!
-//! Usage: pageout_storm [--bytes N(M|G)] [--threads N] [--duration-ms N] [--advice pageout|cold]
+//! Usage: pageout_storm [--bytes N(M|G)] [--threads N] [--duration-ms N] [--advice pageout|cold|none]
 //!                      [--cpu N (the storm threads)] [--pressure-bytes N(M|G)] [--go-on-stdin]
 //! Prints one JSON line: calls, bytes per call, total and worst madvise time, the page faults
 //! taken during the storm, and the swap the kernel had (without swap, MADV_PAGEOUT cannot free
@@ -39,6 +39,8 @@ struct Args {
 }
 
 const PAGE: usize = 4096;
+/// `--advice none`: touch the region in a loop and never call madvise.
+const NO_ADVICE: libc::c_int = -1;
 
 fn size(text: &str) -> Result<usize> {
     let (number, scale) = match text.chars().last() {
@@ -71,7 +73,9 @@ fn parse() -> Result<Args> {
                 args.advice = match value()?.as_str() {
                     "pageout" => libc::MADV_PAGEOUT,
                     "cold" => libc::MADV_COLD,
-                    other => bail!("--advice {other}: use pageout or cold"),
+                    // A control: the same touching, no madvise (user space, preemptible anywhere).
+                    "none" => NO_ADVICE,
+                    other => bail!("--advice {other}: use pageout, cold or none"),
                 }
             }
             "--cpu" => args.cpu = Some(value()?.parse()?),
@@ -125,6 +129,9 @@ fn storm(args: &Args, base: usize, stop: &AtomicBool) -> Result<Tally> {
     while !stop.load(Ordering::Relaxed) {
         round = round.wrapping_add(1);
         touch(base, args.bytes, round);
+        if args.advice == NO_ADVICE {
+            continue;
+        }
         let started = Instant::now();
         // SAFETY: madvise on our own mapping.
         let rc = unsafe { libc::madvise(base.cast(), args.bytes, args.advice) };

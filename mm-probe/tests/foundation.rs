@@ -95,20 +95,22 @@ fn bad_units_are_rejected_with_a_hint() {
 #[test]
 fn doctor_leaves_no_program_loaded() {
     require_root();
+    let before = common::our_programs();
     let out = run_tool(&["doctor"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(common::leftover_programs(), Vec::<String>::new(), "programs left in the kernel after doctor exited");
+    assert_eq!(common::leftover_programs(&before), Vec::<String>::new(), "programs left in the kernel after doctor exited");
 }
 
 #[test]
 fn leftover_detector_sees_our_programs_while_attached_and_none_after_drop() {
     require_root();
     let kernel = Kernel::running().unwrap();
+    let before = common::our_programs();
     let mut ebpf = mm_probe::probes::load_object(&kernel, &[]).unwrap();
     let planner = mm_probe::probes::Planner::new(&kernel);
     let (_, tracepoint) = &mm_probe::selftest::PROBES[0];
     assert!(planner.attach(&mut ebpf, tracepoint).attached());
-    assert!(!common::leftover_programs().is_empty(), "the detector must see an attached program");
+    assert!(!common::programs_loaded_since(&before).is_empty(), "the detector must see an attached program");
     drop(ebpf);
-    assert_eq!(common::leftover_programs(), Vec::<String>::new());
+    assert_eq!(common::leftover_programs(&before), Vec::<String>::new());
 }

@@ -63,17 +63,37 @@ pub fn require_root() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests load eBPF programs: run them as root");
 }
 
-/// Names of eBPF programs from mm-probe's object still loaded in the kernel. After the tool has
-/// exited (normally or by Ctrl-C) this must be empty: nothing of ours stays attached. Program
+/// Ids and names of the eBPF programs of mm-probe's object loaded in the kernel now. Program
 /// names are truncated by the kernel to 15 bytes; every program of the object starts with one of
 /// these prefixes.
-pub fn leftover_programs() -> Vec<String> {
+pub fn our_programs() -> Vec<(u32, String)> {
     const PREFIXES: [&str; 6] = ["selftest_", "thp_", "lat_", "hmm_", "inv_", "mmu_"];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
-        .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|name| PREFIXES.iter().any(|prefix| name.starts_with(prefix)))
+        .filter_map(|p| p.name_as_str().map(|name| (p.id(), name.to_string())))
+        .filter(|(_, name)| PREFIXES.iter().any(|prefix| name.starts_with(prefix)))
         .collect()
+}
+
+/// Programs of ours loaded now that were not in `before` (taken with [`our_programs`] before the
+/// tool started). Comparing with a snapshot keeps another mm-probe already running on the
+/// machine from being blamed.
+pub fn programs_loaded_since(before: &[(u32, String)]) -> Vec<String> {
+    our_programs().into_iter().filter(|p| !before.contains(p)).map(|(_, name)| name).collect()
+}
+
+/// After the tool has exited, normally or by Ctrl-C, this must be empty: nothing it loaded stays
+/// attached. The kernel frees a program after its last reference goes, through RCU, so a program
+/// of a process that just exited can stay listed for a moment: allow it a few seconds to go.
+pub fn leftover_programs(before: &[(u32, String)]) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left = programs_loaded_since(before);
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// Sends SIGINT to a running tool, as Ctrl-C would.

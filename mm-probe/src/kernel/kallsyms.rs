@@ -70,8 +70,8 @@ impl Kallsyms {
     /// Parses kallsyms text: `address type name [module]`; only text (function) symbols count.
     /// Addresses read as zero (no privileges, kptr_restrict) are kept out of the address index.
     pub fn parse(text: &str) -> Self {
-        let mut names = BTreeSet::new();
         let mut by_address = Vec::new();
+        let mut names = Vec::new();
         for line in text.lines() {
             let mut fields = line.split_whitespace();
             let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
@@ -80,13 +80,17 @@ impl Kallsyms {
             if !matches!(kind, "t" | "T" | "w" | "W") {
                 continue;
             }
-            names.insert(name.to_string());
+            names.push(name.to_string());
             let address = u64::from_str_radix(address, 16).unwrap_or(0);
             if address != 0 {
                 let module = fields.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
                 by_address.push(Symbol { address, name: name.to_string(), module });
             }
         }
+        // Bulk-built from a vector (sorted once) rather than inserted line by line: this runs at
+        // every start, in emulated guests too.
+        let names = BTreeSet::from_iter(names);
+        // Nearly sorted already (vmlinux, then modules and BPF images), which the sort exploits.
         by_address.sort_by_key(|s| s.address);
         Self { names, by_address }
     }

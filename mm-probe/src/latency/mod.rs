@@ -616,3 +616,4 @@ mod tests {
         assert!(reason.contains("still measured from tracepoints"), "{reason}");
     }
 }
+

@@ -5,9 +5,11 @@
 //! Usage: rt_waker [--prio N] [--period-us N] [--loops N] [--cpu N] [--start-after-ms N] [--go-on-stdin]
 //! With --go-on-stdin it prints `ready pid=<pid>` once it is a SCHED_FIFO task, then waits for a
 //! line on stdin before its first loop, so a test can start tracing in between.
-//! Prints one line: `rt_waker pid=<pid> loops=<n> slept=<s> max_late_us=<m> avg_late_us=<a>`, where
-//! `slept` leaves out the loops whose deadline had already passed (clock_nanosleep returns at
-//! once without sleeping, so there was no wakeup to measure).
+//! Prints one line: `rt_waker pid=<pid> loops=<n> slept=<s> blocked=<b> max_late_us=<m> avg_late_us=<a>`.
+//! `slept` leaves out the loops whose deadline had already passed when checked (clock_nanosleep
+//! then returns at once). `blocked` is what the kernel says: this thread's voluntary context
+//! switches from just before it waits (for the go line, or for its first deadline) to its last
+//! loop — every one of them ends in exactly one wakeup, which is what a tracer must count.
 
 use std::{io::Write as _, time::Duration};
 
@@ -60,6 +62,16 @@ fn add(ts: &mut libc::timespec, d: Duration) {
     ts.tv_nsec %= 1_000_000_000;
 }
 
+/// This thread's voluntary context switches so far.
+fn voluntary_switches() -> i64 {
+    // SAFETY: getrusage fills the zeroed struct.
+    unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage.ru_nvcsw
+    }
+}
+
 fn nanos(ts: &libc::timespec) -> i64 {
     ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
 }
@@ -80,6 +92,9 @@ fn main() -> Result<()> {
     if args.go_on_stdin {
         println!("ready pid={}", std::process::id());
         std::io::stdout().flush()?;
+    }
+    let switches_before = voluntary_switches();
+    if args.go_on_stdin {
         std::io::stdin().read_line(&mut String::new())?;
     }
     std::thread::sleep(args.start_after);
@@ -100,11 +115,13 @@ fn main() -> Result<()> {
         max_late = max_late.max(late);
         sum_late += late;
     }
+    let blocked = voluntary_switches() - switches_before;
     println!(
-        "rt_waker pid={} loops={} slept={} max_late_us={} avg_late_us={}",
+        "rt_waker pid={} loops={} slept={} blocked={} max_late_us={} avg_late_us={}",
         std::process::id(),
         args.loops,
         args.loops - overruns,
+        blocked,
         max_late / 1000,
         sum_late / 1000 / args.loops.max(1) as i64
     );

@@ -1,0 +1,255 @@
+//! What the latency end-to-end tests share: the tool running with `--json` until Ctrl-C,
+//! workloads held until tracing has begun, and checks of the tool's NDJSON.
+#![allow(dead_code)]
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    process::{Child, ChildStdout, Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::common::{json_lines, mm_probe, vm_kernel, workload};
+
+/// The tool, running with `--json`, after it printed its plan (its probes are attached).
+pub struct Tracing {
+    pub child: Child,
+    pub stdout: BufReader<ChildStdout>,
+    pub plan: Value,
+}
+
+impl Tracing {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(mm_probe())
+            .arg("latency")
+            .arg("--json")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting mm-probe latency");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut first = String::new();
+        stdout.read_line(&mut first).expect("reading the plan line");
+        let plan: Value =
+            serde_json::from_str(&first).unwrap_or_else(|e| panic!("plan line is not JSON ({e}): {first:?}"));
+        assert_eq!(plan["type"], "probe_plan", "{plan}");
+        eprintln!("probe plan: {}", serde_json::to_string_pretty(&plan["functions"]).unwrap());
+        Self { child, stdout, plan }
+    }
+
+    /// Ctrl-C, then every line the tool printed after its plan.
+    pub fn interrupt(self) -> Vec<Value> {
+        // SAFETY: kill with a pid we spawned and a valid signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.finish()
+    }
+
+    pub fn finish(mut self) -> Vec<Value> {
+        let mut rest = Vec::new();
+        self.stdout.read_to_end(&mut rest).expect("reading mm-probe output");
+        let status = self.child.wait().expect("waiting for mm-probe");
+        assert_eq!(status.code(), Some(0), "mm-probe latency failed");
+        json_lines(&rest)
+    }
+
+    /// The plan entry of traced function `name`.
+    pub fn function(&self, name: &str) -> &Value {
+        self.plan["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["function"] == name)
+            .unwrap_or_else(|| panic!("{name} is not in the plan: {}", self.plan))
+    }
+}
+
+pub fn only<'a>(lines: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = lines.iter().filter(|l| l["type"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind} line in {lines:#?}");
+    found[0]
+}
+
+pub fn spikes<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l["type"] == "spike" && l["kind"] == kind).collect()
+}
+
+/// What rt_waker printed: its pid, its loops, and how many times it really blocked (its
+/// voluntary context switches, as the kernel counted them).
+pub struct WakerRun {
+    pub pid: u32,
+    pub loops: u64,
+    pub blocked: u64,
+}
+
+impl WakerRun {
+    fn parse(text: &str) -> Self {
+        let field = |name: &str| -> u64 {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
+        };
+        Self { pid: field("pid") as u32, loops: field("loops"), blocked: field("blocked") }
+    }
+}
+
+pub fn run_waker(args: &[&str]) -> WakerRun {
+    let out = Command::new(workload("rt_waker")).args(args).output().expect("running rt_waker");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "rt_waker failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    WakerRun::parse(&text)
+}
+
+/// The waker's wakeups as the tool counted them, against the kernel's own count of the times
+/// the waker blocked: each block ends in exactly one wakeup (a timer, the line that released a
+/// held waker, and on PREEMPT_RT a contended spinlock_t, which sleeps there). The slack is for
+/// the edges of the traced window.
+pub fn assert_plausible_wakeups(measured: u64, waker: &WakerRun, context: &Value) {
+    let slack = 2 + waker.blocked / 100;
+    assert!(
+        measured.abs_diff(waker.blocked) <= slack,
+        "rt_waker blocked {} times in {} loops, the tool measured {measured} wakeups: {context}",
+        waker.blocked,
+        waker.loops
+    );
+}
+
+/// Sanity of one quantity's summary: percentiles in order, histogram rows summing to the count,
+/// the threshold row named.
+pub fn check_quantity(q: &Value, threshold_ns: u64) {
+    let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {q}"));
+    assert!(n("p50_ns") <= n("p90_ns") && n("p90_ns") <= n("p99_ns") && n("p99_ns") <= n("p999_ns"), "{q}");
+    assert!(n("p999_ns") <= n("max_ns"), "{q}");
+    let histogram = &q["histogram"];
+    let rows: u64 = histogram["buckets"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(rows, n("count"), "histogram rows must hold every sample: {q}");
+    assert_eq!(histogram["unit"], "usecs");
+    let threshold_us = threshold_ns / 1000;
+    assert_eq!(histogram["threshold_bucket"].as_u64().unwrap(), 63 - u64::from(threshold_us.leading_zeros()), "{q}");
+}
+
+/// Where function probes attach: every Debian kernel of the matrix. On the host (no kprobes,
+/// trampolines refused) the plan must say they do not, and why.
+pub fn check_function_plan(tracing: &Tracing, name: &str) -> bool {
+    let plan = tracing.function(name);
+    let attribution = &tracing.plan["function_attribution"];
+    if vm_kernel().is_some() {
+        assert_eq!(plan["attached"], true, "{name} must attach on {:?}: {plan}", vm_kernel());
+        return true;
+    }
+    if plan["attached"] == true {
+        return true;
+    }
+    let reason = plan["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("CONFIG_KPROBES") || reason.contains("EPERM") || reason.contains("BTF"),
+        "unexplained function probe failure: {plan}"
+    );
+    assert_eq!(attribution["available"], false, "{attribution}");
+    let why = attribution["reason"].as_str().unwrap_or_default();
+    assert!(why.contains(name) && why.contains(reason), "the reason must name the function and why: {attribution}");
+    false
+}
+
+/// A waker started as SCHED_FIFO but held before its first loop, so it can be traced with -p.
+pub struct HeldWaker {
+    pub child: Child,
+    pub pid: u32,
+}
+
+impl HeldWaker {
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(workload("rt_waker"))
+            .args(args)
+            .arg("--go-on-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting rt_waker");
+        let mut ready = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut ready).expect("rt_waker ready line");
+        let pid = ready.trim().strip_prefix("ready pid=").and_then(|p| p.parse().ok()).expect("ready pid=N");
+        Self { child, pid }
+    }
+
+    /// Lets it loop and waits for its report.
+    pub fn run(mut self) -> WakerRun {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "rt_waker failed: {text}");
+        eprintln!("{text}");
+        let run = WakerRun::parse(&text);
+        assert_eq!(run.pid, self.pid);
+        run
+    }
+}
+
+/// A storm prepared (memory faulted in) but held until released.
+pub struct HeldStorm {
+    pub child: Child,
+}
+
+impl HeldStorm {
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(workload("pageout_storm"))
+            .args(args)
+            .arg("--go-on-stdin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting pageout_storm");
+        let mut ready = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut ready).expect("pageout_storm ready line");
+        assert!(ready.starts_with("ready"), "{ready}");
+        Self { child }
+    }
+
+    pub fn release(&mut self) {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+
+    pub fn finish(self) -> Value {
+        let out = self.child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).expect("pageout_storm prints JSON")
+    }
+}
+
+/// One traced run of a SCHED_FIFO 99 waker on CPU 1 (5 ms period, like a slow cyclictest),
+/// alone or beside a storm; only the waker is traced (-p), as cyclictest measures only itself.
+pub fn trace_waker(loops: &str, threshold: &str, storms: &[&[&str]]) -> (Vec<Value>, WakerRun, Vec<Value>, bool) {
+    let mut storms: Vec<HeldStorm> = storms.iter().map(|args| HeldStorm::spawn(args)).collect();
+    let waker = HeldWaker::spawn(&["--prio", "99", "--period-us", "5000", "--loops", loops, "--cpu", "1"]);
+    let pid = waker.pid.to_string();
+    let tracing = Tracing::start(&["-p", &pid, "--threshold", threshold, "--top", "100"]);
+    let traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
+    for storm in &mut storms {
+        storm.release();
+    }
+    let waker = waker.run();
+    let storms = storms.into_iter().map(HeldStorm::finish).collect();
+    (tracing.interrupt(), waker, storms, traced)
+}
+
+pub fn walk_summary(summary: &Value) -> Value {
+    summary["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "madvise_cold_or_pageout_pte_range")
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A stack's frames, innermost first.
+pub fn frames(stack: &Value) -> Vec<&str> {
+    stack["frames"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+/// Whether `function` is one of the stack's frames.
+pub fn has_frame(stack: &Value, function: &str) -> bool {
+    frames(stack).iter().any(|f| f.starts_with(&format!("{function}+")))
+}

@@ -12,6 +12,7 @@ pub mod probes;
 pub mod render;
 pub mod verdict;
 
+use crate::collect::monotonic_ns;
 use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::{Context as _, Result};
@@ -539,14 +540,6 @@ fn report(
             })
         );
     }
-}
-
-/// CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod probes;
 pub mod render;
 pub mod verdict;
 
+use crate::collect::monotonic_ns;
 use std::{future::pending, time::Duration};
 
 use anyhow::{Context as _, Result};
@@ -166,14 +167,6 @@ fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         seen.statements.push(format!("KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available ({}).", why(probes::KVM_UNMAP_PROBE)));
     }
     seen
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock bpf_ktime_get_ns() reads.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec, which lives on this stack.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Kernel-side cumulative state at the end of the previous window.

@@ -617,3 +617,25 @@ mod tests {
     }
 }
 
+
+#[cfg(test)]
+mod startup_timing {
+    #[test]
+    fn print_startup_costs() {
+        if std::env::var("LAT_TIMING").is_err() {
+            return;
+        }
+        let kernel = crate::kernel::Kernel::running().unwrap();
+        let _ = kernel.btf();
+        let mut ebpf = crate::probes::load_object(&kernel, &[]).unwrap();
+        let planner = crate::probes::Planner::new(&kernel);
+        let t = std::time::Instant::now();
+        let plan = planner.attach_all(&mut ebpf, &super::sched_probes(&kernel));
+        eprintln!("attach sched {:?} {}", t.elapsed(), plan.probes.len());
+        for (name, p) in ebpf.programs() {
+            if let Ok(info) = p.info() {
+                eprintln!("{name}: verified {:?} translated {:?}", info.verified_instruction_count(), info.size_translated());
+            }
+        }
+    }
+}

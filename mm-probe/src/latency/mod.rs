@@ -354,8 +354,10 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     };
     let skipped = recursion_misses(&ebpf);
     // Detach before the final reads, so that the histograms, the per-task table, the counters
-    // and the rings all describe the same events.
+    // and the rings all describe the same events. A run that began before the detach can still
+    // be finishing on another CPU (programs are unlinked, not waited for): give it a moment.
     detach_all(&mut ebpf);
+    tokio::time::sleep(IN_FLIGHT_GRACE).await;
     let mut wakeup_batch = Vec::new();
     let mut call_batch = Vec::new();
     wakeup_ring.drain_now(|r| wakeup_batch.push(r));
@@ -391,6 +393,10 @@ fn recursion_misses(ebpf: &Ebpf) -> u64 {
         })
         .sum()
 }
+
+/// How long a program run that started before the detach may take to finish: microseconds on
+/// hardware, but an emulated vCPU can stall for tens of milliseconds.
+const IN_FLIGHT_GRACE: Duration = Duration::from_millis(100);
 
 /// Unloads every program (detaching it); the maps stay readable.
 fn detach_all(ebpf: &mut Ebpf) {
@@ -617,7 +623,6 @@ mod tests {
     }
 }
 
-
 #[cfg(test)]
 mod startup_timing {
     #[test]
@@ -634,7 +639,11 @@ mod startup_timing {
         eprintln!("attach sched {:?} {}", t.elapsed(), plan.probes.len());
         for (name, p) in ebpf.programs() {
             if let Ok(info) = p.info() {
-                eprintln!("{name}: verified {:?} translated {:?}", info.verified_instruction_count(), info.size_translated());
+                eprintln!(
+                    "{name}: verified {:?} translated {:?}",
+                    info.verified_instruction_count(),
+                    info.size_translated()
+                );
             }
         }
     }

@@ -155,7 +155,9 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
     ];
     let Ok(root) = tracefs::root() else { return settings };
-    let fields: &[(&str, &str, &[(&str, &'static str)])] = &[
+    // (category, event, [(field, global)]).
+    type Fields<'a> = (&'a str, &'a str, &'a [(&'a str, &'static str)]);
+    let fields: &[Fields] = &[
         (
             "sched",
             "sched_wakeup",

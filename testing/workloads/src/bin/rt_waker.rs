@@ -77,7 +77,7 @@ fn voluntary_switches() -> i64 {
 }
 
 fn nanos(ts: &libc::timespec) -> i64 {
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 fn main() -> Result<()> {

@@ -13,11 +13,11 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, RingBuf},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, tracing::StackIdContext},
 };
-use mm_probe_common::latency::{Counter, FuncSpike, FuncState, MAX_FUNCS, SyscallState};
+use mm_probe_common::latency::{Counter, FuncSpike, FuncState, MAX_FUNCS};
 
 use crate::{
     kernel::{current_pid, current_tgid},
-    sched::{LAT_SYSCALLS, count, record, stack_id, threshold_ns},
+    sched::{LAT_SYSCALLS, copy_record, count, record, stack_id, threshold_ns},
 };
 
 /// Each task's traced-function state (LRU: exited tasks age out).
@@ -25,7 +25,7 @@ use crate::{
 pub(crate) static LAT_FUNC_STATE: LruHashMap<u32, FuncState> = LruHashMap::with_max_entries(32768, 0);
 /// One all-zero FuncState to insert from (too big for the stack next to everything else).
 #[map]
-static LAT_FUNC_ZERO: Array<FuncState> = Array::with_max_entries(1, 0);
+pub(crate) static LAT_FUNC_ZERO: Array<FuncState> = Array::with_max_entries(1, 0);
 #[map]
 static LAT_FUNC_SPIKES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
@@ -98,9 +98,12 @@ fn emit_spike<C: StackIdContext>(ctx: &C, slot: usize, pid: u32, entry_ns: u64, 
     spike.duration_ns = duration_ns;
     spike.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     spike.stack_id = stack_id(ctx);
-    match unsafe { LAT_SYSCALLS.get(&pid) } {
-        Some(syscall) => spike.syscall = *syscall,
-        None => spike.syscall = SyscallState { nr: -1, ..SyscallState::default() },
+    match LAT_SYSCALLS.get_ptr(&pid) {
+        Some(syscall) => copy_record(&mut spike.syscall, syscall),
+        None => {
+            spike.syscall.nr = -1;
+            spike.syscall.enter_ns = 0;
+        }
     }
     entry.submit(0);
 }

@@ -14,7 +14,7 @@
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{BtfTracePointContext, TracePointContext, tracing::StackIdContext},
@@ -25,7 +25,7 @@ use mm_probe_common::latency::{
 };
 
 use crate::{
-    func_latency::LAT_FUNC_STATE,
+    func_latency::{LAT_FUNC_STATE, LAT_FUNC_ZERO},
     kernel::{
         bump, log2_bucket,
         offsets::{OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO},
@@ -94,6 +94,31 @@ static LAT_TASKS: LruHashMap<u32, TaskWakeups> = LruHashMap::with_max_entries(81
 static LAT_SCRATCH: PerCpuArray<WakeupStart> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(512 * 1024, 0);
+
+/// Copies a record with one helper call. A plain assignment of a record this size compiles to
+/// a byte-by-byte memmove loop, which the verifier walks byte by byte (and is slow to verify
+/// in an emulated guest).
+#[inline(always)]
+pub(crate) fn copy_record<T>(dst: &mut T, src: *const T) {
+    unsafe { generated::bpf_probe_read_kernel((dst as *mut T).cast(), size_of::<T>() as u32, src.cast()) };
+}
+
+/// An empty function state (copied from a map value that is never written).
+#[inline(always)]
+pub(crate) fn clear_funcs(dst: &mut FuncState) {
+    match LAT_FUNC_ZERO.get_ptr(0) {
+        Some(zero) => copy_record(dst, zero),
+        None => dst.entry_ns = [0; mm_probe_common::latency::MAX_FUNCS],
+    }
+}
+
+/// "Not in a syscall", field by field (no memset).
+#[inline(always)]
+fn clear_syscall(dst: &mut SyscallState) {
+    dst.nr = -1;
+    dst.enter_ns = 0;
+    dst.args = [0; 4];
+}
 
 #[inline(always)]
 fn field<T>(ctx: &TracePointContext, offset: &Global<u32>) -> Option<T> {
@@ -220,13 +245,16 @@ fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
     start.target_cpu = target_cpu;
     start.waker_cpu = unsafe { bpf_get_smp_processor_id() };
     start.prio = prio;
-    match LAT_CPU_CURRENT.get(target_cpu) {
-        Some(current) => start.blocker = *current,
-        None => start.blocker = CpuCurrent::default(),
+    match LAT_CPU_CURRENT.get_ptr(target_cpu) {
+        Some(current) => copy_record(&mut start.blocker, current),
+        None => {
+            start.blocker.pid = 0;
+            start.blocker.since_ns = 0;
+        }
     }
-    match unsafe { LAT_FUNC_STATE.get(&start.blocker.pid) } {
-        Some(funcs) if start.blocker.pid != 0 => start.blocker_funcs = *funcs,
-        _ => start.blocker_funcs = FuncState::default(),
+    match LAT_FUNC_STATE.get_ptr(&start.blocker.pid) {
+        Some(funcs) if start.blocker.pid != 0 => copy_record(&mut start.blocker_funcs, funcs),
+        _ => clear_funcs(&mut start.blocker_funcs),
     }
     if LAT_WAKEUPS.insert(&pid, &*start, 0).is_err() {
         count(Counter::LostWakeups);
@@ -381,19 +409,22 @@ fn emit_spike<C: StackIdContext>(
     spike.target_cpu = start.target_cpu;
     spike.run_cpu = cpu;
     spike.waker_cpu = start.waker_cpu;
-    spike.blocker = start.blocker;
-    spike.blocker_funcs = start.blocker_funcs;
-    spike.prev = CpuCurrent { pid: prev_pid, prio: switch.prev_prio, since_ns: prev_since_ns, comm: switch.prev_comm };
+    copy_record(&mut spike.blocker, &start.blocker);
+    copy_record(&mut spike.blocker_funcs, &start.blocker_funcs);
+    spike.prev.pid = prev_pid;
+    spike.prev.prio = switch.prev_prio;
+    spike.prev.since_ns = prev_since_ns;
+    spike.prev.comm = switch.prev_comm;
     spike.prev_state = switch.prev_state;
     // The stack of the task switching away: this tracepoint runs in its context.
     spike.prev_stack_id = stack_id(ctx);
-    match unsafe { LAT_FUNC_STATE.get(&prev_pid) } {
-        Some(funcs) if prev_pid != 0 => spike.prev_funcs = *funcs,
-        _ => spike.prev_funcs = FuncState::default(),
+    match LAT_FUNC_STATE.get_ptr(&prev_pid) {
+        Some(funcs) if prev_pid != 0 => copy_record(&mut spike.prev_funcs, funcs),
+        _ => clear_funcs(&mut spike.prev_funcs),
     }
-    match unsafe { LAT_SYSCALLS.get(&prev_pid) } {
-        Some(syscall) if prev_pid != 0 => spike.prev_syscall = *syscall,
-        _ => spike.prev_syscall = SyscallState { nr: -1, ..SyscallState::default() },
+    match LAT_SYSCALLS.get_ptr(&prev_pid) {
+        Some(syscall) if prev_pid != 0 => copy_record(&mut spike.prev_syscall, syscall),
+        _ => clear_syscall(&mut spike.prev_syscall),
     }
     entry.submit(0);
 }

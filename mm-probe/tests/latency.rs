@@ -25,8 +25,10 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
     let tracing = Tracing::start(&["--threshold", "2ms", "--top", "5"]);
     let functions_traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
     // 2 ms periods: an emulated guest under tracing cannot keep a 1 ms period.
-    let waker = run_waker(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+    let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+    let waker = held.run();
     let lines = tracing.interrupt();
+    held.exit();
 
     let summary = only(&lines, "summary");
     assert_eq!(summary["stopped_by"], "interrupted", "Ctrl-C must end the run with a summary");
@@ -70,10 +72,10 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
 #[test]
 fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
     require_root();
-    let waker = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+    let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
     let mut child = Command::new(mm_probe())
         .args(["latency", "--json", "--threshold", "2ms", "-p"])
-        .arg(waker.pid.to_string())
+        .arg(held.pid.to_string())
         .env("MM_PROBE_SCHED_HOOKS", "tracepoint")
         .stdout(Stdio::piped())
         .spawn()
@@ -87,8 +89,9 @@ fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
     {
         assert_eq!(probe["mechanism"], "tracepoint", "{probe}");
     }
-    let waker = waker.run();
+    let waker = held.run();
     let lines = Tracing { child, stdout, plan }.interrupt();
+    held.exit();
     let summary = only(&lines, "summary");
     let lost = only(&lines, "lost_events");
     let measured = summary["wakeup"]["count"].as_u64().unwrap();
@@ -104,20 +107,21 @@ fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
 #[test]
 fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable() {
     require_root();
-    let waker = HeldWaker::spawn(&["--prio", "70", "--period-us", "5000", "--loops", "200"]);
+    let mut held = HeldWaker::spawn(&["--prio", "70", "--period-us", "5000", "--loops", "200"]);
     let mut tool = Command::new(mm_probe())
         .args(["latency", "--threshold", "500us", "--duration", "3s", "--interval", "500ms", "-p"])
-        .arg(waker.pid.to_string())
+        .arg(held.pid.to_string())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(tool.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
-    let waker = waker.run();
+    let waker = held.run();
     let mut rest = String::new();
     stdout.read_to_string(&mut rest).unwrap();
     assert_eq!(tool.wait().unwrap().code(), Some(0));
+    held.exit();
     let out = first + &rest;
     eprintln!("{out}");
     assert!(out.contains("threshold 500µs"), "{out}");

@@ -42,11 +42,23 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
         let waits = spikes(&lines, "wakeup");
         let blamed: Vec<&&Value> = waits.iter().filter(|s| s["cause"] == "madvise_cold_or_pageout_pte_range").collect();
         let worst_blamed = blamed.iter().filter_map(|s| s["latency_ns"].as_u64()).max();
+        // Where the blocker let the waker in: the first frame below the scheduler. Inside the
+        // PTE loop (6.7+: its cond_resched every 32 PTEs), in reclaim, or at an interrupt return.
+        let mut switch_sites = std::collections::BTreeMap::<String, u64>::new();
+        for spike in &blamed {
+            let site = frames(&spike["stack"])
+                .into_iter()
+                .map(|f| f.split('+').next().unwrap_or(f))
+                .find(|f| !(f.contains("schedule") || f.contains("cond_resched")))
+                .unwrap_or("?")
+                .to_string();
+            *switch_sites.entry(site).or_default() += 1;
+        }
         let storm = storms.first().cloned().unwrap_or_default();
         eprintln!(
             "MEASURED kernel={kernel} phase={phase} wakeups={} p50_us={} p99_us={} p999_us={} max_us={} over_1ms={} \
              blamed_on_walk={} worst_blamed_us={} madvise_calls={} walk_calls={} walk_p50_us={} walk_p99_us={} \
-             walk_max_us={} faults={} swap_kib={} causes={}",
+             walk_max_us={} faults={} swap_kib={} switch_sites={switch_sites:?} causes={}",
             wakeup["count"],
             us(&wakeup["p50_ns"]),
             us(&wakeup["p99_ns"]),

@@ -172,8 +172,11 @@ pub struct Worst<T> {
     capacity: usize,
     seen: u64,
     sequence: u64,
-    heap: BinaryHeap<Reverse<(u64, Reverse<u64>, Ranked<T>)>>,
+    heap: BinaryHeap<Reverse<Entry<T>>>,
 }
+
+/// Key, arrival (earlier ranks higher on ties), item.
+type Entry<T> = (u64, Reverse<u64>, Ranked<T>);
 
 /// Wraps an item so the heap orders only by the key and arrival.
 #[derive(Debug)]
@@ -226,7 +229,7 @@ impl<T> Worst<T> {
     /// The kept items, worst first (ties: earliest first).
     pub fn ranked(&self) -> Vec<&T> {
         let mut items: Vec<_> = self.heap.iter().map(|Reverse((key, seq, item))| (*key, *seq, &item.0)).collect();
-        items.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        items.sort_by_key(|&(key, seq, _)| Reverse((key, seq)));
         items.into_iter().map(|(_, _, item)| item).collect()
     }
 }

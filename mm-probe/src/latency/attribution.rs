@@ -59,7 +59,7 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String]) -> Attribution {
                 })
             })
             .collect();
-    shares.sort_by(|a, b| b.in_wait_ns.cmp(&a.in_wait_ns));
+    shares.sort_by_key(|s| std::cmp::Reverse(s.in_wait_ns));
     let syscall = wakeup.prev_syscall.as_ref().and_then(Option::as_ref);
     let cause = cause(wakeup, &shares, syscall);
     let explanation = explain(wakeup, same_task, without_rescheduling, &shares, syscall);

@@ -214,10 +214,22 @@ impl Decoder<'_> {
             Ok(trace) => trace,
             Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
         };
-        let frames: Vec<String> = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
+        let mut frames: Vec<String> = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
+        let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
+        frames.drain(..machinery);
         self.symbolized.insert(id, frames.clone());
         Stack { frames, error: None }
     }
+}
+
+/// The innermost frames of a stack taken from a tracepoint program are the tracing machinery
+/// that ran it (bpf_trace_run4 for a BTF tracepoint, perf_trace_* for a classic one), not what
+/// the task was doing.
+fn is_tracing_machinery(frame: &str) -> bool {
+    let name = frame.split('+').next().unwrap_or(frame);
+    ["bpf_trace_run", "__bpf_trace_", "__traceiter_", "perf_trace_", "trace_call_bpf", "bpf_prog_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
 }
 
 /// No kernel function is this large: a bigger offset means the address lies past the last
@@ -411,6 +423,15 @@ mod tests {
         assert_eq!(idle.entry(), Some(KernelEntry::Idle));
         assert_eq!(stack(&[]).entry(), None);
         assert_eq!(stack(&["0xffffffffc0001234"]).entry(), None);
+    }
+
+    #[test]
+    fn tracing_machinery_frames_are_not_the_tasks() {
+        assert!(is_tracing_machinery("bpf_trace_run4+0x6d"));
+        assert!(is_tracing_machinery("perf_trace_sched_switch+0x120"));
+        assert!(is_tracing_machinery("bpf_prog_6deef7357e7b4530_lat_sched_switch_btf+0x5a1"));
+        assert!(!is_tracing_machinery("__schedule+0x5bc"));
+        assert!(!is_tracing_machinery("madvise_cold_or_pageout_pte_range+0x4a4"));
     }
 
     #[test]

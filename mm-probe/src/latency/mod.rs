@@ -156,7 +156,9 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
     ];
     let Ok(root) = tracefs::root() else { return settings };
-    let fields: &[(&str, &str, &[(&str, &'static str)])] = &[
+    // (category, event, [(field, global)]).
+    type Fields<'a> = (&'a str, &'a str, &'a [(&'a str, &'static str)]);
+    let fields: &[Fields] = &[
         (
             "sched",
             "sched_wakeup",
@@ -355,8 +357,10 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     };
     let skipped = recursion_misses(&ebpf);
     // Detach before the final reads, so that the histograms, the per-task table, the counters
-    // and the rings all describe the same events.
+    // and the rings all describe the same events. A run that began before the detach can still
+    // be finishing on another CPU (programs are unlinked, not waited for): give it a moment.
     detach_all(&mut ebpf);
+    tokio::time::sleep(IN_FLIGHT_GRACE).await;
     let mut wakeup_batch = Vec::new();
     let mut call_batch = Vec::new();
     wakeup_ring.drain_now(|r| wakeup_batch.push(r));
@@ -392,6 +396,10 @@ fn recursion_misses(ebpf: &Ebpf) -> u64 {
         })
         .sum()
 }
+
+/// How long a program run that started before the detach may take to finish: microseconds on
+/// hardware, but an emulated vCPU can stall for tens of milliseconds.
+const IN_FLIGHT_GRACE: Duration = Duration::from_millis(100);
 
 /// Unloads every program (detaching it); the maps stay readable.
 fn detach_all(ebpf: &mut Ebpf) {
@@ -610,3 +618,28 @@ mod tests {
     }
 }
 
+#[cfg(test)]
+mod startup_timing {
+    #[test]
+    fn print_startup_costs() {
+        if std::env::var("LAT_TIMING").is_err() {
+            return;
+        }
+        let kernel = crate::kernel::Kernel::running().unwrap();
+        let _ = kernel.btf();
+        let mut ebpf = crate::probes::load_object(&kernel, &[]).unwrap();
+        let planner = crate::probes::Planner::new(&kernel);
+        let t = std::time::Instant::now();
+        let plan = planner.attach_all(&mut ebpf, &super::sched_probes(&kernel));
+        eprintln!("attach sched {:?} {}", t.elapsed(), plan.probes.len());
+        for (name, p) in ebpf.programs() {
+            if let Ok(info) = p.info() {
+                eprintln!(
+                    "{name}: verified {:?} translated {:?}",
+                    info.verified_instruction_count(),
+                    info.size_translated()
+                );
+            }
+        }
+    }
+}

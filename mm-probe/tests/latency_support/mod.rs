@@ -153,9 +153,14 @@ pub fn check_function_plan(tracing: &Tracing, name: &str) -> bool {
     false
 }
 
-/// A waker started as SCHED_FIFO but held before its first loop, so it can be traced with -p.
+/// A waker started as SCHED_FIFO but held before its first loop, so that tracing (even with -p)
+/// starts first; after its loops it is held again until `exit`, so that what its exit does
+/// (on PREEMPT_RT, freeing its locked memory sleeps on contended spinlock_t locks) happens after
+/// tracing has stopped and is not counted against its loops.
 pub struct HeldWaker {
     pub child: Child,
+    pub stdout: BufReader<ChildStdout>,
+    pub stdin: Option<std::process::ChildStdin>,
     pub pid: u32,
 }
 
@@ -168,22 +173,32 @@ impl HeldWaker {
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting rt_waker");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let stdin = child.stdin.take();
         let mut ready = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut ready).expect("rt_waker ready line");
+        stdout.read_line(&mut ready).expect("rt_waker ready line");
         let pid = ready.trim().strip_prefix("ready pid=").and_then(|p| p.parse().ok()).expect("ready pid=N");
-        Self { child, pid }
+        Self { child, stdout, stdin, pid }
     }
 
-    /// Lets it loop and waits for its report.
-    pub fn run(mut self) -> WakerRun {
-        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-        let out = self.child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "rt_waker failed: {text}");
-        eprintln!("{text}");
-        let run = WakerRun::parse(&text);
+    /// Lets it loop and waits for its report (it then waits for `exit`).
+    pub fn run(&mut self) -> WakerRun {
+        let stdin = self.stdin.as_mut().expect("released once");
+        stdin.write_all(b"go\n").unwrap();
+        stdin.flush().unwrap();
+        let mut report = String::new();
+        self.stdout.read_line(&mut report).expect("rt_waker report line");
+        eprintln!("{report}");
+        let run = WakerRun::parse(&report);
         assert_eq!(run.pid, self.pid);
         run
+    }
+
+    /// Lets it exit.
+    pub fn exit(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "rt_waker failed: {status}");
     }
 }
 
@@ -222,16 +237,18 @@ impl HeldStorm {
 /// alone or beside a storm; only the waker is traced (-p), as cyclictest measures only itself.
 pub fn trace_waker(loops: &str, threshold: &str, storms: &[&[&str]]) -> (Vec<Value>, WakerRun, Vec<Value>, bool) {
     let mut storms: Vec<HeldStorm> = storms.iter().map(|args| HeldStorm::spawn(args)).collect();
-    let waker = HeldWaker::spawn(&["--prio", "99", "--period-us", "5000", "--loops", loops, "--cpu", "1"]);
-    let pid = waker.pid.to_string();
+    let mut held = HeldWaker::spawn(&["--prio", "99", "--period-us", "5000", "--loops", loops, "--cpu", "1"]);
+    let pid = held.pid.to_string();
     let tracing = Tracing::start(&["-p", &pid, "--threshold", threshold, "--top", "100"]);
     let traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
     for storm in &mut storms {
         storm.release();
     }
-    let waker = waker.run();
+    let waker = held.run();
     let storms = storms.into_iter().map(HeldStorm::finish).collect();
-    (tracing.interrupt(), waker, storms, traced)
+    let lines = tracing.interrupt();
+    held.exit();
+    (lines, waker, storms, traced)
 }
 
 pub fn walk_summary(summary: &Value) -> Value {

@@ -4,14 +4,18 @@
 //!
 //! Usage: rt_waker [--prio N] [--period-us N] [--loops N] [--cpu N] [--start-after-ms N] [--go-on-stdin]
 //! With --go-on-stdin it prints `ready pid=<pid>` once it is a SCHED_FIFO task, then waits for a
-//! line on stdin before its first loop, so a test can start tracing in between.
+//! line on stdin before its first loop, so a test can start tracing in between; after its report
+//! it waits for stdin to close before exiting, so a test can stop tracing first.
 //! Prints one line: `rt_waker pid=<pid> loops=<n> slept=<s> blocked=<b> max_late_us=<m> avg_late_us=<a>`.
 //! `slept` leaves out the loops whose deadline had already passed when checked (clock_nanosleep
 //! then returns at once). `blocked` is what the kernel says: this thread's voluntary context
 //! switches from just before it waits (for the go line, or for its first deadline) to its last
 //! loop — every one of them ends in exactly one wakeup, which is what a tracer must count.
 
-use std::{io::Write as _, time::Duration};
+use std::{
+    io::{Read as _, Write as _},
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -73,7 +77,7 @@ fn voluntary_switches() -> i64 {
 }
 
 fn nanos(ts: &libc::timespec) -> i64 {
-    ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 fn main() -> Result<()> {
@@ -125,5 +129,9 @@ fn main() -> Result<()> {
         max_late / 1000,
         sum_late / 1000 / args.loops.max(1) as i64
     );
+    if args.go_on_stdin {
+        std::io::stdout().flush()?;
+        std::io::stdin().read_to_end(&mut Vec::new())?;
+    }
     Ok(())
 }

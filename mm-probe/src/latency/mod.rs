@@ -19,7 +19,6 @@ use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, StackTraceMap},
-    programs::Program,
 };
 use mm_probe_common::{
     latency::{
@@ -40,7 +39,7 @@ use crate::{
     collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
     error::UserError,
     kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
-    probes::{GlobalValue, LogicalProbe, Plan, Planner, load_object},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner, detach_all, load_object},
     report::json,
     user_bail,
 };
@@ -356,11 +355,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         absorb(&mut decoder, &mut collected, &header, options, start_ns, wakeup_batch, call_batch);
     };
     let skipped = recursion_misses(&ebpf);
-    // Detach before the final reads, so that the histograms, the per-task table, the counters
-    // and the rings all describe the same events. A run that began before the detach can still
-    // be finishing on another CPU (programs are unlinked, not waited for): give it a moment.
-    detach_all(&mut ebpf);
-    tokio::time::sleep(IN_FLIGHT_GRACE).await;
+    detach_all(&mut ebpf).await;
     let mut wakeup_batch = Vec::new();
     let mut call_batch = Vec::new();
     wakeup_ring.drain_now(|r| wakeup_batch.push(r));
@@ -395,23 +390,6 @@ fn recursion_misses(ebpf: &Ebpf) -> u64 {
             info.lines().find_map(|l| l.strip_prefix("recursion_misses:").and_then(|v| v.trim().parse::<u64>().ok()))
         })
         .sum()
-}
-
-/// How long a program run that started before the detach may take to finish: microseconds on
-/// hardware, but an emulated vCPU can stall for tens of milliseconds.
-const IN_FLIGHT_GRACE: Duration = Duration::from_millis(100);
-
-/// Unloads every program (detaching it); the maps stay readable.
-fn detach_all(ebpf: &mut Ebpf) {
-    for (_, program) in ebpf.programs_mut() {
-        let _ = match program {
-            Program::TracePoint(p) => p.unload(),
-            Program::KProbe(p) => p.unload(),
-            Program::FEntry(p) => p.unload(),
-            Program::FExit(p) => p.unload(),
-            _ => Ok(()),
-        };
-    }
 }
 
 fn counter(counters: &[u64], which: Counter) -> u64 {
@@ -615,31 +593,5 @@ mod tests {
         let reason = a.reason.unwrap();
         assert!(reason.starts_with("a: kprobes are not built in."), "{reason}");
         assert!(reason.contains("still measured from tracepoints"), "{reason}");
-    }
-}
-
-#[cfg(test)]
-mod startup_timing {
-    #[test]
-    fn print_startup_costs() {
-        if std::env::var("LAT_TIMING").is_err() {
-            return;
-        }
-        let kernel = crate::kernel::Kernel::running().unwrap();
-        let _ = kernel.btf();
-        let mut ebpf = crate::probes::load_object(&kernel, &[]).unwrap();
-        let planner = crate::probes::Planner::new(&kernel);
-        let t = std::time::Instant::now();
-        let plan = planner.attach_all(&mut ebpf, &super::sched_probes(&kernel));
-        eprintln!("attach sched {:?} {}", t.elapsed(), plan.probes.len());
-        for (name, p) in ebpf.programs() {
-            if let Ok(info) = p.info() {
-                eprintln!(
-                    "{name}: verified {:?} translated {:?}",
-                    info.verified_instruction_count(),
-                    info.size_translated()
-                );
-            }
-        }
     }
 }

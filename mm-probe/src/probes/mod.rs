@@ -11,4 +11,4 @@ pub mod planner;
 
 pub use catalog::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 pub use object::{GlobalValue, load_object};
-pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan};
+pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan, detach_all};

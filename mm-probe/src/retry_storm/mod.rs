@@ -34,7 +34,7 @@ use crate::{
     collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
     error::UserError,
     kernel::{Kernel, privileges},
-    probes::{GlobalValue, Plan, Planner, load_object},
+    probes::{GlobalValue, Plan, Planner, detach_all, load_object},
     user_bail,
 };
 
@@ -325,7 +325,9 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
             collector.on_raw(&raw);
         }
     };
-    // Whatever the rings still hold, then close every open chain and join.
+    // Whatever the rings still hold once nothing more can arrive, then close every open chain
+    // and join.
+    detach_all(ebpf).await;
     walk_ring.drain_now(|raw| walk_batch.push(raw));
     invalidate_ring.drain_now(|raw| invalidate_batch.push(raw));
     for raw in walk_batch.iter().chain(&invalidate_batch) {

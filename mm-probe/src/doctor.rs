@@ -31,10 +31,20 @@ pub struct KernelFacts {
     pub btf_error: Option<String>,
     pub btf: bool,
     pub jit_enabled: Option<bool>,
+    /// `{"Ok": mount point}` or `{"Err": why tracefs is unusable}`.
     pub tracefs: Result<String, String>,
     pub kprobes_built_in: bool,
-    /// Struct members the programs read, with their offsets on this kernel (null: absent).
-    pub layout: Vec<(String, Option<u32>)>,
+    /// Struct members the programs read, with their offsets on this kernel.
+    pub layout: Vec<MemberOffset>,
+}
+
+/// Where one struct member the kernel programs read lies on this kernel.
+#[derive(Debug, Serialize)]
+pub struct MemberOffset {
+    /// `struct.member`, e.g. `mm_struct.flags`.
+    pub member: String,
+    /// Null when BTF does not have the member.
+    pub offset_bytes: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -48,7 +58,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     privileges::require_tracing()?;
     let report = examine()?;
     if args.json {
-        println!("{}", json::line("doctor", &report));
+        println!("{}", json::line(json::Line::Doctor, &report));
     } else {
         print!("{}", render(&report));
     }
@@ -71,7 +81,7 @@ pub fn examine() -> Result<Report> {
         layout: layout
             .resolved
             .iter()
-            .map(|(m, off)| (format!("{}.{}", m.struct_name, m.paths[0]), *off))
+            .map(|(m, off)| MemberOffset { member: format!("{}.{}", m.struct_name, m.paths[0]), offset_bytes: *off })
             .collect(),
     };
     let program_types = selftest::check_program_types(&kernel, 3)?;

@@ -179,6 +179,6 @@ pub fn run_ring_check(tgid: u32) -> Result<()> {
         })
         .await
     })?;
-    println!("{}", crate::report::json::line("ring_check", &check));
+    println!("{}", crate::report::json::line(crate::report::json::Line::BenchRingCheck, &check));
     Ok(())
 }

@@ -5,8 +5,8 @@ mod common;
 
 use std::process::Command;
 
-use common::{first_of, json_lines, require_root, run_tool, vm_kernel};
-use mm_probe::{kernel::Kernel, selftest::check_program_types};
+use common::{LINE_SCHEMAS, first_of, json_lines, require_root, run_tool, schema_violations, vm_kernel};
+use mm_probe::{kernel::Kernel, report::json::Line, selftest::check_program_types};
 
 #[test]
 fn tracepoints_attach_and_count_this_process_fsyncs() {
@@ -53,6 +53,7 @@ fn doctor_json_reports_plans_with_reasons() {
     assert_eq!(out.status.code(), Some(0));
     let lines = json_lines(&out.stdout);
     let doctor = first_of(&lines, "doctor").expect("a doctor object");
+    assert_eq!(doctor["command"], "doctor");
     assert!(doctor["kernel"]["btf"].as_bool().unwrap());
     let capabilities = doctor["capabilities"].as_array().unwrap();
     let names: Vec<&str> = capabilities.iter().map(|c| c[0].as_str().unwrap()).collect();
@@ -113,4 +114,77 @@ fn leftover_detector_sees_our_programs_while_attached_and_none_after_drop() {
     assert!(!common::programs_loaded_since(&before).is_empty(), "the detector must see an attached program");
     drop(ebpf);
     assert_eq!(common::leftover_programs(&before), Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NDJSON schema family: the documents themselves (no kernel needed)
+
+#[test]
+fn every_schema_is_a_valid_draft_2020_12_document_that_compiles() {
+    let common = common::schema_document(common::COMMON_SCHEMA);
+    assert_eq!(common["$id"], common::COMMON_SCHEMA_ID, "the line schemas refer to common.schema.json by this $id");
+    for (command, kind, text) in LINE_SCHEMAS.iter().chain([&("", "common", common::COMMON_SCHEMA)]) {
+        let schema = common::schema_document(text);
+        assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema", "{command} {kind}");
+        if let Err(e) = jsonschema::meta::validate(&schema) {
+            panic!("the {command} {kind} schema breaks the 2020-12 meta-schema at {}: {e}", e.instance_path());
+        }
+        if !command.is_empty() {
+            common::compile_schema(text);
+        }
+    }
+}
+
+#[test]
+fn every_line_the_code_can_print_has_a_schema_and_no_schema_is_stale() {
+    let has_schema = |command: &str, kind: &str| LINE_SCHEMAS.iter().any(|(c, k, _)| (*c, *k) == (command, kind));
+    for line in Line::ALL {
+        assert!(has_schema(line.command(), line.kind()), "{line:?} has no schema under schemas/{}/", line.command());
+    }
+    for (command, kind, _) in LINE_SCHEMAS {
+        assert!(
+            Line::ALL.iter().any(|l| (l.command(), l.kind()) == (*command, *kind)),
+            "schemas/{command}/{kind}.schema.json describes a line the code no longer prints"
+        );
+    }
+}
+
+/// Files under schemas/ that the tests would not check are as bad as a missing schema. The
+/// source tree is not inside the qemu guests: there only the embedded copies exist.
+#[test]
+fn every_schema_file_is_embedded_in_the_tests() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
+    let Ok(commands) = std::fs::read_dir(&root) else {
+        eprintln!("skipped: {} is not on this machine (a qemu guest); the embedded schemas were checked", root.display());
+        return;
+    };
+    for entry in commands.map(Result::unwrap).filter(|e| e.path().is_dir()) {
+        let command = entry.file_name().to_string_lossy().into_owned();
+        for file in std::fs::read_dir(entry.path()).unwrap().map(Result::unwrap) {
+            let name = file.file_name().to_string_lossy().into_owned();
+            let kind = name.strip_suffix(".schema.json").unwrap_or_else(|| panic!("{command}/{name}: not a .schema.json"));
+            let embedded = LINE_SCHEMAS.iter().find(|(c, k, _)| (*c, *k) == (command.as_str(), kind));
+            let on_disk = std::fs::read_to_string(file.path()).unwrap();
+            assert_eq!(embedded.map(|e| e.2), Some(on_disk.as_str()), "schemas/{command}/{name} is not in LINE_SCHEMAS");
+        }
+    }
+}
+
+#[test]
+fn a_renamed_or_missing_field_breaks_the_schema() {
+    let lost = serde_json::json!({
+        "type": "lost_events", "command": "retry-storm", "schema_version": mm_probe::report::json::SCHEMA_VERSION,
+        "walk_events": 0, "invalidate_events": 2, "walk_entries_missed": 0,
+    });
+    assert_eq!(schema_violations(&lost), Vec::<String>::new());
+    let mut renamed = lost.clone();
+    let value = renamed.as_object_mut().unwrap().remove("invalidate_events").unwrap();
+    renamed["invalidation_events"] = value;
+    assert_eq!(schema_violations(&renamed).len(), 2, "one field missing, one unknown: {renamed}");
+    let mut other_command = lost.clone();
+    other_command["command"] = "latency".into();
+    assert!(!schema_violations(&other_command).is_empty(), "latency's lost_events has other fields");
+    let mut old_version = lost;
+    old_version["schema_version"] = 1.into();
+    assert!(!schema_violations(&old_version).is_empty());
 }

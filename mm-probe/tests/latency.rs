@@ -83,7 +83,7 @@ fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut plan = String::new();
     stdout.read_line(&mut plan).unwrap();
-    let plan: Value = serde_json::from_str(&plan).unwrap();
+    let plan = common::tool_line(&plan);
     for probe in
         plan["plan"]["probes"].as_array().unwrap().iter().filter(|p| p["probe"].as_str().unwrap().starts_with("sched_"))
     {
@@ -264,7 +264,7 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     assert_eq!(hog["over_threshold"], HOLDS as u64, "{hog}");
     let rows = hog["histogram"]["buckets"].as_array().unwrap();
     let at_or_above: u64 =
-        rows.iter().filter(|b| b["low"].as_u64().unwrap() >= 16384).map(|b| b["count"].as_u64().unwrap()).sum();
+        rows.iter().filter(|b| b["low_ns"].as_u64().unwrap() >= 16_384_000).map(|b| b["count"].as_u64().unwrap()).sum();
     assert_eq!(at_or_above, HOLDS as u64, "every hold is at or above the [16384, 32767] µs row: {hog}");
     assert!(hog["p50_ns"].as_u64().unwrap() >= HOLD_US * 1000 * 9 / 10, "{hog}");
 

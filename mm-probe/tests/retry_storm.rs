@@ -146,7 +146,7 @@ impl Tool {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("no {kind} line from mm-probe within {limit:?}"));
-            self.seen.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")));
+            self.seen.push(common::tool_line(&line));
         }
     }
 

@@ -310,7 +310,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         () = std::future::ready(()) => None,
     };
     if options.json {
-        println!("{}", json::line("probe_plan", &header));
+        println!("{}", json::line(json::Line::LatencyProbePlan, &header));
     } else {
         print!("{}", render::header_text(&header));
     }
@@ -452,7 +452,7 @@ fn print_interval(
         function_spikes: std::mem::take(&mut collected.interval_function_spikes),
     };
     if options.json {
-        println!("{}", json::line("interval", &interval));
+        println!("{}", json::line(json::Line::LatencyInterval, &interval));
     } else {
         print!("{}", render::interval_text(&interval));
     }
@@ -496,9 +496,9 @@ fn report(
     let function_spikes = collected.calls.ranked();
     let names: Vec<String> = header.functions.iter().map(|f| f.function.clone()).collect();
     if options.json {
-        println!("{}", json::line("summary", &summary));
+        println!("{}", json::line(json::Line::LatencySummary, &summary));
         for (rank, (w, a)) in wakeup_spikes.iter().map(|x| (&x.0, &x.1)).enumerate() {
-            println!("{}", json::line("spike", &render::WakeupSpikeJson::new(rank + 1, w, a, start_ns)));
+            println!("{}", json::line(json::Line::LatencySpike, &render::WakeupSpikeJson::new(rank + 1, w, a, start_ns)));
         }
         for (rank, call) in function_spikes.iter().enumerate() {
             let spike = render::FunctionSpikeJson {
@@ -508,9 +508,9 @@ fn report(
                 entered_at_ns: call.entry_ns.saturating_sub(start_ns),
                 call,
             };
-            println!("{}", json::line("spike", &spike));
+            println!("{}", json::line(json::Line::LatencySpike, &spike));
         }
-        println!("{}", json::line("lost_events", lost));
+        println!("{}", json::line(json::Line::LatencyLostEvents, lost));
     } else {
         print!(
             "{}",

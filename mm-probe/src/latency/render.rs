@@ -78,18 +78,20 @@ impl Quantity {
     }
 }
 
+/// The BCC-style log2 histogram of microseconds that the text shows, with its row bounds in
+/// nanoseconds like every other duration of the JSON.
 #[derive(Clone, Debug, Serialize)]
 pub struct HistogramJson {
-    pub unit: &'static str,
-    /// Index of the row holding the threshold.
+    /// Log2 bucket number (of the value in microseconds) of the row holding the threshold.
     pub threshold_bucket: usize,
     pub buckets: Vec<BucketJson>,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BucketJson {
-    pub low: u64,
-    pub high: u64,
+    /// Inclusive bounds: a row of [low, high] µs holds every value of [low·1000, high·1000 + 999] ns.
+    pub low_ns: u64,
+    pub high_ns: u64,
     pub count: u64,
 }
 
@@ -99,11 +101,11 @@ impl HistogramJson {
         let last = h.buckets.iter().rposition(|&c| c > 0).map_or(0, |l| l + 1);
         let buckets = (first..last)
             .map(|k| {
-                let (low, high) = Log2Histogram::bounds(k);
-                BucketJson { low, high, count: h.buckets[k] }
+                let (low_us, high_us) = Log2Histogram::bounds(k);
+                BucketJson { low_ns: low_us * 1000, high_ns: high_us * 1000 + 999, count: h.buckets[k] }
             })
             .collect();
-        Self { unit: "usecs", threshold_bucket: Log2Histogram::bucket_of(threshold_ns / 1000), buckets }
+        Self { threshold_bucket: Log2Histogram::bucket_of(threshold_ns / 1000), buckets }
     }
 }
 
@@ -485,8 +487,8 @@ mod tests {
         let j = HistogramJson::new(&Log2Histogram::new(buckets), 500_000);
         assert_eq!(j.threshold_bucket, 8, "500 µs is in [256, 511]");
         assert_eq!(j.buckets.len(), 8);
-        assert_eq!((j.buckets[0].low, j.buckets[0].high, j.buckets[0].count), (8, 15, 2));
-        assert_eq!((j.buckets[7].low, j.buckets[7].high, j.buckets[7].count), (1024, 2047, 1));
+        assert_eq!((j.buckets[0].low_ns, j.buckets[0].high_ns, j.buckets[0].count), (8_000, 15_999, 2));
+        assert_eq!((j.buckets[7].low_ns, j.buckets[7].high_ns, j.buckets[7].count), (1_024_000, 2_047_999, 1));
     }
 
     #[test]

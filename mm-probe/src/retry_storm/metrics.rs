@@ -346,7 +346,7 @@ pub struct InvalidationMetrics {
     pub other_mms: u64,
     pub per_second: Option<f64>,
     /// Log2 buckets of bytes per invalidation (slot k: [2^k, 2^(k+1)) bytes).
-    pub size_log2_hist: Vec<u64>,
+    pub size_bytes_log2_hist: Vec<u64>,
     pub top_invalidators: Vec<Invalidator>,
     pub overlap_with_walks: OverlapTally,
     /// Log2 buckets (ns) of time inside invalidate_range_start (the callbacks).
@@ -360,7 +360,8 @@ pub struct InvalidationMetrics {
 pub struct KvmMetrics {
     pub unmap_hva_range: u64,
     pub age_hva: u64,
-    pub size_log2_hist: Vec<u64>,
+    /// Log2 buckets of bytes per unmapped or aged range.
+    pub size_bytes_log2_hist: Vec<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -382,8 +383,9 @@ pub struct ReadBeginCaller {
 /// One window's report: what the renderers print and `--json` emits.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Snapshot {
-    pub start_offset_s: f64,
-    pub duration_s: f64,
+    /// Start of the window since the start of the run.
+    pub start_offset_ns: u64,
+    pub duration_ns: u64,
     /// `None` where the walk probe did not attach: not observable, not zero.
     pub walks: Option<WalkMetrics>,
     pub retry_rate: Option<RetryRate>,
@@ -458,7 +460,7 @@ impl Snapshot {
             count: invalidations,
             other_mms: c.get(Counter::InvalidationsOtherMm),
             per_second: per_second(invalidations, elapsed_ns),
-            size_log2_hist: window.invalidation_sizes.clone(),
+            size_bytes_log2_hist: window.invalidation_sizes.clone(),
             top_invalidators: window.top_invalidators(),
             overlap_with_walks: window.overlap,
             callback_ns_log2_hist: window.callback_ns.clone(),
@@ -468,7 +470,7 @@ impl Snapshot {
         let kvm = (seen.kvm_unmap || seen.kvm_age).then(|| KvmMetrics {
             unmap_hva_range: c.get(Counter::KvmUnmap),
             age_hva: c.get(Counter::KvmAge),
-            size_log2_hist: window.kvm_sizes.clone(),
+            size_bytes_log2_hist: window.kvm_sizes.clone(),
         });
         let evidence = Evidence {
             walks: calls,
@@ -495,8 +497,8 @@ impl Snapshot {
             numa_balancing,
         };
         Snapshot {
-            start_offset_s: window.start_ns.saturating_sub(run_start_ns) as f64 / 1e9,
-            duration_s: elapsed_ns as f64 / 1e9,
+            start_offset_ns: window.start_ns.saturating_sub(run_start_ns),
+            duration_ns: elapsed_ns,
             walks,
             retry_rate,
             retry_loops,

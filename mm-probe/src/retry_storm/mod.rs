@@ -339,7 +339,7 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     let settled = collector.overlap.finish();
     collector.apply_settled(settled);
     let last = collector.close_window(ebpf, monotonic_ns())?;
-    if args.interval.is_some() && last.duration_s > 0.0 {
+    if args.interval.is_some() && last.duration_ns > 0 {
         if args.json {
             println!("{}", render::interval_json(&last));
         } else {

@@ -43,7 +43,7 @@ struct PlanLine<'a> {
 }
 
 pub fn plan_json(kernel: &str, plan: &Plan, seen: &Observability, thresholds: &Thresholds, timeout_ns: u64) -> String {
-    json::line("probe_plan", &PlanLine { kernel, plan, observability: seen, thresholds, timeout_ns })
+    json::line(json::Line::RetryStormProbePlan, &PlanLine { kernel, plan, observability: seen, thresholds, timeout_ns })
 }
 
 /// What is watched and what is not, before the run starts (to stderr in text mode).
@@ -71,7 +71,7 @@ pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
 }
 
 pub fn interval_json(snapshot: &Snapshot) -> String {
-    json::line("interval", snapshot)
+    json::line(json::Line::RetryStormInterval, snapshot)
 }
 
 #[derive(Serialize)]
@@ -83,16 +83,16 @@ struct SummaryLine<'a> {
 }
 
 pub fn summary_json(snapshot: &Snapshot, stopped_by: &str, seen: &Observability) -> String {
-    json::line("summary", &SummaryLine { snapshot, stopped_by, observability: seen })
+    json::line(json::Line::RetryStormSummary, &SummaryLine { snapshot, stopped_by, observability: seen })
 }
 
 pub fn lost_json(snapshot: &Snapshot) -> String {
-    json::line("lost_events", &snapshot.lost_events)
+    json::line(json::Line::RetryStormLostEvents, &snapshot.lost_events)
 }
 
 /// One line per interval.
 pub fn interval_text(s: &Snapshot) -> String {
-    let mut line = format!("[{:>7.1}s]", s.start_offset_s + s.duration_s);
+    let mut line = format!("[{:>7.1}s]", (s.start_offset_ns + s.duration_ns) as f64 / 1e9);
     match (&s.walks, &s.retry_rate) {
         (Some(w), Some(r)) => {
             let _ = write!(
@@ -126,7 +126,7 @@ pub fn interval_text(s: &Snapshot) -> String {
 /// The end-of-run report.
 pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "\nretry-storm summary: {:.1} s ({stopped_by})", s.duration_s);
+    let _ = writeln!(out, "\nretry-storm summary: {:.1} s ({stopped_by})", s.duration_ns as f64 / 1e9);
     if !seen.statements.is_empty() {
         let _ = writeln!(out, "\nWhat could not be observed:");
         for statement in &seen.statements {
@@ -192,7 +192,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
             i.per_second.map_or("n/a".into(), |f| format!("{f:.0}")),
             i.other_mms
         );
-        let _ = write!(out, "  size:\n{}", Log2Histogram::new(i.size_log2_hist.clone()).render("bytes", None));
+        let _ = write!(out, "  size:\n{}", Log2Histogram::new(i.size_bytes_log2_hist.clone()).render("bytes", None));
         if !i.top_invalidators.is_empty() {
             let _ = writeln!(out, "  top invalidators:\n    {:<16} {:<16} {:>10} {:>12}", "comm", "event", "count", "bytes");
             for top in &i.top_invalidators {
@@ -228,10 +228,10 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
     );
     let _ = writeln!(out, "\nVerdict: {}", s.verdict.overall.name());
     for m in &s.verdict.metrics {
-        let value = match (m.value, m.metric) {
+        let value = match (m.value, m.unit) {
             (None, _) => "not observable / no data".to_string(),
-            (Some(v), "avg_latency") => format_nanos(v as u64),
-            (Some(v), "invalidate_freq") => format!("{v:.0}/s"),
+            (Some(v), "ns") => format_nanos(v as u64),
+            (Some(v), "per_second") => format!("{v:.0}/s"),
             (Some(v), _) => format!("{:.2} %", v * 100.0),
         };
         let _ = writeln!(out, "  {:<16} {:>14}  {:<7} ({})", m.metric, value, m.level.name(), m.definition);

@@ -81,8 +81,12 @@ pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MetricVerdict {
+    /// thresholds.md's name for it.
     pub metric: &'static str,
     pub definition: &'static str,
+    /// What `value`, `warn` and `crit` are counted in: `fraction` (0–1), `ns` or `per_second`.
+    /// The metric names are thresholds.md's, which do not carry a unit.
+    pub unit: &'static str,
     pub value: Option<f64>,
     pub level: Level,
     pub warn: f64,
@@ -137,19 +141,20 @@ pub const CHUNK_BYTES: u64 = 2 << 20;
 pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
-    let metric = |metric, definition, value: Option<f64>, band: Band| MetricVerdict {
+    let metric = |metric, definition, unit, value: Option<f64>, band: Band| MetricVerdict {
         metric,
         definition,
+        unit,
         value,
         level: band.classify(value),
         warn: band.warn,
         crit: band.crit,
     };
     let metrics = vec![
-        metric("retry_rate", "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)", e.retry_rate, t.retry_rate),
-        metric("timeout_rate", "retry loops that gave up ÷ invalidations of mirrored mms", e.timeout_rate, t.timeout_rate),
-        metric("avg_latency", "mean hmm_range_fault duration, ns", e.avg_walk_ns, t.avg_latency_ns),
-        metric("invalidate_freq", "invalidations of mirrored mms per second", e.invalidate_freq, t.invalidate_freq),
+        metric("retry_rate", "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)", "fraction", e.retry_rate, t.retry_rate),
+        metric("timeout_rate", "retry loops that gave up ÷ invalidations of mirrored mms", "fraction", e.timeout_rate, t.timeout_rate),
+        metric("avg_latency", "mean hmm_range_fault duration", "ns", e.avg_walk_ns, t.avg_latency_ns),
+        metric("invalidate_freq", "invalidations of mirrored mms per second", "per_second", e.invalidate_freq, t.invalidate_freq),
     ];
     let overall = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // A window with walks but no invalidations has no retry_rate; still judge what exists.

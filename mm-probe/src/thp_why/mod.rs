@@ -200,7 +200,7 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
                 checks: counts.checks,
                 fault_ranges: counts.fault_ranges,
                 counters: counts.counters,
-                duration_ms: elapsed.as_millis() as u64,
+                duration_ns: elapsed.as_nanos() as u64,
                 stopped_by,
             })
         }

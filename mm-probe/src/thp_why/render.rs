@@ -12,10 +12,10 @@ use crate::{report::json, units::format_bytes};
 /// VMAs listed without `--all-vmas`.
 pub const DEFAULT_VMA_ROWS: usize = 12;
 
-/// One JSON object (`type` thp_why, `schema_version`, then the report's keys). The JSON always
+/// One JSON line (`type` summary, `command` thp-why, `schema_version`, then the report's keys). The JSON always
 /// carries every VMA; `--all-vmas` only widens the text table.
 pub fn json(report: &Report) -> String {
-    json::line("thp_why", report)
+    json::line(json::Line::ThpWhySummary, report)
 }
 
 pub fn text(report: &Report, all_vmas: bool) -> String {
@@ -74,7 +74,7 @@ fn evidence(out: &mut String, r: &Report) {
     let sizes: Vec<String> = s
         .sizes
         .iter()
-        .filter_map(|c| c.enabled.map(|m| (c.size_kb, m)))
+        .filter_map(|c| c.enabled.map(|m| (c.size_bytes / 1024, m)))
         .filter(|(_, m)| *m != SizeMode::Never)
         .map(|(kb, m)| format!("{kb}kB {}", format!("{m:?}").to_lowercase()))
         .collect();
@@ -99,7 +99,7 @@ fn evidence(out: &mut String, r: &Report) {
             out,
             "  live      {} over {:.1}s: {} checks, {} denied (denied/checks by caller: {})",
             l.allow_check,
-            l.duration_ms as f64 / 1000.0,
+            l.duration_ns as f64 / 1e9,
             l.checks,
             l.denied,
             if by_call.is_empty() { "none".into() } else { by_call.join(", ") }
@@ -201,7 +201,7 @@ mod tests {
     fn json_has_the_stable_keys() {
         let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
         let v: serde_json::Value = serde_json::from_str(&json(&report)).unwrap();
-        assert_eq!(v["type"], "thp_why");
+        assert_eq!((v["type"].as_str(), v["command"].as_str()), (Some("summary"), Some("thp-why")));
         for key in ["pid", "verdict", "reasons", "vmas", "faults", "system"] {
             assert!(!v[key].is_null(), "missing {key}: {v}");
         }

@@ -32,7 +32,8 @@ pub enum SizeMode {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SizeControl {
-    pub size_kb: u64,
+    /// The size named by the directory (`hugepages-64kB` → 65536).
+    pub size_bytes: u64,
     /// Page order of this size (log2 of size / 4 KiB).
     pub order: u32,
     /// Anonymous memory (`enabled`); absent for sizes only shmem may use.
@@ -100,14 +101,14 @@ impl SystemPolicy {
                 let size_kb: u64 = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
                 let dir = entry.path();
                 Some(SizeControl {
-                    size_kb,
+                    size_bytes: size_kb * 1024,
                     order: (size_kb / 4).max(1).ilog2(),
                     enabled: read(dir.join("enabled")).and_then(|t| parse_choice(&t)).and_then(|c| parse_size_mode(&c)),
                     shmem_enabled: read(dir.join("shmem_enabled")).and_then(|t| parse_choice(&t)),
                 })
             })
             .collect();
-        sizes.sort_by_key(|s| s.size_kb);
+        sizes.sort_by_key(|s| s.size_bytes);
         let khugepaged = std::fs::read_dir(root.join("khugepaged"))
             .into_iter()
             .flatten()
@@ -178,8 +179,7 @@ impl SystemPolicy {
     /// The shmem per-size choice for the PMD size, when the kernel has one and it is not
     /// `inherit` (6.11+); else the global `shmem_enabled`.
     pub fn shmem_pmd_choice(&self) -> Option<String> {
-        let pmd_kb = self.hpage_pmd_size_bytes / 1024;
-        let per_size = self.sizes.iter().find(|s| s.size_kb == pmd_kb).and_then(|s| s.shmem_enabled.clone());
+        let per_size = self.sizes.iter().find(|s| s.size_bytes == self.hpage_pmd_size_bytes).and_then(|s| s.shmem_enabled.clone());
         match per_size {
             Some(choice) if choice != "inherit" => Some(choice),
             _ => self.shmem_enabled.clone(),
@@ -260,7 +260,7 @@ pub(crate) mod tests {
         assert_eq!(p.defrag.as_deref(), Some("madvise"));
         assert_eq!(p.shmem_enabled.as_deref(), Some("never"));
         assert_eq!(p.pmd_order(), 9);
-        assert_eq!(p.sizes.iter().map(|s| s.size_kb).collect::<Vec<_>>(), [8, 64, 2048]);
+        assert_eq!(p.sizes.iter().map(|s| s.size_bytes / 1024).collect::<Vec<_>>(), [8, 64, 2048]);
         assert_eq!(p.sizes[0].enabled, None, "8kB is a shmem-only size");
         assert_eq!(p.sizes[1].order, 4);
         assert_eq!(p.anon_orders(), [4, 9]);

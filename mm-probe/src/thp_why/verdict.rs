@@ -37,7 +37,7 @@ pub struct LiveInput {
     pub checks: Vec<(ThpCheckKey, u64)>,
     pub fault_ranges: Vec<(u64, u64)>,
     pub counters: BTreeMap<&'static str, u64>,
-    pub duration_ms: u64,
+    pub duration_ns: u64,
     pub stopped_by: &'static str,
 }
 
@@ -190,7 +190,7 @@ pub struct SystemFacts {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LiveFacts {
-    pub duration_ms: u64,
+    pub duration_ns: u64,
     pub stopped_by: &'static str,
     pub allow_check_observed: bool,
     pub allow_check: String,
@@ -427,7 +427,7 @@ fn live_facts(input: &Inputs) -> LiveFacts {
         )
     });
     LiveFacts {
-        duration_ms: input.live.as_ref().map_or(0, |l| l.duration_ms),
+        duration_ns: input.live.as_ref().map_or(0, |l| l.duration_ns),
         stopped_by: input.live.as_ref().map_or("not_run", |l| l.stopped_by),
         allow_check_observed: observed,
         allow_check,
@@ -914,7 +914,7 @@ VmFlags: rd wr mr mw me ac hg
                 failed_attempts: Vec::new(),
             }],
         };
-        LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)], counters: BTreeMap::new(), duration_ms: 5000, stopped_by: "duration" }
+        LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)], counters: BTreeMap::new(), duration_ns: 5_000_000_000, stopped_by: "duration" }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::common::{json_lines, mm_probe, vm_kernel, workload};
+use crate::common::{json_lines, mm_probe, tool_line, vm_kernel, workload};
 
 /// The tool, running with `--json`, after it printed its plan (its probes are attached).
 pub struct Tracing {
@@ -31,8 +31,7 @@ impl Tracing {
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut first = String::new();
         stdout.read_line(&mut first).expect("reading the plan line");
-        let plan: Value =
-            serde_json::from_str(&first).unwrap_or_else(|e| panic!("plan line is not JSON ({e}): {first:?}"));
+        let plan = tool_line(&first);
         assert_eq!(plan["type"], "probe_plan", "{plan}");
         eprintln!("probe plan: {}", serde_json::to_string_pretty(&plan["functions"]).unwrap());
         Self { child, stdout, plan }
@@ -116,16 +115,18 @@ pub fn assert_plausible_wakeups(measured: u64, waker: &WakerRun, context: &Value
     );
 }
 
-/// Sanity of one quantity's summary: percentiles in order, histogram rows summing to the count,
-/// the threshold row named.
+/// Sanity of one quantity's summary: percentiles in order, histogram rows summing to the count
+/// and tiling the nanosecond axis, the threshold row named.
 pub fn check_quantity(q: &Value, threshold_ns: u64) {
     let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing in {q}"));
     assert!(n("p50_ns") <= n("p90_ns") && n("p90_ns") <= n("p99_ns") && n("p99_ns") <= n("p999_ns"), "{q}");
     assert!(n("p999_ns") <= n("max_ns"), "{q}");
     let histogram = &q["histogram"];
-    let rows: u64 = histogram["buckets"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    let buckets = histogram["buckets"].as_array().unwrap();
+    let rows: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
     assert_eq!(rows, n("count"), "histogram rows must hold every sample: {q}");
-    assert_eq!(histogram["unit"], "usecs");
+    let bound = |b: &Value, k: &str| b[k].as_u64().unwrap();
+    assert!(buckets.windows(2).all(|w| bound(&w[0], "high_ns") + 1 == bound(&w[1], "low_ns")), "rows tile the ns axis: {q}");
     let threshold_us = threshold_ns / 1000;
     assert_eq!(histogram["threshold_bucket"].as_u64().unwrap(), 63 - u64::from(threshold_us.leading_zeros()), "{q}");
 }

@@ -4,7 +4,11 @@
 //! - the nightly toolchain's `rust-src` (the eBPF crate builds `core` for bpfel-unknown-none);
 //! - bpf-linker, built against the nightly's own libLLVM so the two LLVMs always match;
 //! - the Debian packages the tests use (qemu, busybox, cpio, decompressors, gcc for the test
-//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark).
+//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark, promtool for the fleet
+//!   dashboard's queries);
+//! - the fleet test's validators, under `~/.local/share/mm-probe/` (kept across sessions, unlike
+//!   /tmp): kubernetes-validate in a Python venv, TypeScript and Grafana's `@grafana/schema`
+//!   types in a Node package folder. `mm-probe/tests/fleet.rs` looks for them there.
 
 use std::{
     path::{Path, PathBuf},
@@ -30,12 +34,23 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "stress-ng",
     "rt-tests",
     "bpftrace",
+    // promtool, which parses the dashboard's PromQL. Debian ships it only in the server's
+    // package; where systemd runs, that package also starts a Prometheus on :9090.
+    "prometheus",
+    "python3-venv",
 ];
+
+/// kubernetes-validate bundles the Kubernetes OpenAPI schemas: it validates offline.
+const KUBERNETES_VALIDATE: (&str, &str) = ("kubernetes-validate", "1.37.0");
+
+/// npm packages, pinned: tsc type-checks the dashboard against Grafana's published types.
+const NODE_PACKAGES: &[(&str, &str)] = &[("typescript", "5.9.3"), ("@grafana/schema", "13.2.3")];
 
 pub fn run() -> Result<()> {
     ensure_nightly_rust_src()?;
     ensure_bpf_linker()?;
     ensure_debian_packages()?;
+    ensure_fleet_validators()?;
     eprintln!("xtask setup: done");
     Ok(())
 }
@@ -138,6 +153,64 @@ fn ensure_debian_packages() -> Result<()> {
     let mut install = apt(&["install", "-y", "-qq", "--no-install-recommends"]);
     install.args(&missing);
     cmd::run(&mut install)
+}
+
+/// `~/.local/share/mm-probe/<name>`: outside /tmp, so installs survive reboots and sessions.
+fn data_dir(name: &str) -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(Path::new(&home).join(".local/share/mm-probe").join(name))
+}
+
+fn ensure_fleet_validators() -> Result<()> {
+    ensure_python_tool(&data_dir("venv")?, KUBERNETES_VALIDATE)?;
+    ensure_node_packages(&data_dir("node")?, NODE_PACKAGES)
+}
+
+/// `venv/bin/<package>` at exactly `version`, in a venv of its own (Debian's python refuses
+/// system-wide pip installs).
+fn ensure_python_tool(venv: &Path, (package, version): (&str, &str)) -> Result<()> {
+    let reports = |wanted: &str| {
+        Command::new(venv.join("bin").join(package))
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(wanted))
+    };
+    if reports(version) {
+        return Ok(());
+    }
+    if !venv.join("bin/python").exists() {
+        cmd::run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    }
+    cmd::run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", &format!("{package}=={version}")]))?;
+    if !reports(version) {
+        bail!("{package} {version} was installed in {} but does not report that version", venv.display());
+    }
+    Ok(())
+}
+
+/// `node_modules` under `dir` holding every package at its pinned version.
+fn ensure_node_packages(dir: &Path, packages: &[(&str, &str)]) -> Result<()> {
+    let installed = |name: &str| -> Option<String> {
+        let text = std::fs::read_to_string(dir.join("node_modules").join(name).join("package.json")).ok()?;
+        let manifest: serde_json::Value = serde_json::from_str(&text).ok()?;
+        manifest["version"].as_str().map(str::to_owned)
+    };
+    let missing: Vec<String> = packages
+        .iter()
+        .filter(|(name, version)| installed(name).as_deref() != Some(*version))
+        .map(|(name, version)| format!("{name}@{version}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    cmd::run(
+        Command::new("npm")
+            .args(["install", "--save-exact", "--no-audit", "--no-fund", "--prefix"])
+            .arg(dir)
+            .args(&missing),
+    )
+    .context("installing the fleet test's npm packages (Node.js and npm come with the machine)")
 }
 
 fn dpkg_installed(package: &str) -> bool {

@@ -3,7 +3,10 @@
 
 mod common;
 
-use std::process::Command;
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    process::{Command, Stdio},
+};
 
 use common::{LINE_SCHEMAS, first_of, json_lines, require_root, run_tool, schema_violations, vm_kernel};
 use mm_probe::{kernel::Kernel, report::json::Line, selftest::check_program_types};
@@ -83,6 +86,36 @@ fn without_privileges_doctor_says_what_is_needed_and_exits_1() {
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one line, not a panic: {stderr}");
     assert!(stderr.contains("CAP_BPF") && stderr.contains("root"), "{stderr}");
+}
+
+/// The hidden subcommand `cargo xtask bench` reads: its one JSON line, in its schema, counting
+/// this process's getppid(2) calls.
+#[test]
+fn bench_ring_reports_this_process_getppid_calls_in_its_schema() {
+    require_root();
+    const CALLS: u64 = 1000;
+    let mut child = Command::new(common::mm_probe())
+        .args(["bench-ring", &std::process::id().to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting mm-probe bench-ring");
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut attached = String::new();
+    stdout.read_line(&mut attached).unwrap();
+    assert_eq!(attached.trim(), "attached");
+    for _ in 0..CALLS {
+        // SAFETY: getppid has no preconditions.
+        unsafe { libc::getppid() };
+    }
+    common::interrupt(&child);
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    assert!(child.wait().unwrap().success());
+    let lines = json_lines(&rest);
+    let check = first_of(&lines, "ring_check").expect("a ring_check line");
+    let n = |k: &str| check[k].as_u64().unwrap();
+    // At least: the test harness itself may call getppid too.
+    assert!(n("received") + n("lost") >= CALLS, "{check}");
 }
 
 #[test]

@@ -157,9 +157,10 @@ fn codes(vma: &Value) -> Vec<&str> {
 }
 
 fn parse_report(stdout: &[u8]) -> Value {
-    let text = String::from_utf8_lossy(stdout);
-    assert_eq!(text.trim().lines().count(), 1, "thp-why --json prints one line: {text}");
-    let v = common::tool_line(text.trim());
+    let lines = common::json_lines(stdout);
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["summary", "lost_events"], "thp-why --json prints the report, then its lost events");
+    let v = lines[0].clone();
     assert_eq!((v["type"].as_str(), v["command"].as_str()), (Some("summary"), Some("thp-why")), "{v}");
     v
 }

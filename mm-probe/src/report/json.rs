@@ -48,6 +48,7 @@ lines! {
     Doctor => ("doctor", "doctor"),
     /// `thp-why --json`: the whole report in one line, printed when the run ends.
     ThpWhySummary => ("thp-why", "summary"),
+    ThpWhyLostEvents => ("thp-why", "lost_events"),
     LatencyProbePlan => ("latency", "probe_plan"),
     LatencyInterval => ("latency", "interval"),
     LatencySummary => ("latency", "summary"),

@@ -2,20 +2,50 @@
 
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
 use super::{
     reasons::DisableMode,
     sysfs::SizeMode,
-    verdict::{Report, VmaEntry},
+    verdict::{LiveFacts, Report, VmaEntry},
 };
 use crate::{report::json, units::format_bytes};
 
 /// VMAs listed without `--all-vmas`.
 pub const DEFAULT_VMA_ROWS: usize = 12;
 
-/// One JSON line (`type` summary, `command` thp-why, `schema_version`, then the report's keys). The JSON always
-/// carries every VMA; `--all-vmas` only widens the text table.
+/// What the kernel side could not record during the live window (all zero when nothing was
+/// traced): the `lost_events` line, and the text's `lost` row.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LostEvents {
+    /// Allow-checks not counted by key: the check map was full.
+    pub allow_checks: u64,
+    /// Faults counted in the total but not placed in their 2 MiB range: the fault map was full.
+    pub fault_ranges: u64,
+    /// prctl calls not reported: the ring buffer was full.
+    pub prctl_events: u64,
+}
+
+impl LostEvents {
+    pub fn of(live: &LiveFacts) -> Self {
+        let counter = |name| live.counters.get(name).copied().unwrap_or(0);
+        Self {
+            allow_checks: counter("check_map_full"),
+            fault_ranges: counter("fault_map_full"),
+            prctl_events: counter("prctl_lost"),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.allow_checks + self.fault_ranges + self.prctl_events
+    }
+}
+
+/// Two JSON lines, as every command of the family ends: the report (`type` summary), then its
+/// lost events. The JSON always carries every VMA; `--all-vmas` only widens the text table.
 pub fn json(report: &Report) -> String {
-    json::line(json::Line::ThpWhySummary, report)
+    let summary = json::line(json::Line::ThpWhySummary, report);
+    format!("{summary}\n{}", json::line(json::Line::ThpWhyLostEvents, &LostEvents::of(&report.live)))
 }
 
 pub fn text(report: &Report, all_vmas: bool) -> String {
@@ -129,7 +159,7 @@ fn evidence(out: &mut String, r: &Report) {
             f.thp_fault_fallback
         );
     }
-    let lost: u64 = ["check_map_full", "fault_map_full", "prctl_lost"].iter().filter_map(|k| l.counters.get(k)).sum();
+    let lost = LostEvents::of(l).total();
     if lost > 0 {
         let _ = writeln!(out, "  lost      {lost} events (maps or ring buffer full)");
     }
@@ -200,8 +230,12 @@ mod tests {
     #[test]
     fn json_has_the_stable_keys() {
         let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
-        let v: serde_json::Value = serde_json::from_str(&json(&report)).unwrap();
+        let text = json(&report);
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let v = &lines[0];
         assert_eq!((v["type"].as_str(), v["command"].as_str()), (Some("summary"), Some("thp-why")));
+        assert_eq!((lines[1]["type"].as_str(), lines[1]["prctl_events"].as_u64()), (Some("lost_events"), Some(0)));
         for key in ["pid", "verdict", "reasons", "vmas", "faults", "system"] {
             assert!(!v[key].is_null(), "missing {key}: {v}");
         }

@@ -62,6 +62,7 @@ pub const COMMON_SCHEMA: &str = include_str!("../../../schemas/common.schema.jso
 pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("doctor", "doctor", include_str!("../../../schemas/doctor/doctor.schema.json")),
     ("thp-why", "summary", include_str!("../../../schemas/thp-why/summary.schema.json")),
+    ("thp-why", "lost_events", include_str!("../../../schemas/thp-why/lost_events.schema.json")),
     ("latency", "probe_plan", include_str!("../../../schemas/latency/probe_plan.schema.json")),
     ("latency", "interval", include_str!("../../../schemas/latency/interval.schema.json")),
     ("latency", "summary", include_str!("../../../schemas/latency/summary.schema.json")),

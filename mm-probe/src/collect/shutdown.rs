@@ -12,6 +12,16 @@ pub enum Stop {
     Interrupted,
 }
 
+impl Stop {
+    /// The `stopped_by` value of every command's JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::DurationElapsed => "duration",
+            Stop::Interrupted => "interrupted",
+        }
+    }
+}
+
 /// SIGINT and SIGTERM handlers. Install them before attaching anything: a signal that arrives
 /// before the handler exists would kill the tool without its summary (or, when the parent shell
 /// ignores SIGINT, as non-interactive shells do for background jobs, be lost).

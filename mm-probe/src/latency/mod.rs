@@ -479,10 +479,7 @@ fn report(
     let verdict = verdict::judge(&totals[0], options.threshold_ns, &collected.causes, &functions);
     let summary = Summary {
         duration_ns,
-        stopped_by: match stopped_by {
-            Stop::DurationElapsed => "duration",
-            Stop::Interrupted => "interrupted",
-        },
+        stopped_by: stopped_by.name(),
         threshold_ns: options.threshold_ns,
         wakeup: Quantity::new("wakeup", &totals[0], options.threshold_ns, true),
         functions: functions.iter().map(|(name, d)| Quantity::new(name, d, options.threshold_ns, true)).collect(),

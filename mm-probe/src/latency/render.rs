@@ -491,6 +491,131 @@ mod tests {
         assert_eq!((j.buckets[7].low_ns, j.buckets[7].high_ns, j.buckets[7].count), (1_024_000, 2_047_999, 1));
     }
 
+    /// Every line `latency --json` can print, with functions traced, a spike of each kind, and
+    /// every optional part present (the host kernel cannot trace functions; the guests can).
+    #[test]
+    fn every_json_line_matches_its_schema_with_functions_traced() {
+        use mm_probe_common::latency::FuncState;
+
+        use crate::{
+            latency::{attribution::FunctionShare, decoder::OnCpu, verdict::Level},
+            probes::{Outcome, ProbePlan},
+            report::{
+                json::{self, Line},
+                schema_check::tool_line,
+            },
+        };
+
+        const WALK: &str = "madvise_cold_or_pageout_pte_range";
+        let threshold_ns = 500_000;
+        let mut buckets = vec![0; 64];
+        buckets[3] = 2;
+        buckets[10] = 1;
+        let percentiles = Percentiles {
+            count: 3,
+            mean_ns: 372_000.5,
+            p50_ns: 9_000,
+            p90_ns: 1_100_000,
+            p99_ns: 1_100_000,
+            p999_ns: 1_100_000,
+            max_ns: 1_100_000,
+        };
+        let quantity = |name: &str, with_histogram: bool| Quantity {
+            name: name.into(),
+            percentiles,
+            over_threshold: 1,
+            histogram: with_histogram.then(|| HistogramJson::new(&Log2Histogram::new(buckets.clone()), threshold_ns)),
+        };
+        let available = Availability { available: true, reason: None };
+        let header = Header {
+            kernel: "6.12.57".into(),
+            threshold_ns,
+            selection: "pids",
+            pids: vec![42],
+            functions: vec![
+                FunctionPlan { slot: 0, function: WALK.into(), attached: true, mechanism: Some("fentry+fexit".into()), reason: None },
+                FunctionPlan { slot: 1, function: "gone".into(), attached: false, mechanism: None, reason: Some("not in BTF".into()) },
+            ],
+            function_attribution: Availability { available: true, reason: Some("gone: not in BTF".into()) },
+            syscall_attribution: available.clone(),
+            plan: Plan {
+                probes: vec![ProbePlan {
+                    probe: "sched_switch",
+                    purpose: "switches",
+                    outcome: Outcome::Attached { mechanism: "tp_btf".into(), target: "sched_switch".into(), caveat: None },
+                    failed_attempts: Vec::new(),
+                }],
+            },
+        };
+        let interval = Interval {
+            elapsed_ns: 2_000_000_000,
+            interval_ns: 1_000_000_000,
+            wakeup: quantity("wakeup", false),
+            functions: vec![quantity(WALK, false)],
+            wakeup_spikes: 1,
+            function_spikes: 1,
+        };
+        let summary = Summary {
+            duration_ns: 2_000_000_000,
+            stopped_by: "interrupted",
+            threshold_ns,
+            wakeup: quantity("wakeup", true),
+            functions: vec![quantity(WALK, true)],
+            tasks: vec![TaskSummary { pid: 42, comm: "rt_waker".into(), prio: 0, wakeups: 3, mean_ns: 372_000, max_ns: 1_100_000, over_threshold: 1 }],
+            wakeup_spikes: 1,
+            function_spikes: 1,
+            function_attribution: available,
+            verdict: Verdict { level: Level::Warn, text: "one wakeup waited 1.1 ms".into(), causes: vec![(WALK.into(), 1)] },
+        };
+        let syscall = Syscall {
+            nr: 28,
+            name: Some("madvise"),
+            args: [0x7f00_0000_0000, 1 << 30, 21, 0],
+            summary: "madvise(MADV_PAGEOUT, 1 GiB)".into(),
+            advice: Some("MADV_PAGEOUT".into()),
+            length_bytes: Some(1 << 30),
+        };
+        let stack = Stack { frames: vec![format!("{WALK}+0x1a")], error: None };
+        let storm = OnCpu { task: TaskRef { pid: 7, comm: "storm".into() }, since_ns: Some(5) };
+        let wakeup = Wakeup {
+            task: TaskRef { pid: 42, comm: "rt_waker".into() },
+            prio: 0,
+            latency_ns: 1_100_000,
+            wakeup_ns: 10,
+            run_ns: 1_100_010,
+            target_cpu: 1,
+            run_cpu: 1,
+            waker_cpu: 0,
+            blocker: storm.clone(),
+            blocker_funcs: FuncState::default(),
+            prev: storm.clone(),
+            prev_state: 0,
+            prev_stack: stack.clone(),
+            prev_funcs: FuncState::default(),
+            prev_syscall: Some(Some(syscall.clone())),
+        };
+        let attribution = Attribution {
+            blocker_ran_until_switch: true,
+            without_rescheduling: true,
+            functions: vec![FunctionShare { function: WALK.into(), in_wait_ns: 1_000_000, calls: 2, running_call_ns: Some(900_000) }],
+            cause: WALK.into(),
+            explanation: "storm-7 held CPU 1".into(),
+        };
+        let call =
+            FunctionCall { slot: 0, task: storm.task, tgid: 7, cpu: 1, entry_ns: 20, duration_ns: 1_000_000, stack, syscall: Some(syscall) };
+        let function_spike = FunctionSpikeJson { kind: "function", rank: 1, function: WALK, entered_at_ns: 20, call: &call };
+        for line in [
+            json::line(Line::LatencyProbePlan, &header),
+            json::line(Line::LatencyInterval, &interval),
+            json::line(Line::LatencySummary, &summary),
+            json::line(Line::LatencySpike, &WakeupSpikeJson::new(1, &wakeup, &attribution, 0)),
+            json::line(Line::LatencySpike, &function_spike),
+            json::line(Line::LatencyLostEvents, &LostEvents { wakeup_spikes: 1, ..LostEvents::default() }),
+        ] {
+            tool_line(&line);
+        }
+    }
+
     #[test]
     fn lost_events_are_listed_never_hidden() {
         assert_eq!(lost_text(&LostEvents::default()), "lost events: none\n");

@@ -31,7 +31,7 @@ use self::{
 };
 use crate::{
     cli::RetryStormArgs,
-    collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
+    collect::{RingReader, counters::percpu_sums, wait_for_stop},
     error::UserError,
     kernel::{Kernel, privileges},
     probes::{GlobalValue, Plan, Planner, detach_all, load_object},
@@ -351,10 +351,7 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     if collector.seen.read_begins {
         summary.read_begins_by_caller = read_begins_by_caller(ebpf)?;
     }
-    let stopped_by = match stopped_by {
-        Stop::DurationElapsed => "duration elapsed",
-        Stop::Interrupted => "interrupted",
-    };
+    let stopped_by = stopped_by.name();
     if args.json {
         println!("{}", render::summary_json(&summary, stopped_by, &collector.seen));
         println!("{}", render::lost_json(&summary));

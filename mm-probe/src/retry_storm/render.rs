@@ -247,3 +247,100 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        probes::{Attempt, ProbePlan},
+        report::schema_check::tool_line,
+        retry_storm::{
+            events::NotifierEvent,
+            metrics::{
+                CauseTally, ChainMetrics, ChainTally, InvalidationMetrics, Invalidator, KvmMetrics, LostEvents,
+                OverlapTally, ReadBeginCaller, RetryRate, WalkMetrics,
+            },
+            verdict::{Evidence, judge},
+        },
+    };
+
+    fn percentiles() -> Percentiles {
+        Percentiles { count: 3, mean_ns: 1500.0, p50_ns: 1000, p90_ns: 2000, p99_ns: 2000, p999_ns: 2000, max_ns: 2000 }
+    }
+
+    /// A window where every probe attached and every metric has a value, advice included.
+    fn everything_observed() -> Snapshot {
+        let storm = Evidence {
+            walks: 3,
+            busy_walks: 2,
+            retry_rate: Some(0.5),
+            busy_per_walk: Some(0.6),
+            avg_walk_ns: Some(900_000.0),
+            mean_walk_bytes: Some(64.0 * 1024.0 * 1024.0),
+            ..Evidence::default()
+        };
+        Snapshot {
+            start_offset_ns: 1_000_000_000,
+            duration_ns: 1_000_000_000,
+            walks: Some(WalkMetrics {
+                calls: 3,
+                ebusy: 2,
+                errors: 0,
+                read_begins: Some(5),
+                mean_bytes: Some(4096.0),
+                max_bytes: 8192,
+                latency: percentiles(),
+                failed_walk_ns: 2000,
+                failed_walk_share: Some(0.4),
+                busy_causes: CauseTally { true_conflict: 1, false_sharing: 1, unexplained: 0 },
+            }),
+            retry_rate: Some(RetryRate { ebusy_per_invalidation: Some(0.2), ebusy_per_walk: Some(0.66) }),
+            retry_loops: Some(ChainMetrics {
+                tally: ChainTally { success: 1, gave_up: 1, ..ChainTally::default() },
+                timeouts: 1,
+                timeout_rate_per_invalidation: Some(0.1),
+                timeout_rate_per_loop: Some(0.5),
+                duration: percentiles(),
+                length_log2_hist: vec![1, 1],
+            }),
+            invalidations: Some(InvalidationMetrics {
+                count: 10,
+                other_mms: 4,
+                per_second: Some(10.0),
+                size_bytes_log2_hist: vec![0, 0, 3],
+                top_invalidators: vec![Invalidator { comm: "madv".into(), event: NotifierEvent::Clear, count: 10, bytes: 655_360 }],
+                overlap_with_walks: OverlapTally { walked_range: 1, ..OverlapTally::default() },
+                callback_ns_log2_hist: vec![0, 2],
+                callback_p99_ns: Some(3),
+                start_to_end_ns_log2_hist: vec![2],
+            }),
+            kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
+            lost_events: LostEvents { walk_events: 0, invalidate_events: 1, walk_entries_missed: 0 },
+            read_begins_by_caller: vec![ReadBeginCaller { tgid: 42, notifier: "0xffff8881".into(), calls: 5 }],
+            verdict: judge(&storm, &Thresholds::default()),
+        }
+    }
+
+    fn plan() -> Plan {
+        let failed = Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
+        let attached = ProbePlan {
+            probe: "hmm_range_fault walk",
+            purpose: "walks",
+            outcome: Outcome::Attached { mechanism: "kprobe".into(), target: "hmm_range_fault".into(), caveat: Some("clone".into()) },
+            failed_attempts: vec![failed.clone()],
+        };
+        let missing = ProbePlan { probe: "kvm age", purpose: "kvm", outcome: Outcome::Unavailable, failed_attempts: vec![failed] };
+        Plan { probes: vec![attached, missing] }
+    }
+
+    #[test]
+    fn every_json_line_matches_its_schema_with_every_metric_observed() {
+        let snapshot = everything_observed();
+        assert!(!snapshot.verdict.advice.is_empty(), "the advice must be in the checked line too");
+        let seen = Observability { walks: true, invalidations: true, kvm_age: true, statements: vec!["…".into()], ..Observability::default() };
+        tool_line(&plan_json("6.12.57", &plan(), &seen, &Thresholds::default(), 1_000_000_000));
+        tool_line(&interval_json(&snapshot));
+        tool_line(&summary_json(&snapshot, "interrupted", &seen));
+        tool_line(&lost_json(&snapshot));
+    }
+}

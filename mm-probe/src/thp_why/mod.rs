@@ -30,7 +30,7 @@ use self::{
 };
 use crate::{
     cli::ThpWhyArgs,
-    collect::{Stop, wait_for_stop},
+    collect::wait_for_stop,
     error::UserError,
     kernel::{Kernel, layout::ThpDisableBits, privileges},
     user_bail,
@@ -274,7 +274,7 @@ async fn watch(live: &mut Live, proc: &Proc, duration: Duration, events: &mut Ve
     let mut poll = tokio::time::interval(ALIVE_POLL);
     loop {
         tokio::select! {
-            why = &mut stop => return match why { Stop::DurationElapsed => "duration", Stop::Interrupted => "interrupted" },
+            why = &mut stop => return why.name(),
             _ = poll.tick() => if !target_alive(proc) { return "target_exited" },
             result = live.next_prctl(events) => if result.is_err() { return "ring_buffer_error" },
         }

@@ -917,6 +917,19 @@ VmFlags: rd wr mr mw me ac hg
         LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)], counters: BTreeMap::new(), duration_ns: 5_000_000_000, stopped_by: "duration" }
     }
 
+    /// thp-why's two JSON lines with a live window, a setter and denials (the host has no
+    /// allow-check hook; the guests do), against their schemas.
+    #[test]
+    fn the_json_lines_of_a_live_run_match_their_schemas() {
+        let mut input = inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never");
+        input.live = Some(live(vec![(key(0x7f0000000000, 0x7f0004000000, 0, 1 << 24, 0, [0, 1, 1, 0]), 651)]));
+        let report = build(input);
+        assert!(report.live.plan.is_some() && report.live.checks > 0, "{:?}", report.live);
+        for line in super::super::render::json(&report).lines() {
+            crate::report::schema_check::tool_line(line);
+        }
+    }
+
     #[test]
     fn the_lkp_case_reads_like_the_issue() {
         let mut input = inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never");

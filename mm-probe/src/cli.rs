@@ -1,6 +1,6 @@
 //! Command-line definitions (clap derive) and nothing else.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
@@ -83,6 +83,9 @@ pub struct LatencyArgs {
     /// Newline-delimited JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// At the end, draw the latency histograms (one panel per quantity, threshold marked) here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +105,10 @@ pub struct RetryStormArgs {
     /// Newline-delimited JSON: one object per interval, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// At the end, draw retry rate, -EBUSY returns and invalidations per second over the run,
+    /// with the WARN/CRIT limits, here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// retry_rate (-EBUSY ÷ invalidations), in percent, from which the verdict is WARN.
     #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
     pub retry_rate_warn: f64,

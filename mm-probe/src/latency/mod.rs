@@ -8,6 +8,7 @@
 pub mod aggregator;
 pub mod attribution;
 pub mod decoder;
+pub mod plot;
 pub mod probes;
 pub mod render;
 pub mod verdict;
@@ -40,7 +41,10 @@ use crate::{
     error::UserError,
     kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan, Planner, detach_all, load_object},
-    report::json,
+    report::{
+        json,
+        plot::{PlotFile, histogram_svg},
+    },
     user_bail,
 };
 
@@ -58,6 +62,8 @@ pub struct Options {
     pub interval: Option<Duration>,
     pub top: usize,
     pub json: bool,
+    /// Where `--plot` draws the histograms at the end.
+    pub plot: Option<PlotFile>,
 }
 
 impl Options {
@@ -101,6 +107,7 @@ impl Options {
             interval: args.interval.filter(|i| !i.is_zero()),
             top: args.top,
             json: args.json,
+            plot: args.plot.as_deref().map(PlotFile::check).transpose()?,
         })
     }
 
@@ -375,8 +382,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     };
     let tasks = aggregator::tasks(&ebpf)?;
     let duration_ns = monotonic_ns() - start_ns;
-    report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns);
-    Ok(())
+    report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns)
 }
 
 /// Runs of our programs the kernel skipped because another tracing program was running on
@@ -469,7 +475,7 @@ fn report(
     duration_ns: u64,
     stopped_by: Stop,
     start_ns: u64,
-) {
+) -> Result<()> {
     let functions: Vec<(String, Distribution)> = header
         .functions
         .iter()
@@ -526,6 +532,12 @@ fn report(
             })
         );
     }
+    if let Some(file) = &options.plot {
+        let figure = plot::histogram_plot(&header.kernel, &summary, &totals[0], &functions);
+        file.write(&histogram_svg(&figure)?)?;
+        println!("{}", file.written_line(options.json));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -577,6 +589,18 @@ mod tests {
         let err = options(&["-p", "999999999"]).unwrap_err().to_string();
         assert!(err.contains("does not exist"), "{err}");
         assert!(options(&["-p", &me, "--all-tasks"]).is_err());
+    }
+
+    #[test]
+    fn a_plot_must_be_an_svg_file_that_can_be_written() {
+        let error = options(&["--plot", "latency.png"]).unwrap_err();
+        assert!(error.to_string().contains("ending in .svg"), "{error}");
+        assert_eq!(crate::error::exit_code(&error), crate::error::EXIT_USAGE);
+        let error = options(&["--plot", "/nonexistent-mm-probe-dir/latency.svg"]).unwrap_err();
+        assert!(error.to_string().contains("does not exist"), "{error}");
+        let target = std::env::temp_dir().join(format!("mm-probe-latency-options-{}.svg", std::process::id()));
+        let o = options(&["--plot", target.to_str().unwrap()]).unwrap();
+        assert_eq!(o.plot.unwrap().path(), target);
     }
 
     #[test]

@@ -2,14 +2,17 @@
 //!
 //! hooks (probes.rs) → kernel counters + two rings (walks, invalidations) → decoder
 //! (events.rs) → retry chains (chains.rs) and walk/invalidation overlap (overlap.rs) → window
-//! metrics (metrics.rs) → verdict (verdict.rs) → text or NDJSON (render.rs).
+//! metrics (metrics.rs) → verdict (verdict.rs) → text or NDJSON (render.rs). With `--plot`, the
+//! kernel counters are also sampled into a bounded series (timeline.rs) drawn at the end (plot.rs).
 
 pub mod chains;
 pub mod events;
 pub mod metrics;
 pub mod overlap;
+pub mod plot;
 pub mod probes;
 pub mod render;
+pub mod timeline;
 pub mod verdict;
 
 use crate::collect::monotonic_ns;
@@ -27,6 +30,7 @@ use self::{
     events::{Event, decode},
     metrics::{KernelCounters, Observability, ReadBeginCaller, Snapshot, Window, bucket_delta},
     overlap::OverlapJoiner,
+    timeline::Timeline,
     verdict::{Band, Thresholds},
 };
 use crate::{
@@ -35,6 +39,7 @@ use crate::{
     error::UserError,
     kernel::{Kernel, privileges},
     probes::{GlobalValue, Plan, Planner, detach_all, load_object},
+    report::plot::{PlotFile, rates_over_time_svg},
     user_bail,
 };
 
@@ -45,8 +50,14 @@ const SETTLE: Duration = Duration::from_millis(100);
 const RETAIN: Duration = Duration::from_secs(2);
 /// How often walks are settled when no `--interval` is asked for.
 const SETTLE_TICK: Duration = Duration::from_millis(200);
+/// How often `--plot` samples the kernel counters: two points a second show the shape of a
+/// few-second storm; longer runs coarsen (see timeline.rs).
+const PLOT_SAMPLE_PERIOD: Duration = Duration::from_millis(500);
+/// Samples kept for `--plot` (five minutes at full resolution).
+const PLOT_MAX_SAMPLES: usize = 600;
 
 pub fn run(args: &RetryStormArgs) -> Result<()> {
+    let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
     for pid in &args.pids {
@@ -74,9 +85,19 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         eprint!("{}", render::plan_text(&kernel.release.text, &plan, &seen));
     }
     let numa_balancing = std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
-    let collector = Collector::new(timeout_ns, seen, thresholds, numa_balancing);
+    let mut collector = Collector::new(timeout_ns, seen, thresholds, numa_balancing);
+    let plot = plot.map(|file| {
+        collector.timeline = Some(Timeline::new(collector.run_start_ns, PLOT_SAMPLE_PERIOD.as_nanos() as u64, PLOT_MAX_SAMPLES));
+        PlotRequest { file, kernel: kernel.release.text.clone() }
+    });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(collect(&mut ebpf, collector, args))
+    runtime.block_on(collect(&mut ebpf, collector, args, plot))
+}
+
+/// `--plot`: where to draw, and the kernel for the title.
+struct PlotRequest {
+    file: PlotFile,
+    kernel: String,
 }
 
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
@@ -201,6 +222,8 @@ struct Collector {
     thresholds: Thresholds,
     numa_balancing: Option<String>,
     malformed: u64,
+    /// Rate samples for `--plot`; `None` without it.
+    timeline: Option<Timeline>,
 }
 
 impl Collector {
@@ -217,7 +240,20 @@ impl Collector {
             thresholds,
             numa_balancing,
             malformed: 0,
+            timeline: None,
         }
+    }
+
+    /// Reads the kernel counters into the `--plot` timeline (`finish` at the end of the run).
+    fn sample(&mut self, ebpf: &Ebpf, now_ns: u64, finish: bool) -> Result<()> {
+        let Some(timeline) = &mut self.timeline else { return Ok(()) };
+        let counters = KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?);
+        if finish {
+            timeline.finish(now_ns, &counters);
+        } else {
+            timeline.record(now_ns, &counters);
+        }
+        Ok(())
     }
 
     fn on_raw(&mut self, raw: &HmmEvent) {
@@ -289,7 +325,25 @@ fn read_begins_by_caller(ebpf: &Ebpf) -> Result<Vec<ReadBeginCaller>> {
     Ok(callers)
 }
 
-async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs) -> Result<()> {
+/// The next tick of `tick`, or never when there is none.
+async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
+    match tick {
+        Some(tick) => {
+            tick.tick().await;
+        }
+        None => pending::<()>().await,
+    }
+}
+
+/// A tick every `period`, the first one period from now; late ticks are not made up in a burst
+/// (a burst would close samples only microseconds long).
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs, plot: Option<PlotRequest>) -> Result<()> {
     let mut walk_ring: RingReader<HmmEvent> =
         RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
     let mut invalidate_ring: RingReader<HmmEvent> = RingReader::new(
@@ -299,13 +353,15 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     tokio::pin!(stop);
     let mut settle_tick = tokio::time::interval(SETTLE_TICK);
     let mut report_tick = args.interval.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+    let mut plot_tick = collector.timeline.is_some().then(|| every(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by = loop {
         tokio::select! {
             read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; }
             read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; }
             _ = settle_tick.tick() => collector.settle(monotonic_ns()),
-            _ = async { match report_tick.as_mut() { Some(tick) => { tick.tick().await; } None => pending::<()>().await } } => {
+            _ = next_tick(&mut plot_tick) => collector.sample(ebpf, monotonic_ns(), false)?,
+            _ = next_tick(&mut report_tick) => {
                 collector.settle(monotonic_ns());
                 let snapshot = collector.close_window(ebpf, monotonic_ns())?;
                 if args.json {
@@ -338,7 +394,9 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     }
     let settled = collector.overlap.finish();
     collector.apply_settled(settled);
-    let last = collector.close_window(ebpf, monotonic_ns())?;
+    let end_ns = monotonic_ns();
+    collector.sample(ebpf, end_ns, true)?;
+    let last = collector.close_window(ebpf, end_ns)?;
     if args.interval.is_some() && last.duration_s > 0.0 {
         if args.json {
             println!("{}", render::interval_json(&last));
@@ -366,6 +424,12 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
             "mm-probe: {} malformed events ignored (the eBPF object and this binary disagree on a record layout)",
             collector.malformed + walk_ring.malformed + invalidate_ring.malformed
         );
+    }
+    if let (Some(request), Some(timeline)) = (plot, &collector.timeline) {
+        let run = plot::RunFacts { kernel: &request.kernel, duration_s: summary.duration_s, stopped_by };
+        let figure = plot::rates_plot(&run, timeline.samples(), &collector.thresholds, &collector.seen);
+        request.file.write(&rates_over_time_svg(&figure)?)?;
+        println!("{}", request.file.written_line(args.json));
     }
     Ok(())
 }

@@ -34,14 +34,14 @@ pub struct HistogramPanel {
     pub name: String,
     /// Its numbers in one line (count, percentiles, how many over the threshold).
     pub summary: String,
+    /// The value axis' text, with its unit.
+    pub value_axis: String,
     pub bars: Vec<Bar>,
 }
 
 #[derive(Clone, Debug)]
 pub struct HistogramPlot {
     pub title: String,
-    /// The value axis' text, with its unit.
-    pub value_axis: String,
     pub threshold_us: f64,
     /// Written beside the threshold line (`threshold 500µs`).
     pub threshold_label: String,
@@ -194,7 +194,7 @@ where
         )?;
     chart
         .configure_mesh()
-        .x_desc(plot.value_axis.as_str())
+        .x_desc(panel.value_axis.as_str())
         .y_desc("count (log scale)")
         .x_label_formatter(&|x| value_label(*x))
         .y_label_formatter(&|y| count_label(*y))
@@ -248,7 +248,6 @@ mod tests {
     fn plot(panels: Vec<HistogramPanel>) -> HistogramPlot {
         HistogramPlot {
             title: "mm-probe latency on 6.18.0, 10 s traced".into(),
-            value_axis: "latency (µs, log2 scale)".into(),
             threshold_us: 500.0,
             threshold_label: "threshold 500µs".into(),
             panels,
@@ -259,6 +258,7 @@ mod tests {
         HistogramPanel {
             name: "wakeup latency".into(),
             summary: "12000 wakeups, P99 40µs, 3 over 500µs".into(),
+            value_axis: "latency (µs, log2 scale)".into(),
             bars: vec![bar(0, 0, 10), bar(3, 3, 4000), bar(4, 4, 6000), bar(40, 47, 1990), bar(1920, 2047, 3)],
         }
     }
@@ -282,7 +282,12 @@ mod tests {
 
     #[test]
     fn one_panel_per_quantity_and_an_empty_one_says_so() {
-        let idle = HistogramPanel { name: "madvise_cold_or_pageout_pte_range".into(), summary: String::new(), bars: vec![] };
+        let idle = HistogramPanel {
+            name: "madvise_cold_or_pageout_pte_range".into(),
+            summary: String::new(),
+            value_axis: "call duration (µs, log2 scale)".into(),
+            bars: vec![],
+        };
         let svg = histogram_svg(&plot(vec![wakeups(), idle])).unwrap();
         let pixmap = check::render("histogram-two-panels", &svg);
         assert_eq!(pixmap.height(), TITLE_HEIGHT + 2 * PANEL_HEIGHT);

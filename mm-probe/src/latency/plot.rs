@@ -24,9 +24,9 @@ pub fn histogram_plot(
     }
     HistogramPlot {
         title: format!(
-            "mm-probe latency on Linux {kernel}: {:.1} s traced ({})",
+            "mm-probe latency on Linux {kernel}: {:.1} s traced{}",
             summary.duration_ns as f64 / 1e9,
-            summary.stopped_by
+            if summary.stopped_by == "interrupted" { ", stopped by Ctrl-C" } else { "" }
         ),
         threshold_us: summary.threshold_ns as f64 / 1e3,
         threshold_label: format!("threshold {threshold}"),
@@ -113,7 +113,7 @@ mod tests {
         let wakeups = distribution(&[0, 3, 3, 20, 21, 700, 1953]);
         let walk = ("madvise_cold_or_pageout_pte_range".to_string(), distribution(&[40, 900]));
         let plot = histogram_plot("6.18.0", &summary(&wakeups, std::slice::from_ref(&walk)), &wakeups, &[walk.clone()]);
-        assert_eq!(plot.title, "mm-probe latency on Linux 6.18.0: 12.3 s traced (interrupted)");
+        assert_eq!(plot.title, "mm-probe latency on Linux 6.18.0: 12.3 s traced, stopped by Ctrl-C");
         assert_eq!((plot.threshold_us, plot.threshold_label.as_str()), (500.0, "threshold 500µs"));
         assert_eq!(plot.panels.len(), 2);
         let counted: u64 = plot.panels[0].bars.iter().map(|b| b.count).sum();

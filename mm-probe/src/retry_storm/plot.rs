@@ -18,7 +18,12 @@ pub struct RunFacts<'a> {
 /// -EBUSY returns, retry rate (both definitions) and invalidations, one panel each.
 pub fn rates_plot(run: &RunFacts, samples: &[RateSample], thresholds: &Thresholds, seen: &Observability) -> RatesPlot {
     RatesPlot {
-        title: format!("mm-probe retry-storm on Linux {}: {:.1} s ({})", run.kernel, run.duration_s, run.stopped_by),
+        title: format!(
+            "mm-probe retry-storm on Linux {}: {:.1} s traced{}",
+            run.kernel,
+            run.duration_s,
+            if run.stopped_by == "interrupted" { ", stopped by Ctrl-C" } else { "" }
+        ),
         duration_s: run.duration_s,
         panels: vec![returns_panel(samples, seen), retry_rate_panel(samples, thresholds, seen), invalidations_panel(samples, thresholds, seen)],
     }
@@ -104,7 +109,7 @@ mod tests {
     fn rates_are_per_second_and_percent_with_the_verdicts_limits() {
         let samples = [sample(0, 0, 0, 0), sample(1, 200, 170, 1000), sample(2, 100, 0, 0)];
         let plot = rates_plot(&run(), &samples, &Thresholds::default(), &everything());
-        assert_eq!(plot.title, "mm-probe retry-storm on Linux 6.12.0: 3.0 s (interrupted)");
+        assert_eq!(plot.title, "mm-probe retry-storm on Linux 6.12.0: 3.0 s traced, stopped by Ctrl-C");
         let [returns, retry, invalidations] = &plot.panels[..] else { panic!("three panels") };
         assert_eq!(returns.series[0].points, [(0.5, Some(0.0)), (1.5, Some(170.0)), (2.5, Some(0.0))]);
         let per_invalidation: Vec<Option<f64>> = retry.series[0].points.iter().map(|p| p.1).collect();

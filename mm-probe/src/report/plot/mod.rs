@@ -17,7 +17,8 @@ use plotters::drawing::DrawingAreaErrorKind;
 pub use file::PlotFile;
 pub use histogram::{Bar, HistogramPanel, HistogramPlot, histogram_svg};
 pub use rates::{RatePanel, RatesPlot, Series, ThresholdLine, rates_over_time_svg};
-pub use style::{SERIES_COLORS, THRESHOLD_COLOR, WARN_COLOR};
+pub use plotters::style::RGBColor;
+pub use style::{BAR_COLOR, OVER_THRESHOLD_COLOR, SERIES_COLORS, THRESHOLD_COLOR, WARN_COLOR};
 
 /// Drawing failed (plotters reports backend errors as text; nothing here is the user's doing).
 #[derive(Debug, thiserror::Error)]

@@ -109,12 +109,14 @@ where
         .x_label_area_size(48)
         .y_label_area_size(64)
         .build_cartesian_2d(0.0..duration_s, 0.0..top)?;
+    // An unobservable quantity with no limits to show has no scale worth numbering.
+    let scale_shown = panel.unavailable.is_none() || !panel.thresholds.is_empty();
     chart
         .configure_mesh()
         .x_desc("time since the start (s)")
         .y_desc(panel.unit.as_str())
         .x_labels(12)
-        .y_labels(6)
+        .y_labels(if scale_shown { 6 } else { 0 })
         .max_light_lines(1)
         .x_label_formatter(&|x| compact_number(*x))
         .y_label_formatter(&|y| compact_number(*y))

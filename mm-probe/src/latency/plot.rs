@@ -112,7 +112,8 @@ mod tests {
     fn the_figure_holds_every_wakeup_and_a_panel_per_function() {
         let wakeups = distribution(&[0, 3, 3, 20, 21, 700, 1953]);
         let walk = ("madvise_cold_or_pageout_pte_range".to_string(), distribution(&[40, 900]));
-        let plot = histogram_plot("6.18.0", &summary(&wakeups, std::slice::from_ref(&walk)), &wakeups, &[walk.clone()]);
+        let functions = std::slice::from_ref(&walk);
+        let plot = histogram_plot("6.18.0", &summary(&wakeups, functions), &wakeups, functions);
         assert_eq!(plot.title, "mm-probe latency on Linux 6.18.0: 12.3 s traced, stopped by Ctrl-C");
         assert_eq!((plot.threshold_us, plot.threshold_label.as_str()), (500.0, "threshold 500µs"));
         assert_eq!(plot.panels.len(), 2);

@@ -127,6 +127,8 @@ pub fn guest_script(binaries: &[TestBinary], run: &GuestRun<'_>) -> String {
         script.push_str(&format!("export MM_PROBE_TEST_MODULES={}\n", quote(&dir.to_string_lossy())));
     }
     script.push_str(&format!("R={GUEST_RESULTS_DIR}\n"));
+    // Files tests keep for a person to look at (plots) land beside the results on the host.
+    script.push_str("export MM_PROBE_TEST_ARTIFACTS=\"$R/artifacts\"\n");
     script.push_str("now_ms() { echo $(( $(date +%s%N) / 1000000 )); }\n");
     let extra: Vec<String> = run.libtest_args.iter().map(|a| quote(a)).collect();
     for binary in binaries {
@@ -201,6 +203,7 @@ mod tests {
         let script = guest_script(&binaries, &run);
         assert!(script.contains("export MM_PROBE_VM_KERNEL='6.12-rt'\n"), "{script}");
         assert!(script.contains("export MM_PROBE_TEST_MODULES='/w/target/kmod/6.12'\n"), "{script}");
+        assert!(script.contains("export MM_PROBE_TEST_ARTIFACTS=\"$R/artifacts\"\n"), "{script}");
         assert!(
             script.contains(r#"'/w/t/foundation-1' --test-threads=1 'it'\''s' > "$R/foundation.out" 2>&1"#),
             "{script}"

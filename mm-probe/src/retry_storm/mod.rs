@@ -244,14 +244,18 @@ impl Collector {
         }
     }
 
-    /// Reads the kernel counters into the `--plot` timeline (`finish` at the end of the run).
-    fn sample(&mut self, ebpf: &Ebpf, now_ns: u64, finish: bool) -> Result<()> {
-        let Some(timeline) = &mut self.timeline else { return Ok(()) };
-        let counters = KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?);
-        if finish {
-            timeline.finish(now_ns, &counters);
-        } else {
-            timeline.record(now_ns, &counters);
+    /// Reads the kernel counters into the `--plot` timeline.
+    fn sample(&mut self, ebpf: &Ebpf, now_ns: u64) -> Result<()> {
+        if let Some(timeline) = &mut self.timeline {
+            timeline.record(now_ns, &KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?));
+        }
+        Ok(())
+    }
+
+    /// The last read of the `--plot` timeline, once nothing more can be counted.
+    fn finish_sampling(&mut self, ebpf: &Ebpf, now_ns: u64) -> Result<()> {
+        if let Some(timeline) = &mut self.timeline {
+            timeline.finish(now_ns, &KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?));
         }
         Ok(())
     }
@@ -352,7 +356,7 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     let stop = wait_for_stop(args.duration);
     tokio::pin!(stop);
     let mut settle_tick = tokio::time::interval(SETTLE_TICK);
-    let mut report_tick = args.interval.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+    let mut report_tick = args.interval.map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
     let mut plot_tick = collector.timeline.is_some().then(|| every(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by = loop {
@@ -360,7 +364,7 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
             read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; }
             read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; }
             _ = settle_tick.tick() => collector.settle(monotonic_ns()),
-            _ = next_tick(&mut plot_tick) => collector.sample(ebpf, monotonic_ns(), false)?,
+            _ = next_tick(&mut plot_tick) => collector.sample(ebpf, monotonic_ns())?,
             _ = next_tick(&mut report_tick) => {
                 collector.settle(monotonic_ns());
                 let snapshot = collector.close_window(ebpf, monotonic_ns())?;
@@ -395,7 +399,7 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     let settled = collector.overlap.finish();
     collector.apply_settled(settled);
     let end_ns = monotonic_ns();
-    collector.sample(ebpf, end_ns, true)?;
+    collector.finish_sampling(ebpf, end_ns)?;
     let last = collector.close_window(ebpf, end_ns)?;
     if args.interval.is_some() && last.duration_s > 0.0 {
         if args.json {

@@ -171,6 +171,9 @@ fn bar_height(count: u64) -> f64 {
     (count as f64).log10()
 }
 
+/// One panel's chart: the shared value axis across, its own count axis up.
+type PanelChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<TickedAxis, TickedAxis>>;
+
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     panel: &HistogramPanel,
@@ -203,36 +206,51 @@ where
         .bold_line_style(RGBColor(205, 205, 205))
         .light_line_style(RGBColor(236, 236, 236))
         .draw()?;
-
-    let bars = panel.bars.iter().filter(|b| b.count > 0);
-    chart.draw_series(bars.flat_map(|bar| {
-        let (start, end) = bar_extent(bar);
-        let corners = [(start, COUNT_AXIS_FLOOR), (end, bar_height(bar.count))];
-        let colour = if bar.low_us as f64 >= plot.threshold_us { OVER_THRESHOLD_COLOR } else { BAR_COLOR };
-        // The white outline keeps neighbouring slots apart where their heights match.
-        [Rectangle::new(corners, colour.filled()), Rectangle::new(corners, WHITE.stroke_width(1))]
-    }))?;
-
-    let threshold = log2_position(plot.threshold_us);
-    chart.draw_series(std::iter::once(DashedPathElement::new(
-        [(threshold, COUNT_AXIS_FLOOR), (threshold, counts.top)],
-        8,
-        5,
-        THRESHOLD_COLOR.stroke_width(2),
-    )))?;
-    // The label goes on the side of the line with more room.
-    let right_side = (threshold - f64::from(axis.from)) / f64::from(axis.to - axis.from) < 0.65;
-    let (offset, anchor) = if right_side { (8, HPos::Left) } else { (-8, HPos::Right) };
-    let style = font(LABEL_SIZE).color(&THRESHOLD_COLOR).pos(Pos::new(anchor, VPos::Top));
-    chart.draw_series(std::iter::once(
-        EmptyElement::at((threshold, counts.top)) + Text::new(plot.threshold_label.clone(), (offset, 6), style),
-    ))?;
-
+    draw_bars(&mut chart, &panel.bars, plot.threshold_us)?;
+    draw_threshold(&mut chart, plot, axis, &counts)?;
     if panel.bars.iter().all(|b| b.count == 0) {
         let middle = ((axis.range().start + axis.range().end) / 2.0, (COUNT_AXIS_FLOOR + counts.top) / 2.0);
         let style = font(NOTE_SIZE).color(&NOTE_COLOR).pos(Pos::new(HPos::Center, VPos::Center));
         chart.draw_series(std::iter::once(Text::new("no samples", middle, style)))?;
     }
+    Ok(())
+}
+
+/// Bars from the floor of the count axis; those that start at or above the threshold stand out.
+fn draw_bars<DB: DrawingBackend>(chart: &mut PanelChart<'_, DB>, bars: &[Bar], threshold_us: f64) -> Result<(), PlotError>
+where
+    DB::ErrorType: 'static,
+{
+    let filled = bars.iter().filter(|b| b.count > 0);
+    chart.draw_series(filled.flat_map(|bar| {
+        let (start, end) = bar_extent(bar);
+        let corners = [(start, COUNT_AXIS_FLOOR), (end, bar_height(bar.count))];
+        let colour = if bar.low_us as f64 >= threshold_us { OVER_THRESHOLD_COLOR } else { BAR_COLOR };
+        // The white outline keeps neighbouring slots apart where their heights match.
+        [Rectangle::new(corners, colour.filled()), Rectangle::new(corners, WHITE.stroke_width(1))]
+    }))?;
+    Ok(())
+}
+
+/// The dashed threshold line, labelled at its top on the side with more room.
+fn draw_threshold<DB: DrawingBackend>(
+    chart: &mut PanelChart<'_, DB>,
+    plot: &HistogramPlot,
+    axis: &ValueAxis,
+    counts: &CountAxis,
+) -> Result<(), PlotError>
+where
+    DB::ErrorType: 'static,
+{
+    let threshold = log2_position(plot.threshold_us);
+    let line = [(threshold, COUNT_AXIS_FLOOR), (threshold, counts.top)];
+    chart.draw_series(std::iter::once(DashedPathElement::new(line, 8, 5, THRESHOLD_COLOR.stroke_width(2))))?;
+    let room_on_the_right = (threshold - f64::from(axis.from)) / f64::from(axis.to - axis.from) < 0.65;
+    let (offset, anchor) = if room_on_the_right { (8, HPos::Left) } else { (-8, HPos::Right) };
+    let style = font(LABEL_SIZE).color(&THRESHOLD_COLOR).pos(Pos::new(anchor, VPos::Top));
+    chart.draw_series(std::iter::once(
+        EmptyElement::at((threshold, counts.top)) + Text::new(plot.threshold_label.clone(), (offset, 6), style),
+    ))?;
     Ok(())
 }
 

@@ -54,6 +54,10 @@ pub struct RatesPlot {
 
 /// Room above the highest value or threshold, as a fraction of it, for the legend.
 const HEADROOM: f64 = 0.35;
+/// A limit more than this many times above both the data and the lowest limit is left off the
+/// scale (named beside the highest drawn one): a CRIT line ten times above everything measured
+/// would flatten the data against the floor.
+const THRESHOLD_REACH: f64 = 3.0;
 
 /// Renders `plot` as an SVG document.
 pub fn rates_over_time_svg(plot: &RatesPlot) -> Result<String, PlotError> {
@@ -72,11 +76,23 @@ pub fn rates_over_time_svg(plot: &RatesPlot) -> Result<String, PlotError> {
     Ok(svg)
 }
 
-/// Top of the value axis: the highest value or threshold, with headroom.
-fn value_axis_top(panel: &RatePanel) -> f64 {
+/// The value axis' top and the limits drawn under it: the lowest limit always, higher ones while
+/// they are within reach of the data; those left off are named in the highest drawn one's label.
+fn value_axis(panel: &RatePanel) -> (f64, Vec<ThresholdLine>) {
     let values = panel.series.iter().flat_map(|s| s.points.iter().filter_map(|p| p.1));
-    let highest = values.chain(panel.thresholds.iter().map(|t| t.value)).fold(0.0, f64::max);
-    if highest > 0.0 { highest * (1.0 + HEADROOM) } else { 1.0 }
+    let highest_value = values.fold(0.0, f64::max);
+    let mut limits = panel.thresholds.clone();
+    limits.sort_by(|a, b| a.value.total_cmp(&b.value));
+    let lowest_limit = limits.first().map_or(0.0, |t| t.value);
+    let reach = highest_value.max(lowest_limit) * THRESHOLD_REACH;
+    let off_scale: Vec<String> = limits.iter().skip(1).filter(|t| t.value > reach).map(|t| t.label.clone()).collect();
+    limits.retain(|t| t.value == lowest_limit || t.value <= reach);
+    if let Some(highest_drawn) = limits.last_mut().filter(|_| !off_scale.is_empty()) {
+        highest_drawn.label = format!("{} ({} off the scale)", highest_drawn.label, off_scale.join(", "));
+    }
+    let highest = limits.iter().map(|t| t.value).fold(highest_value, f64::max);
+    let top = if highest > 0.0 { highest * (1.0 + HEADROOM) } else { 1.0 };
+    (top, limits)
 }
 
 /// The stretches of consecutive samples that have a value.
@@ -101,7 +117,7 @@ fn draw_panel<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let top = value_axis_top(panel);
+    let (top, thresholds) = value_axis(panel);
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, font(CAPTION_SIZE))
         .margin(10)
@@ -126,21 +142,49 @@ where
         .light_line_style(RGBColor(242, 242, 242))
         .draw()?;
 
-    for threshold in &panel.thresholds {
+    draw_thresholds(&mut chart, &thresholds, duration_s)?;
+    if let Some(reason) = &panel.unavailable {
+        return draw_note(&mut chart, reason, duration_s, top);
+    }
+    draw_series(&mut chart, &panel.series)?;
+    if panel.series.iter().all(|s| s.points.iter().all(|p| p.1.is_none())) {
+        draw_note(&mut chart, "no samples", duration_s, top)?;
+    }
+    Ok(())
+}
+
+/// One panel's chart: seconds across, the quantity up.
+type PanelChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Dashed limits across the whole run, each labelled above its left end (the legend holds the
+/// upper right).
+fn draw_thresholds<DB: DrawingBackend>(
+    chart: &mut PanelChart<'_, DB>,
+    thresholds: &[ThresholdLine],
+    duration_s: f64,
+) -> Result<(), PlotError>
+where
+    DB::ErrorType: 'static,
+{
+    for threshold in thresholds {
         let colour = if threshold.crit { THRESHOLD_COLOR } else { WARN_COLOR };
         let line = [(0.0, threshold.value), (duration_s, threshold.value)];
         chart.draw_series(std::iter::once(DashedPathElement::new(line, 8, 5, colour.stroke_width(2))))?;
-        // Above the line at its left end: the legend holds the upper right.
         let style = font(LABEL_SIZE).color(&colour).pos(Pos::new(HPos::Left, VPos::Bottom));
         chart.draw_series(std::iter::once(
             EmptyElement::at((0.0, threshold.value)) + Text::new(threshold.label.clone(), (8, -4), style),
         ))?;
     }
+    Ok(())
+}
 
-    if let Some(reason) = &panel.unavailable {
-        return draw_note(&mut chart, reason, duration_s, top);
-    }
-    for (index, series) in panel.series.iter().enumerate() {
+/// Each series as lines through its samples (broken where a sample has no value), a marker
+/// per sample, and a legend entry.
+fn draw_series<'a, DB: DrawingBackend + 'a>(chart: &mut PanelChart<'a, DB>, all: &[Series]) -> Result<(), PlotError>
+where
+    DB::ErrorType: 'static,
+{
+    for (index, series) in all.iter().enumerate() {
         let colour = SERIES_COLORS[index % SERIES_COLORS.len()];
         for run in runs(&series.points) {
             chart.draw_series(LineSeries::new(run, colour.stroke_width(2)))?;
@@ -151,7 +195,7 @@ where
             .label(series.name.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3)));
     }
-    if !panel.series.is_empty() {
+    if !all.is_empty() {
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
@@ -160,16 +204,12 @@ where
             .border_style(RGBColor(190, 190, 190))
             .draw()?;
     }
-
-    if panel.series.iter().all(|s| s.points.iter().all(|p| p.1.is_none())) {
-        draw_note(&mut chart, "no samples", duration_s, top)?;
-    }
     Ok(())
 }
 
 /// A sentence across the middle of an empty panel.
 fn draw_note<DB: DrawingBackend>(
-    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    chart: &mut PanelChart<'_, DB>,
     note: &str,
     duration_s: f64,
     top: f64,
@@ -248,9 +288,24 @@ mod tests {
         let points = [(0.5, Some(1.0)), (1.5, None), (2.5, Some(2.0)), (3.5, Some(3.0)), (4.5, None)];
         assert_eq!(runs(&points), vec![vec![(0.5, 1.0)], vec![(2.5, 2.0), (3.5, 3.0)]]);
         let plot = storm();
-        assert!(value_axis_top(&plot.panels[0]) > 79.0, "the highest value fits");
-        let mut quiet = plot.panels[1].clone();
-        quiet.series[0].points = vec![(0.5, Some(3.0))];
-        assert!(value_axis_top(&quiet) > 10000.0, "the CRIT line stays in view");
+        let (top, limits) = value_axis(&plot.panels[0]);
+        assert!(top > 79.0, "the highest value fits");
+        assert_eq!(limits.len(), 2, "WARN 5 % and CRIT 15 % are both within reach");
+        let (top, limits) = value_axis(&plot.panels[1]);
+        assert!(top > 15_000.0 && limits.len() == 1, "a storm above the CRIT line shows both");
+    }
+
+    #[test]
+    fn a_limit_far_above_the_data_is_named_not_drawn() {
+        let mut quiet = storm().panels[1].clone();
+        quiet.series[0].points = vec![(0.5, Some(700.0)), (1.5, Some(300.0))];
+        quiet.thresholds.insert(0, ThresholdLine { value: 1000.0, label: "WARN 1k/s".into(), crit: false });
+        let (top, limits) = value_axis(&quiet);
+        assert!((1000.0..2000.0).contains(&top), "{top}: the data and the WARN line fill the panel");
+        let labels: Vec<&str> = limits.iter().map(|t| t.label.as_str()).collect();
+        assert_eq!(labels, ["WARN 1k/s (CRIT 10k/s off the scale)"]);
+        let svg = rates_over_time_svg(&RatesPlot { title: "quiet".into(), duration_s: 2.0, panels: vec![quiet] }).unwrap();
+        assert!(check::texts(&svg).iter().any(|t| t == "WARN 1k/s (CRIT 10k/s off the scale)"));
+        check::render("rates-quiet", &svg);
     }
 }

@@ -474,6 +474,36 @@ fn key_facts(key: &ThpCheckKey, vma: Option<&Vma>, mounts: &[Mount]) -> VmaFacts
     facts
 }
 
+/// The refusals a key counted system-wide cannot explain: it carries no VMA (size, alignment,
+/// backing, anon_vma are not kept), only vm_flags, the mm's THP-disable flags and the caller.
+pub const OTHER_REASON: &str = "other";
+
+/// Whether a key counted on every mm (`THP_EVERY_MM`: no VMA addresses) was allowed, and the
+/// reason code of a refusal: the first the kernel's order of checks gives from the key's own facts
+/// and the sysfs policy, judged as an anonymous VMA that fits a huge page; a refusal only the
+/// missing facts explain is [`OTHER_REASON`].
+pub fn system_wide_outcome(
+    allow_check: &AllowCheck,
+    bits: ThpDisableBits,
+    policy: &SystemPolicy,
+    key: &ThpCheckKey,
+) -> (bool, &'static str) {
+    if allow_check.allowed(key.ret) {
+        return (true, ReasonCode::None.as_str());
+    }
+    let Some(call) = allow_check.encoding.decode(key.call_args) else { return (false, OTHER_REASON) };
+    let mut facts = key_facts(key, None, &[]);
+    // One PMD-aligned huge page's worth, so that size and alignment refuse nothing.
+    let pmd_bytes = 1u64 << (12 + policy.pmd_order());
+    (facts.start, facts.end) = (pmd_bytes, 2 * pmd_bytes);
+    let mm = DisableMode::from_mm_flags(bits, key.mm_flags);
+    let ctx = Context { order: allow_check.order, policy, mm, past_wrapper: true };
+    match evaluate(&ctx, call, &facts).first() {
+        Some(denial) if denial.code != ReasonCode::NoAnonVma => (false, denial.code.as_str()),
+        _ => (false, OTHER_REASON),
+    }
+}
+
 /// Decodes every live key: who asked, allowed or not, and for denials the reason the kernel's
 /// order gives for those facts (the wrapper let it through, or the function would not have run).
 fn decode_live(input: &Inputs, li: &LiveInput, vmas: &mut [VmaEntry], live: &mut LiveFacts) {

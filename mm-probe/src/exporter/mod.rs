@@ -84,15 +84,18 @@ async fn export(
     let mut ebpf = load_object(kernel, &settings(capabilities, latency_options, thp_check.as_ref()))?;
     let sources = attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
     println!("mm-probe exporter: listening on http://{address}/metrics; {}", startup_summary(&sources));
-    let ebpf = Rc::new(RefCell::new(ebpf));
-    let exporter = Rc::new(Exporter { sources, ebpf: ebpf.clone() });
+    let object = Rc::new(RefCell::new(Some(ebpf)));
+    let exporter = Rc::new(Exporter { sources, object: object.clone() });
     let served = tokio::select! {
         _ = signals.wait(None) => Ok(()),
         served = http::serve(listener, exporter) => served,
     };
-    // A connection task polled during the detach's grace period finds the object borrowed and
-    // answers 503 (see `Exporter::render`).
-    detach_all(&mut ebpf.borrow_mut()).await;
+    // Taken out, so that a connection still served during the detach's grace period answers
+    // 503 instead of reading maps whose programs are going.
+    let taken = object.borrow_mut().take();
+    if let Some(mut ebpf) = taken {
+        detach_all(&mut ebpf).await;
+    }
     eprintln!("mm-probe exporter: stopped, every probe detached");
     served
 }
@@ -188,16 +191,18 @@ fn capability_summary(capability: Capability, plan: &Plan) -> String {
     text
 }
 
-/// What answers the scrapes: the attached sources and the object whose maps they read.
+/// What answers the scrapes: the attached sources and the object whose maps they read (`None`
+/// once shutting down).
 struct Exporter {
     sources: Sources,
-    ebpf: Rc<RefCell<Ebpf>>,
+    object: Rc<RefCell<Option<Ebpf>>>,
 }
 
 impl Exposition for Exporter {
     fn render(&self, format: Format) -> Result<String, String> {
-        let ebpf = self.ebpf.try_borrow().map_err(|_| "mm-probe exporter is shutting down".to_string())?;
-        let snapshot = self.sources.read(&ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;
+        let object = self.object.borrow();
+        let ebpf = object.as_ref().ok_or_else(|| "mm-probe exporter is shutting down".to_string())?;
+        let snapshot = self.sources.read(ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;
         let text = families::openmetrics(snapshot).map_err(|e| format!("encoding the metrics: {e}"))?;
         Ok(if format == Format::OpenMetrics { text } else { families::classic(&text) })
     }

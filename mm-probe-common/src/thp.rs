@@ -109,7 +109,8 @@ pub enum Counter {
     Faults = 0,
     /// Faults not added to `THP_FAULTS` because the map was full.
     FaultMapFull = 1,
-    /// Allow-checks on the target's mm (made by any task, khugepaged included).
+    /// Allow-checks on the target's mm (made by any task, khugepaged included); with
+    /// [`EVERY_MM`], on every mm.
     TargetChecks = 2,
     /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
     OwnChecks = 3,

@@ -2,7 +2,8 @@
 //! counted by the kernel, served by the exporter, scraped by Prometheus (`prometheus` from
 //! Debian, which `cargo xtask setup` installs), and what Prometheus answers equals what the
 //! exporter served. Also: the threshold is an exact `le` edge, `promtool check metrics` accepts
-//! the output, bad `--listen` values are one-line errors, and Ctrl-C leaves nothing loaded.
+//! the output, a bad `--listen`, a taken port or no privileges are one-line errors, and Ctrl-C
+//! leaves nothing loaded.
 //!
 //! In the qemu guests loopback may be down: it is brought up, or the tests that need it say why
 //! they skip.
@@ -119,6 +120,12 @@ fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
     let out = run_tool(&["exporter", "--listen", &address]);
     assert_one_line_usage_error(&out, "in use");
     assert!(leftover_programs(&before).is_empty(), "nothing is loaded before the port is taken");
+    // Without privileges (as nobody, when nobody can reach the binary).
+    use std::os::unix::process::CommandExt as _;
+    match Command::new(mm_probe()).args(["exporter", "--listen", "127.0.0.1:0"]).uid(65534).gid(65534).output() {
+        Ok(out) => assert_one_line_usage_error(&out, "run it as root"),
+        Err(e) => eprintln!("skipped the unprivileged run: nobody cannot start {}: {e}", mm_probe().display()),
+    }
 }
 
 fn assert_one_line_usage_error(out: &std::process::Output, says: &str) {

@@ -1061,4 +1061,18 @@ VmFlags: rd wr mr mw me ac hg
         assert_eq!(report.vmas[0].reason, ReasonCode::AllocFallback);
         assert_eq!(report.faults.thp_fault_fallback, 32);
     }
+
+    #[test]
+    fn system_wide_keys_get_the_reason_their_own_facts_give() {
+        let input = inputs(DisableMode::None, "6.1.0-57-amd64", "always [madvise] never");
+        let outcome = |k: ThpCheckKey| system_wide_outcome(&input.allow_check, input.bits, &input.policy, &k);
+        // Keys counted on every mm carry no addresses (THP_EVERY_MM).
+        assert_eq!(outcome(key(0, 0, 0, 0, 1, [0, 1, 1, 0])), (true, "none"));
+        assert_eq!(outcome(key(0, 0, 0, 0, 0, [0, 1, 1, 0])), (false, "sysfs_madvise_not_advised"));
+        assert_eq!(outcome(key(0, 0, vm_flags::VM_NOHUGEPAGE, 0, 0, [0, 1, 1, 0])), (false, "vma_nohugepage"));
+        assert_eq!(outcome(key(0, 0, 0, 1 << 24, 0, [0, 1, 1, 0])), (false, "prctl_thp_disable"));
+        // Advised, nothing in the key refuses it: the VMA's size or backing did, which a
+        // system-wide key does not carry.
+        assert_eq!(outcome(key(0, 0, vm_flags::VM_HUGEPAGE, 0, 0, [0, 0, 1, 0])), (false, OTHER_REASON));
+    }
 }

@@ -99,8 +99,10 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
     let attached = |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
     let has = |family: &str| served.iter().any(|s| s.name == family);
     assert_eq!(has("mm_probe_hmm_range_fault_returns_total"), attached("hmm_range_fault walk"), "{classic}");
-    if attached("THP allow-check") {
-        // Every fault on the advised region passed the allow-check: counted system-wide.
+    let thp_never = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|m| m.contains("[never]"));
+    if attached("THP allow-check") && !thp_never {
+        // Every fault on the advised region passed the allow-check: counted system-wide. (With
+        // enabled=never the 6.8+ inline wrapper refuses before the probed function runs.)
         let checks: f64 = served.iter().filter(|s| s.name == "mm_probe_thp_checks_total").map(|s| s.value).sum();
         assert!(checks > 0.0, "no THP check counted after faulting 16 MiB of MADV_HUGEPAGE memory:\n{classic}");
     } else if let Some(kernel) = vm_kernel().filter(|k| !k.ends_with("-rt")) {
@@ -114,12 +116,17 @@ fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
     require_root();
     let out = run_tool(&["exporter", "--listen", "localhost"]);
     assert_one_line_usage_error(&out, "not an address:port");
-    let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port to take");
-    let address = taken.local_addr().unwrap().to_string();
-    let before = our_programs();
-    let out = run_tool(&["exporter", "--listen", &address]);
-    assert_one_line_usage_error(&out, "in use");
-    assert!(leftover_programs(&before).is_empty(), "nothing is loaded before the port is taken");
+    match loopback() {
+        Ok(()) => {
+            let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port to take");
+            let address = taken.local_addr().unwrap().to_string();
+            let before = our_programs();
+            let out = run_tool(&["exporter", "--listen", &address]);
+            assert_one_line_usage_error(&out, "in use");
+            assert!(leftover_programs(&before).is_empty(), "nothing is loaded before the port is taken");
+        }
+        Err(why) => eprintln!("skipped the taken-port case: {why}"),
+    }
     // Without privileges (as nobody, when nobody can reach the binary).
     use std::os::unix::process::CommandExt as _;
     match Command::new(mm_probe()).args(["exporter", "--listen", "127.0.0.1:0"]).uid(65534).gid(65534).output() {

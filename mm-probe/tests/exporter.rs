@@ -36,7 +36,9 @@ fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
     }
     let before = our_programs();
     let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
-    let exporter = Exporter::start(&["--only", "latency", "-p", &held.pid.to_string()]);
+    // Every capability (the default), so Prometheus parses every family; -p selects the
+    // waker's wakeups.
+    let exporter = Exporter::start(&["-p", &held.pid.to_string()]);
     let prometheus = Prometheus::start(exporter.port);
     prometheus.wait_for_first_scrape();
 
@@ -77,7 +79,7 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
         return;
     }
     let before = our_programs();
-    let exporter = Exporter::start(&[]);
+    let exporter = Exporter::start(&["--only", "latency,retry-storm,thp"]);
     touch_advised_memory();
     let classic = exporter.get_metrics(false);
     promtool_accepts(&classic);
@@ -233,8 +235,12 @@ impl Prometheus {
     fn wait_until(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + limit;
         while !done() {
-            let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
-            assert!(Instant::now() < deadline, "prometheus not {what} after {limit:?}; its log:\n{log}");
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
+                // A scrape that failed (an exposition Prometheus cannot parse) says why here.
+                let targets = http_get_opt(self.port, "/api/v1/targets").map(|(_, body)| body).unwrap_or_default();
+                panic!("prometheus not {what} after {limit:?}; its targets: {targets}\nits log:\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
     }

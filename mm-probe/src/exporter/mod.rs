@@ -25,12 +25,15 @@ use self::{
 use crate::{
     cli::{Capability, ExporterArgs, LatencyArgs},
     collect::StopSignals,
-    kernel::{Kernel, privileges},
+    kernel::{Kernel, layout::ThpDisableBits, privileges},
     latency,
     probes::{GlobalValue, LogicalProbe, Plan, Planner, ProbePlan, detach_all, load_object},
     retry_storm,
     thp_why::{self, checks::AllowCheck, reasons::DisableMode},
 };
+
+/// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
+type ThpDecoding = (AllowCheck, ThpDisableBits);
 
 pub fn run(args: &ExporterArgs) -> Result<()> {
     let listen = http::parse_listen(&args.listen)?;
@@ -104,7 +107,7 @@ async fn export(
 fn settings(
     capabilities: &[Capability],
     latency_options: Option<&latency::Options>,
-    thp_check: Option<&(AllowCheck, crate::kernel::layout::ThpDisableBits)>,
+    thp_check: Option<&ThpDecoding>,
 ) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = Vec::new();
     if let Some(options) = latency_options {
@@ -124,7 +127,7 @@ fn settings(
 }
 
 /// The running kernel's allow-check and THP-disable bits, as thp-why decides them.
-fn thp_allow_check(kernel: &Kernel) -> (AllowCheck, crate::kernel::layout::ThpDisableBits) {
+fn thp_allow_check(kernel: &Kernel) -> ThpDecoding {
     let allow_check =
         kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
     (allow_check, thp_why::disable_bits(kernel))
@@ -136,7 +139,7 @@ fn attach(
     ebpf: &mut Ebpf,
     latency_options: Option<&latency::Options>,
     retry_storm: bool,
-    thp_check: Option<(AllowCheck, crate::kernel::layout::ThpDisableBits)>,
+    thp_check: Option<ThpDecoding>,
 ) -> Result<Sources> {
     let planner = Planner::new(kernel);
     let latency = match latency_options {

@@ -4,7 +4,8 @@
 //! - the nightly toolchain's `rust-src` (the eBPF crate builds `core` for bpfel-unknown-none);
 //! - bpf-linker, built against the nightly's own libLLVM so the two LLVMs always match;
 //! - the Debian packages the tests use (qemu, busybox, cpio, decompressors, gcc for the test
-//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark).
+//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark, prometheus (server and
+//!   promtool) for the exporter's end-to-end test).
 
 use std::{
     path::{Path, PathBuf},
@@ -30,6 +31,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "stress-ng",
     "rt-tests",
     "bpftrace",
+    "prometheus",
 ];
 
 pub fn run() -> Result<()> {

@@ -37,7 +37,11 @@ use self::{
 };
 use crate::{
     cli::LatencyArgs,
-    collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
+    collect::{
+        RingReader, Stop,
+        counters::{self, percpu_sums},
+        wait_for_stop,
+    },
     error::UserError,
     kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan, Planner, detach_all, load_object},
@@ -140,7 +144,7 @@ pub fn run(args: &LatencyArgs) -> Result<()> {
 }
 
 /// A mistyped `--func` is a usage error, not a silently empty histogram.
-fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
+pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     if options.functions.len() < 2 {
         return Ok(());
     }
@@ -156,7 +160,7 @@ fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
 }
 
 /// Globals: threshold, selection, and the tracepoint field offsets of this kernel.
-fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
+pub fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = vec![
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
@@ -202,12 +206,14 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
     settings
 }
 
+/// The probes without which there is no wakeup latency.
+pub const REQUIRED_PROBES: [&str; 2] = ["sched_wakeup", "sched_switch"];
+
 /// Attaches the sched probes, then each function slot; fails (exit 1) only when wakeup latency
 /// itself cannot be measured.
 fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, Vec<FunctionPlan>)> {
-    let planner = Planner::new(kernel);
-    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
-    for required in ["sched_wakeup", "sched_switch"] {
+    let (plan, functions) = attach_probes(kernel, ebpf, options);
+    for required in REQUIRED_PROBES {
         if let Some(p) = plan.get(required).filter(|p| !p.attached()) {
             user_bail!(
                 "cannot measure wakeup latency: {required} did not attach ({}); check that tracefs is mounted \
@@ -216,6 +222,13 @@ fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, 
             );
         }
     }
+    Ok((plan, functions))
+}
+
+/// Attaches every probe it can: the sched probes, then each function slot.
+pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Plan, Vec<FunctionPlan>) {
+    let planner = Planner::new(kernel);
+    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
     let mut functions = Vec::new();
     for (slot, name) in options.functions.iter().enumerate() {
         let probe = planner.attach(ebpf, &probes::function_probe(slot, name));
@@ -228,7 +241,20 @@ fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, 
         });
         plan.probes.push(probe);
     }
-    Ok((plan, functions))
+    (plan, functions)
+}
+
+/// Tells the kernel side which threads `-p` selected.
+pub fn select_pids(ebpf: &mut Ebpf, options: &Options) -> Result<()> {
+    if options.filter != FILTER_PIDS {
+        return Ok(());
+    }
+    let mut pids: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::PIDS_MAP).context("pid filter map missing")?)?;
+    for pid in &options.pids {
+        pids.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the filter"))?;
+    }
+    Ok(())
 }
 
 /// Set to `tracepoint` to use the classic sched tracepoints even where BTF ones work (the
@@ -281,13 +307,7 @@ struct Collected {
 
 async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     let mut ebpf = load_object(kernel, &settings(options))?;
-    if options.filter == FILTER_PIDS {
-        let mut pids: BpfHashMap<_, u32, u8> =
-            BpfHashMap::try_from(ebpf.map_mut(names::PIDS_MAP).context("pid filter map missing")?)?;
-        for pid in &options.pids {
-            pids.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the filter"))?;
-        }
-    }
+    select_pids(&mut ebpf, options)?;
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
     // Read the symbols again now that the programs are attached (stacks through fentry pass
     // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on), and
@@ -388,18 +408,30 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
 /// Runs of our programs the kernel skipped because another tracing program was running on
 /// that CPU (bpf_prog_info.recursion_misses, shown in the program fd's fdinfo since 5.12).
 fn recursion_misses(ebpf: &Ebpf) -> u64 {
-    use std::os::fd::{AsFd as _, AsRawFd as _};
-    ebpf.programs()
-        .filter_map(|(_, program)| program.fd().ok())
-        .filter_map(|fd| std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).ok())
-        .filter_map(|info| {
-            info.lines().find_map(|l| l.strip_prefix("recursion_misses:").and_then(|v| v.trim().parse::<u64>().ok()))
-        })
-        .sum()
+    counters::recursion_misses(ebpf, |_| true)
 }
 
-fn counter(counters: &[u64], which: Counter) -> u64 {
+pub fn counter(counters: &[u64], which: Counter) -> u64 {
     counters.get(which as usize).copied().unwrap_or(0)
+}
+
+/// Everything the kernel counted since the object was loaded, summed over CPUs.
+#[derive(Clone, Debug)]
+pub struct Totals {
+    pub wakeup: Distribution,
+    /// One per function slot, in slot order.
+    pub functions: Vec<Distribution>,
+    /// Indexed by [`Counter`].
+    pub counters: Vec<u64>,
+}
+
+/// Reads the histograms of the wakeup and of `function_slots` slots, and the counters, from a
+/// loaded object (cheap: one map lookup per quantity, made on every scrape by the exporter).
+pub fn read_totals(ebpf: &Ebpf, function_slots: usize) -> Result<Totals> {
+    let wakeup = aggregator::read_distribution(ebpf, QUANTITY_WAKEUP)?;
+    let functions =
+        (0..function_slots as u32).map(|slot| aggregator::read_distribution(ebpf, 1 + slot)).collect::<Result<_>>()?;
+    Ok(Totals { wakeup, functions, counters: percpu_sums(ebpf, COUNTERS_MAP)? })
 }
 
 /// Wakeup distribution first, then one per function slot.

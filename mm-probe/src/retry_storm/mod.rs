@@ -66,16 +66,8 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         }
     }
     let kernel = Kernel::running()?;
-    let filter = GlobalValue::U32(u32::from(!args.pids.is_empty()));
-    let mut ebpf = load_object(&kernel, &[(names::FILTER_TGIDS, filter)])?;
-    {
-        let mut targets: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
-            ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?,
-        )?;
-        for pid in &args.pids {
-            targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
-        }
-    }
+    let mut ebpf = load_object(&kernel, &settings(&args.pids))?;
+    select_processes(&mut ebpf, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     let seen = observability(&kernel, &plan);
     let timeout_ns = args.timeout.as_nanos() as u64;
@@ -98,6 +90,21 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
 struct PlotRequest {
     file: PlotFile,
     kernel: String,
+}
+
+/// Globals: whether only the `-p` processes are watched.
+pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
+    vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
+}
+
+/// Tells the kernel side which processes `-p` selected.
+fn select_processes(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let mut targets: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?)?;
+    for pid in pids {
+        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
+    }
+    Ok(())
 }
 
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
@@ -128,7 +135,7 @@ fn has_hmm(kernel: &Kernel) -> bool {
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.
-fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
+pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     let mut seen = Observability {
         walks: plan.is_attached(probes::WALK_PROBE),
         read_begins: plan.is_attached(probes::READ_BEGIN_PROBE),
@@ -190,22 +197,27 @@ fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     seen
 }
 
-/// Kernel-side cumulative state at the end of the previous window.
-#[derive(Default)]
-struct KernelTotals {
-    counters: KernelCounters,
-    callback_ns: Vec<u64>,
-    window_ns: Vec<u64>,
-    kvm_sizes: Vec<u64>,
+/// Kernel-side cumulative state (since the object was loaded), summed over CPUs.
+#[derive(Clone, Debug, Default)]
+pub struct KernelTotals {
+    pub counters: KernelCounters,
+    /// Log2 buckets (ns) of the time in invalidate_range_start.
+    pub callback_ns: Vec<u64>,
+    pub window_ns: Vec<u64>,
+    pub kvm_sizes: Vec<u64>,
+    /// Invalidations of mirrored mms by `enum mmu_notifier_event` (last slot: unknown).
+    pub invalidations_by_event: Vec<u64>,
 }
 
 impl KernelTotals {
-    fn read(ebpf: &Ebpf) -> Result<Self> {
+    /// Reads every counter and histogram (cheap: the exporter does it on each scrape).
+    pub fn read(ebpf: &Ebpf) -> Result<Self> {
         Ok(Self {
             counters: KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?),
             callback_ns: percpu_sums(ebpf, names::CALLBACK_HIST_MAP)?,
             window_ns: percpu_sums(ebpf, names::WINDOW_HIST_MAP)?,
             kvm_sizes: percpu_sums(ebpf, names::KVM_SIZE_HIST_MAP)?,
+            invalidations_by_event: percpu_sums(ebpf, names::INVALIDATIONS_BY_EVENT_MAP)?,
         })
     }
 }

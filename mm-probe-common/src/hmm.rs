@@ -29,8 +29,18 @@ pub const WINDOW_HIST_MAP: &str = "HMM_WINDOW_NS";
 /// Per-CPU array of log2 buckets (bytes): sizes of KVM unmap/age ranges (tracepoints).
 pub const KVM_SIZE_HIST_MAP: &str = "HMM_KVM_SIZE";
 
+/// Per-CPU array of u64 indexed by `enum mmu_notifier_event` ([`NOTIFIER_EVENTS`] slots, the
+/// last for values this build does not know): invalidations of mirrored mms by event, so that
+/// a scrape can count them by event without reading the ring.
+pub const INVALIDATIONS_BY_EVENT_MAP: &str = "HMM_INVALIDATIONS_BY_EVENT";
+/// UNMAP … EXCLUSIVE (0..=7, unchanged 5.15 → 6.18), then one slot for anything else.
+pub const NOTIFIER_EVENTS: u32 = 9;
+
 /// Global u32: 1 = only the tgids in [`TARGET_TGIDS_MAP`], 0 = every process.
 pub const FILTER_TGIDS: &str = "HMM_FILTER_TGIDS";
+/// Global u32: 1 (default) = stream walks and invalidations through the rings; 0 = counters and
+/// histograms only (the exporter, which reads nothing from the rings).
+pub const STREAM_EVENTS: &str = "HMM_STREAM_EVENTS";
 
 /// Slots of the log2 histograms (2^40 ns ≈ 18 min; 2^40 bytes = 1 TiB).
 pub const LOG2_BUCKETS: u32 = 41;
@@ -67,9 +77,11 @@ pub enum Counter {
     NotifierRemoves = 11,
     /// Invalidate-ring reservations that failed.
     LostInvalidateEvents = 12,
+    /// Nanoseconds spent in invalidate_range_start (the sum of [`CALLBACK_HIST_MAP`]'s samples).
+    CallbackNs = 13,
 }
 
-pub const COUNTER_SLOTS: u32 = 13;
+pub const COUNTER_SLOTS: u32 = 14;
 
 /// What an [`HmmEvent`] records.
 #[repr(u32)]

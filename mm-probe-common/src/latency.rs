@@ -27,6 +27,9 @@ pub const MAX_CPUS: u32 = 1024;
 
 /// Globals user space sets before load.
 pub const THRESHOLD_NS: &str = "LAT_THRESHOLD_NS";
+/// 1 (default) = send spikes over the threshold through the rings; 0 = histograms and counters
+/// only (the exporter, which reads nothing from the rings).
+pub const STREAM_SPIKES: &str = "LAT_STREAM_SPIKES";
 /// Which wakeups to measure, one of the `FILTER_*` values.
 pub const FILTER_MODE: &str = "LAT_FILTER_MODE";
 /// Real-time and deadline tasks: kernel priority below 100 (RT prio 99 - rt_priority, DL -1).

@@ -13,6 +13,9 @@ pub const SELF_TGID: &str = "THP_SELF_TGID";
 /// Global: bit `i` set when argument `i` (2..=5) of the allow-check function says which caller
 /// made the check (`smaps`/`in_pf`/`enforce_sysfs`, `tva_flags` or `type`), as named in BTF.
 pub const CALL_ARG_MASK: &str = "THP_CALL_ARG_MASK";
+/// Global: 1 = count allow-checks on every mm, keyed without the VMA's addresses (so the key
+/// set stays small system-wide); 0 (default) = only the target's mm, keyed per VMA.
+pub const EVERY_MM: &str = "THP_EVERY_MM";
 /// Global: the vm_flags bits worth keeping in a key (the rest would only split keys).
 pub const VM_FLAGS_MASK: &str = "THP_VM_FLAGS_MASK";
 /// Global: the mm->flags bits worth keeping (the THP-disable bits of this kernel).
@@ -106,7 +109,8 @@ pub enum Counter {
     Faults = 0,
     /// Faults not added to `THP_FAULTS` because the map was full.
     FaultMapFull = 1,
-    /// Allow-checks on the target's mm (made by any task, khugepaged included).
+    /// Allow-checks on the target's mm (made by any task, khugepaged included); with
+    /// [`EVERY_MM`], on every mm.
     TargetChecks = 2,
     /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
     OwnChecks = 3,

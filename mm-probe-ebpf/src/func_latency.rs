@@ -17,7 +17,7 @@ use mm_probe_common::latency::{Counter, FuncSpike, FuncState, MAX_FUNCS};
 
 use crate::{
     kernel::{current_pid, current_tgid},
-    sched::{LAT_SYSCALLS, copy_record, count, record, stack_id, threshold_ns},
+    sched::{LAT_SYSCALLS, copy_record, count, record, stack_id, stream_spikes, threshold_ns},
 };
 
 /// Each task's traced-function state (LRU: exited tasks age out).
@@ -77,7 +77,7 @@ fn func_exit<C: StackIdContext>(ctx: &C, slot: usize) -> u32 {
     *calls += 1;
     let over = duration_ns > threshold_ns();
     record(1 + slot as u32, duration_ns, over);
-    if over {
+    if over && stream_spikes() {
         emit_spike(ctx, slot, pid, entry_ns, duration_ns);
     }
     0

@@ -25,6 +25,8 @@ const THREADS: u32 = 16384;
 
 #[unsafe(no_mangle)]
 static HMM_FILTER_TGIDS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static HMM_STREAM_EVENTS: Global<u32> = Global::new(1);
 
 #[map]
 static HMM_WALK_EVENTS: RingBuf = RingBuf::with_byte_size(2 << 20, 0);
@@ -54,6 +56,12 @@ pub fn count(counter: Counter) {
     bump(&HMM_COUNTERS, counter as u32, 1);
 }
 
+/// Adds a duration to a counter that sums nanoseconds.
+#[inline(always)]
+pub fn count_ns(counter: Counter, ns: u64) {
+    bump(&HMM_COUNTERS, counter as u32, ns);
+}
+
 /// Remembers that `mm` is mirrored, so its invalidations are streamed.
 #[inline(always)]
 fn mark_mirrored(mm: u64, tgid: u32) {
@@ -70,6 +78,9 @@ pub fn is_mirrored(mm: u64) -> bool {
 /// Reserves and fills one event in the ring for its kind; a full ring is counted, never hidden.
 #[inline(always)]
 pub fn emit(event: HmmEvent) {
+    if HMM_STREAM_EVENTS.load() == 0 {
+        return;
+    }
     let (ring, lost) = if event.kind == EventKind::Invalidate as u32 {
         (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents)
     } else {

@@ -13,10 +13,10 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
-use mm_probe_common::hmm::{Counter, EventKind, LOG2_BUCKETS, Stash};
+use mm_probe_common::hmm::{Counter, EventKind, LOG2_BUCKETS, NOTIFIER_EVENTS, Stash};
 
 use crate::{
-    hmm::{blank_event, count, emit, is_mirrored, watched},
+    hmm::{blank_event, count, count_ns, emit, is_mirrored, watched},
     kernel::{bump, current_pid, current_tgid, log2_bucket, offsets::*, read_at},
 };
 
@@ -28,6 +28,8 @@ static HMM_CALLBACK_NS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BU
 static HMM_WINDOW_NS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
 #[map]
 static HMM_KVM_SIZE: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
+#[map]
+static HMM_INVALIDATIONS_BY_EVENT: PerCpuArray<u64> = PerCpuArray::with_max_entries(NOTIFIER_EVENTS, 0);
 
 /// kvm_unmap_hva_range / kvm_age_hva: `unsigned long start` at 8, `end` at 16 (the format is
 /// byte-identical 5.15 → 6.18).
@@ -48,7 +50,10 @@ fn invalidate_start(range: u64) -> u32 {
     event.mm = mm;
     event.start = read_at(range, OFF_NOTIFIER_RANGE_START.load()).unwrap_or(0);
     event.end = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
-    event.code = read_at::<u32>(range, OFF_NOTIFIER_RANGE_EVENT.load()).unwrap_or(u32::MAX) as i32;
+    let kind = read_at::<u32>(range, OFF_NOTIFIER_RANGE_EVENT.load()).unwrap_or(u32::MAX);
+    // Unknown and unreadable events share the last slot.
+    bump(&HMM_INVALIDATIONS_BY_EVENT, if kind < NOTIFIER_EVENTS - 1 { kind } else { NOTIFIER_EVENTS - 1 }, 1);
+    event.code = kind as i32;
     emit(event);
     0
 }
@@ -59,6 +64,7 @@ fn invalidate_start_return() -> u32 {
     if let Some(stash) = unsafe { HMM_INVALIDATE_STASH.get(&current_pid()) } {
         let elapsed = unsafe { bpf_ktime_get_ns() } - stash.ts_ns;
         bump(&HMM_CALLBACK_NS, log2_bucket(elapsed, LOG2_BUCKETS), 1);
+        count_ns(Counter::CallbackNs, elapsed);
     }
     0
 }

@@ -37,6 +37,8 @@ use crate::{
 static LAT_THRESHOLD_NS: Global<u64> = Global::new(500_000);
 #[unsafe(no_mangle)]
 static LAT_FILTER_MODE: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static LAT_STREAM_SPIKES: Global<u32> = Global::new(1);
 
 #[unsafe(no_mangle)]
 static LAT_TP_WAKEUP_COMM: Global<u32> = Global::new(8);
@@ -151,6 +153,12 @@ pub(crate) fn record(quantity: u32, value_ns: u64, over: bool) {
 #[inline(always)]
 pub(crate) fn threshold_ns() -> u64 {
     LAT_THRESHOLD_NS.load()
+}
+
+/// Whether spikes go to user space (the exporter only reads histograms and counters).
+#[inline(always)]
+pub(crate) fn stream_spikes() -> bool {
+    LAT_STREAM_SPIKES.load() != 0
 }
 
 /// The current kernel stack's id in LAT_STACKS, or the (negative) error.
@@ -351,7 +359,7 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     let over = latency_ns > threshold_ns();
     record(QUANTITY_WAKEUP, latency_ns, over);
     account_task(switch, start.prio, latency_ns, over);
-    if over {
+    if over && stream_spikes() {
         emit_spike(ctx, switch, start, now, cpu, prev_since_ns);
     }
     let _ = LAT_WAKEUPS.remove(&next_pid);

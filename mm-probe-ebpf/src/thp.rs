@@ -34,6 +34,8 @@ static THP_TARGET_TGID: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static THP_SELF_TGID: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
+static THP_EVERY_MM: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static THP_CALL_ARG_MASK: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static THP_VM_FLAGS_MASK: Global<u64> = Global::new(0);
@@ -120,21 +122,28 @@ fn add_one<K>(map: &PerCpuHashMap<K, u64>, key: &K, full: Counter) {
     }
 }
 
-/// Counts one allow-check of `vma` if it concerns the target's mm.
+/// Whether an allow-check on `mm` is the target's (learning the target's mm on the way).
 #[inline(always)]
-fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
-    count(Counter::AllChecks);
-    let Some(mm) = read_at::<u64>(vma, OFF_VMA_VM_MM.load()) else { return };
-    let tgid = current_tgid();
+fn is_target_mm(mm: u64, tgid: u32) -> bool {
     if tgid == THP_TARGET_TGID.load() {
         remember_mm(MmSlot::Target, current_mm());
     }
     let target = target_mm();
     if target == 0 {
         count(Counter::MmUnknown);
-        return;
+        return false;
     }
-    if mm != target {
+    mm == target
+}
+
+/// Counts one allow-check of `vma` if it concerns the target's mm, or any mm with THP_EVERY_MM.
+#[inline(always)]
+fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
+    count(Counter::AllChecks);
+    let Some(mm) = read_at::<u64>(vma, OFF_VMA_VM_MM.load()) else { return };
+    let tgid = current_tgid();
+    let every_mm = THP_EVERY_MM.load() != 0;
+    if !every_mm && !is_target_mm(mm, tgid) {
         return;
     }
     if tgid == THP_SELF_TGID.load() {
@@ -142,9 +151,15 @@ fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
         return;
     }
     count(Counter::TargetChecks);
+    // System-wide, a key per VMA would fill the map: the addresses are left out.
+    let (vm_start, vm_end) = if every_mm {
+        (0, 0)
+    } else {
+        (read_at::<u64>(vma, OFF_VMA_VM_START.load()).unwrap_or(0), read_at::<u64>(vma, OFF_VMA_VM_END.load()).unwrap_or(0))
+    };
     let key = ThpCheckKey {
-        vm_start: read_at::<u64>(vma, OFF_VMA_VM_START.load()).unwrap_or(0),
-        vm_end: read_at::<u64>(vma, OFF_VMA_VM_END.load()).unwrap_or(0),
+        vm_start,
+        vm_end,
         vm_flags: vm_flags & THP_VM_FLAGS_MASK.load(),
         mm_flags: read_at::<u64>(mm, OFF_MM_STRUCT_FLAGS.load()).unwrap_or(0) & THP_MM_FLAGS_MASK.load(),
         ret,

@@ -1,8 +1,8 @@
 //! Command-line definitions (clap derive) and nothing else.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::units::parse_duration;
 
@@ -23,6 +23,8 @@ pub enum Command {
     Latency(LatencyArgs),
     /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
     RetryStorm(RetryStormArgs),
+    /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
+    Exporter(ExporterArgs),
     /// Benchmark hook (cargo xtask bench): one ring-buffer record per getppid(2) call of PID,
     /// until SIGINT; prints records received and lost, and this process's CPU time and RSS.
     #[command(hide = true)]
@@ -83,6 +85,9 @@ pub struct LatencyArgs {
     /// Newline-delimited JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// At the end, draw the latency histograms (one panel per quantity, threshold marked) here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -102,6 +107,10 @@ pub struct RetryStormArgs {
     /// Newline-delimited JSON: one object per interval, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// At the end, draw retry rate, -EBUSY returns and invalidations per second over the run,
+    /// with the WARN/CRIT limits, here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// retry_rate (-EBUSY ÷ invalidations), in percent, from which the verdict is WARN.
     #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
     pub retry_rate_warn: f64,
@@ -126,4 +135,46 @@ pub struct RetryStormArgs {
     /// Invalidations per second above which the verdict is CRIT.
     #[arg(long, default_value_t = 10000.0, value_name = "PER_SECOND")]
     pub invalidate_freq_crit: f64,
+}
+
+/// The capabilities the exporter can keep attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Capability {
+    Latency,
+    RetryStorm,
+    Thp,
+}
+
+impl Capability {
+    /// The `capability` label value: the command's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Latency => "latency",
+            Capability::RetryStorm => "retry-storm",
+            Capability::Thp => "thp",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ExporterArgs {
+    /// Address and port to serve /metrics on (an all-interfaces address only if you give one).
+    #[arg(long, default_value = "127.0.0.1:9479", value_name = "ADDRESS:PORT")]
+    pub listen: String,
+    /// Only these capabilities (comma-separated); default: all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Capability>,
+    /// latency: a wakeup or call slower than this is counted over the threshold, and the
+    /// histograms get an exact bucket edge here (units: ns, us/µs, ms, s).
+    #[arg(long, default_value = "500us", value_parser = duration)]
+    pub threshold: Duration,
+    /// latency: only these tasks (repeatable); default: every real-time task.
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// latency: measure every task's wakeup latency, not only real-time ones.
+    #[arg(long)]
+    pub all_tasks: bool,
+    /// latency: also time this kernel function, entry to return (repeatable).
+    #[arg(long = "func")]
+    pub functions: Vec<String>,
 }

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod collect;
 pub mod doctor;
 pub mod error;
+pub mod exporter;
 pub mod kernel;
 pub mod latency;
 pub mod probes;

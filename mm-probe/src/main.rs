@@ -2,7 +2,7 @@ use clap::Parser as _;
 
 use mm_probe::{
     cli::{Cli, Command},
-    doctor, error, latency, retry_storm, selftest, thp_why,
+    doctor, error, exporter, latency, retry_storm, selftest, thp_why,
 };
 
 fn main() {
@@ -17,6 +17,7 @@ fn main() {
         Command::ThpWhy(args) => thp_why::run(&args),
         Command::Latency(args) => latency::run(&args),
         Command::RetryStorm(args) => retry_storm::run(&args),
+        Command::Exporter(args) => exporter::run(&args),
         Command::BenchRing { pid } => selftest::run_ring_check(pid),
     };
     if let Err(err) = result {

@@ -14,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-use common::{mm_probe, module_dir, require_root, run_tool, vm_kernel, workload};
+use common::{
+    RenderedSvg, keep_artifact, mm_probe, module_dir, require_root, run_tool, scratch_dir, vm_kernel, workload,
+};
 use latency_support::*;
 use serde_json::Value;
 
@@ -153,6 +155,63 @@ fn bad_thresholds_and_unknown_functions_are_usage_errors() {
     let out = run_tool(&["latency", "--func", "no_such_function_anywhere", "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no such kernel function"));
+}
+
+#[test]
+fn a_plot_that_is_not_svg_or_cannot_be_written_is_refused_before_tracing() {
+    require_root();
+    let dir = scratch_dir("latency-plot-refused");
+    let not_svg = dir.join("latency.png");
+    let no_dir = dir.join("missing").join("latency.svg");
+    for (path, why) in [(&not_svg, "ending in .svg"), (&no_dir, "does not exist"), (&dir, "ending in .svg")] {
+        let out = run_tool(&["latency", "--duration", "1s", "--plot", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(why) && stderr.contains(path.to_str().unwrap()), "{stderr}");
+        assert!(out.stdout.is_empty(), "refused before any probe plan: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    assert!(!not_svg.exists() && !no_dir.exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_plot_draws_the_wakeup_histogram_with_its_threshold() {
+    require_root();
+    let dir = scratch_dir("latency-plot");
+    let plot = dir.join("latency.svg");
+    let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "400"]);
+    let pid = held.pid.to_string();
+    let tracing = Tracing::start(&["-p", &pid, "--threshold", "1ms", "--plot", plot.to_str().unwrap()]);
+    let functions_traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");
+    let kernel = tracing.plan["kernel"].as_str().expect("the plan names the kernel").to_string();
+    let waker = held.run();
+    let lines = tracing.interrupt();
+    held.exit();
+    keep_artifact(&plot);
+
+    let written = only(&lines, "plot");
+    assert_eq!(written["path"].as_str(), plot.to_str(), "the output says where the plot went: {written}");
+    let summary = only(&lines, "summary");
+    let wakeups = summary["wakeup"]["count"].as_u64().unwrap();
+    assert_plausible_wakeups(wakeups, &waker, summary);
+
+    let figure = RenderedSvg::open(&plot);
+    assert!(figure.width >= 800 && figure.height >= 300, "{}x{}", figure.width, figure.height);
+    assert!(figure.inked_pixels() > 20_000, "the figure renders to a picture: {} pixels drawn", figure.inked_pixels());
+    let rgb = |c: mm_probe::report::plot::RGBColor| (c.0, c.1, c.2);
+    assert!(figure.has_color(rgb(mm_probe::report::plot::BAR_COLOR)), "the wakeup bars are drawn");
+    assert!(figure.has_color(rgb(mm_probe::report::plot::THRESHOLD_COLOR)), "the threshold line is drawn");
+    let title = figure.texts.first().expect("a title");
+    assert!(title.contains(&kernel) && title.contains("s traced, stopped by Ctrl-C"), "{title}");
+    assert!(figure.text_containing("threshold 1ms").is_some(), "{:?}", figure.texts);
+    let caption = format!("wakeup latency: {wakeups} wakeups, P50 ");
+    assert!(figure.text_containing(&caption).is_some(), "the panel states the summary's count: {:?}", figure.texts);
+    assert!(figure.text_containing("wakeup latency (µs, log2 scale)").is_some(), "{:?}", figure.texts);
+    assert!(figure.text_containing("count (log scale)").is_some(), "{:?}", figure.texts);
+    let function_panel = figure.text_containing("madvise_cold_or_pageout_pte_range");
+    assert_eq!(function_panel.is_some(), functions_traced, "a panel per attached function: {:?}", figure.texts);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Loads a test module and unloads it when dropped, even when the test fails.

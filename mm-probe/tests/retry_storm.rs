@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{first_of, json_lines, module_dir, require_root, run_tool, vm_kernel, workload};
+use common::{
+    RenderedSvg, first_of, json_lines, keep_artifact, module_dir, require_root, run_tool, scratch_dir, vm_kernel,
+    workload,
+};
 use serde_json::Value;
 
 const WALK_PROBE: &str = "hmm_range_fault walk";
@@ -84,6 +87,80 @@ fn bad_thresholds_and_missing_processes_are_usage_errors() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("process 2147483647 does not exist"), "{stderr}");
+    // A plot that could not be drawn is refused before anything attaches (no plan printed).
+    let dir = scratch_dir("retry-storm-plot-refused");
+    for (path, why) in [(dir.join("rates.png"), "ending in .svg"), (dir.join("missing/rates.svg"), "does not exist")] {
+        let out = run_tool(&["retry-storm", "--duration", "1s", "--plot", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", path.display());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "one line, and no plan: {stderr}");
+        assert!(stderr.contains(why), "{stderr}");
+        assert!(out.stdout.is_empty());
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Checks what every retry-storm plot must show; returns it.
+fn check_plot(path: &std::path::Path, lines: &[Value]) -> RenderedSvg {
+    keep_artifact(path);
+    let written = first_of(lines, "plot").unwrap_or_else(|| panic!("no plot line in {lines:#?}"));
+    assert_eq!(written["path"].as_str(), path.to_str(), "the output says where the plot went: {written}");
+    let figure = RenderedSvg::open(path);
+    assert!(figure.width >= 800 && figure.height >= 600, "{}x{}", figure.width, figure.height);
+    assert!(figure.inked_pixels() > 20_000, "the figure renders to a picture: {} pixels drawn", figure.inked_pixels());
+    let kernel = first_of(lines, "probe_plan").expect("a plan")["kernel"].as_str().expect("the plan names the kernel");
+    let title = figure.texts.first().expect("a title");
+    assert!(title.contains(kernel) && title.contains("s traced"), "{title}");
+    // The retry-rate limits the verdict judges against, as set on the command line.
+    for label in ["WARN 5 %", "CRIT 15 %", "WARN 1k/s", "CRIT 10k/s"] {
+        assert!(figure.text_containing(label).is_some(), "{label} missing: {:?}", figure.texts);
+    }
+    let rgb = |c: mm_probe::report::plot::RGBColor| (c.0, c.1, c.2);
+    assert!(figure.has_color(rgb(mm_probe::report::plot::THRESHOLD_COLOR)), "the CRIT lines are drawn");
+    assert!(figure.has_color(rgb(mm_probe::report::plot::WARN_COLOR)), "the WARN lines are drawn");
+    figure
+}
+
+#[test]
+fn the_plot_shows_rates_over_time_against_the_retry_rate_limits() {
+    require_root();
+    let dir = scratch_dir("retry-storm-plot");
+    let plot = dir.join("retry-storm.svg");
+    let plot_arg = plot.to_str().unwrap();
+    if vm_kernel().is_none() {
+        let out = run_tool(&["retry-storm", "--json", "--duration", "2s", "--plot", plot_arg]);
+        assert_eq!(out.status.code(), Some(0));
+        let lines = json_lines(&out.stdout);
+        let walk = walk_probe(first_of(&lines, "probe_plan").expect("a probe_plan line"));
+        if walk["status"] != "attached" {
+            // The host has no HMM: the figure still renders, with the limits, and says why it
+            // has no lines instead of drawing zeros that look healthy.
+            let figure = check_plot(&plot, &lines);
+            assert!(figure.text_containing("hmm_range_fault is not observable").is_some(), "{:?}", figure.texts);
+            std::fs::remove_dir_all(dir).unwrap();
+            return;
+        }
+    }
+    let _module = MirrorModule::load();
+    // No --interval: the plot samples on its own.
+    let tool = Tool::start(&["--plot", plot_arg]);
+    let out = Command::new(workload("hmm_storm"))
+        .args(["--size", "64M", "--duration-ms", "2000", "--interval-us", "50"])
+        .output()
+        .expect("running hmm_storm");
+    assert!(out.status.success(), "hmm_storm: {}", String::from_utf8_lossy(&out.stderr));
+    let driver: Value = serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object");
+    let (summary, lines) = tool.interrupt();
+    eprintln!("driver: {driver}\nsummary: {summary}");
+    assert!(f(&driver["busy_returns"]) > 0.0, "the storm must make walks fail: {driver}");
+    let figure = check_plot(&plot, &lines);
+    for series in ["-EBUSY returns/s", "-EBUSY ÷ invalidations", "invalidations/s"] {
+        assert!(figure.text_containing(series).is_some(), "{series} missing: {:?}", figure.texts);
+    }
+    assert!(figure.text_containing("not observable").is_none(), "{:?}", figure.texts);
+    let series_colour = mm_probe::report::plot::SERIES_COLORS[0];
+    assert!(figure.has_color((series_colour.0, series_colour.1, series_colour.2)), "the rate lines are drawn");
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Loads hmm_mirror.ko for the test and unloads it afterwards (also on failure).
@@ -150,13 +227,17 @@ impl Tool {
         }
     }
 
-    /// Ctrl-C, then the summary it must print; also returns every line before it.
+    /// Ctrl-C, then the summary it must print; also returns every line it printed.
     fn interrupt(mut self) -> (Value, Vec<Value>) {
         // SAFETY: kill(2) on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) }, 0);
         let summary = self.wait_for("summary", Duration::from_secs(60));
         let status = self.child.wait().expect("waiting for mm-probe");
         assert_eq!(status.code(), Some(0), "Ctrl-C ends the run with a summary and exit 0");
+        // The reader thread ends with the tool's stdout: what it still holds is the rest.
+        for line in self.lines.iter() {
+            self.seen.push(common::tool_line(&line));
+        }
         (summary, self.seen)
     }
 }

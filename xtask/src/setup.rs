@@ -4,8 +4,8 @@
 //! - the nightly toolchain's `rust-src` (the eBPF crate builds `core` for bpfel-unknown-none);
 //! - bpf-linker, built against the nightly's own libLLVM so the two LLVMs always match;
 //! - the Debian packages the tests use (qemu, busybox, cpio, decompressors, gcc for the test
-//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark, promtool for the fleet
-//!   dashboard's queries);
+//!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark, prometheus: the server and
+//!   promtool for the exporter's end-to-end test, promtool for the fleet dashboard's queries);
 //! - the fleet test's validators, under `~/.local/share/mm-probe/` (kept across sessions, unlike
 //!   /tmp): kubernetes-validate in a Python venv, TypeScript and Grafana's `@grafana/schema`
 //!   types in a Node package folder. `mm-probe/tests/fleet.rs` looks for them there.
@@ -34,8 +34,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "stress-ng",
     "rt-tests",
     "bpftrace",
-    // promtool, which parses the dashboard's PromQL. Debian ships it only in the server's
-    // package; where systemd runs, that package also starts a Prometheus on :9090.
+    // The server and promtool (the exporter's end-to-end test; promtool parses the fleet
+    // dashboard's PromQL). Where systemd runs, the package also starts a Prometheus on :9090.
     "prometheus",
     "python3-venv",
 ];

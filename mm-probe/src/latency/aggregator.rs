@@ -115,7 +115,15 @@ pub fn slot_bounds_us(slot: usize) -> (u64, u64) {
     (low, low + (1u64 << shift) - 1)
 }
 
-/// Reads every quantity's distribution from the per-CPU histogram map.
+/// One quantity's distribution from the histogram map of a loaded object, summed over CPUs.
+pub fn read_distribution(ebpf: &Ebpf, quantity: u32) -> Result<Distribution> {
+    let map = ebpf.map(HIST_MAP).with_context(|| format!("map {HIST_MAP} missing from the object"))?;
+    let array: PerCpuArray<&MapData, LatencyHist> = PerCpuArray::try_from(map)?;
+    let values = array.get(&quantity, 0).with_context(|| format!("reading histogram {quantity}"))?;
+    Ok(Distribution::from_per_cpu(values.iter()))
+}
+
+/// Reads every quantity's distribution from the per-CPU histogram map (taken out of the object).
 pub struct HistReader {
     map: PerCpuArray<MapData, LatencyHist>,
 }

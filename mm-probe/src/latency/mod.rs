@@ -8,6 +8,7 @@
 pub mod aggregator;
 pub mod attribution;
 pub mod decoder;
+pub mod plot;
 pub mod probes;
 pub mod render;
 pub mod verdict;
@@ -36,11 +37,18 @@ use self::{
 };
 use crate::{
     cli::LatencyArgs,
-    collect::{RingReader, Stop, counters::percpu_sums, wait_for_stop},
+    collect::{
+        RingReader, Stop,
+        counters::{self, percpu_sums},
+        wait_for_stop,
+    },
     error::UserError,
     kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan, Planner, detach_all, load_object},
-    report::json,
+    report::{
+        json,
+        plot::{PlotFile, histogram_svg},
+    },
     user_bail,
 };
 
@@ -58,6 +66,8 @@ pub struct Options {
     pub interval: Option<Duration>,
     pub top: usize,
     pub json: bool,
+    /// Where `--plot` draws the histograms at the end.
+    pub plot: Option<PlotFile>,
 }
 
 impl Options {
@@ -101,6 +111,7 @@ impl Options {
             interval: args.interval.filter(|i| !i.is_zero()),
             top: args.top,
             json: args.json,
+            plot: args.plot.as_deref().map(PlotFile::check).transpose()?,
         })
     }
 
@@ -133,7 +144,7 @@ pub fn run(args: &LatencyArgs) -> Result<()> {
 }
 
 /// A mistyped `--func` is a usage error, not a silently empty histogram.
-fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
+pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     if options.functions.len() < 2 {
         return Ok(());
     }
@@ -149,7 +160,7 @@ fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
 }
 
 /// Globals: threshold, selection, and the tracepoint field offsets of this kernel.
-fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
+pub fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = vec![
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
@@ -195,12 +206,14 @@ fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
     settings
 }
 
+/// The probes without which there is no wakeup latency.
+pub const REQUIRED_PROBES: [&str; 2] = ["sched_wakeup", "sched_switch"];
+
 /// Attaches the sched probes, then each function slot; fails (exit 1) only when wakeup latency
 /// itself cannot be measured.
 fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, Vec<FunctionPlan>)> {
-    let planner = Planner::new(kernel);
-    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
-    for required in ["sched_wakeup", "sched_switch"] {
+    let (plan, functions) = attach_probes(kernel, ebpf, options);
+    for required in REQUIRED_PROBES {
         if let Some(p) = plan.get(required).filter(|p| !p.attached()) {
             user_bail!(
                 "cannot measure wakeup latency: {required} did not attach ({}); check that tracefs is mounted \
@@ -209,6 +222,13 @@ fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, 
             );
         }
     }
+    Ok((plan, functions))
+}
+
+/// Attaches every probe it can: the sched probes, then each function slot.
+pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Plan, Vec<FunctionPlan>) {
+    let planner = Planner::new(kernel);
+    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
     let mut functions = Vec::new();
     for (slot, name) in options.functions.iter().enumerate() {
         let probe = planner.attach(ebpf, &probes::function_probe(slot, name));
@@ -221,7 +241,20 @@ fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, 
         });
         plan.probes.push(probe);
     }
-    Ok((plan, functions))
+    (plan, functions)
+}
+
+/// Tells the kernel side which threads `-p` selected.
+pub fn select_pids(ebpf: &mut Ebpf, options: &Options) -> Result<()> {
+    if options.filter != FILTER_PIDS {
+        return Ok(());
+    }
+    let mut pids: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::PIDS_MAP).context("pid filter map missing")?)?;
+    for pid in &options.pids {
+        pids.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the filter"))?;
+    }
+    Ok(())
 }
 
 /// Set to `tracepoint` to use the classic sched tracepoints even where BTF ones work (the
@@ -274,13 +307,7 @@ struct Collected {
 
 async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     let mut ebpf = load_object(kernel, &settings(options))?;
-    if options.filter == FILTER_PIDS {
-        let mut pids: BpfHashMap<_, u32, u8> =
-            BpfHashMap::try_from(ebpf.map_mut(names::PIDS_MAP).context("pid filter map missing")?)?;
-        for pid in &options.pids {
-            pids.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the filter"))?;
-        }
-    }
+    select_pids(&mut ebpf, options)?;
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
     // Read the symbols again now that the programs are attached (stacks through fentry pass
     // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on), and
@@ -375,25 +402,36 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     };
     let tasks = aggregator::tasks(&ebpf)?;
     let duration_ns = monotonic_ns() - start_ns;
-    report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns);
-    Ok(())
+    report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns)
 }
 
 /// Runs of our programs the kernel skipped because another tracing program was running on
 /// that CPU (bpf_prog_info.recursion_misses, shown in the program fd's fdinfo since 5.12).
 fn recursion_misses(ebpf: &Ebpf) -> u64 {
-    use std::os::fd::{AsFd as _, AsRawFd as _};
-    ebpf.programs()
-        .filter_map(|(_, program)| program.fd().ok())
-        .filter_map(|fd| std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).ok())
-        .filter_map(|info| {
-            info.lines().find_map(|l| l.strip_prefix("recursion_misses:").and_then(|v| v.trim().parse::<u64>().ok()))
-        })
-        .sum()
+    counters::recursion_misses(ebpf, |_| true)
 }
 
-fn counter(counters: &[u64], which: Counter) -> u64 {
+pub fn counter(counters: &[u64], which: Counter) -> u64 {
     counters.get(which as usize).copied().unwrap_or(0)
+}
+
+/// Everything the kernel counted since the object was loaded, summed over CPUs.
+#[derive(Clone, Debug)]
+pub struct Totals {
+    pub wakeup: Distribution,
+    /// One per function slot, in slot order.
+    pub functions: Vec<Distribution>,
+    /// Indexed by [`Counter`].
+    pub counters: Vec<u64>,
+}
+
+/// Reads the histograms of the wakeup and of `function_slots` slots, and the counters, from a
+/// loaded object (cheap: one map lookup per quantity, made on every scrape by the exporter).
+pub fn read_totals(ebpf: &Ebpf, function_slots: usize) -> Result<Totals> {
+    let wakeup = aggregator::read_distribution(ebpf, QUANTITY_WAKEUP)?;
+    let functions =
+        (0..function_slots as u32).map(|slot| aggregator::read_distribution(ebpf, 1 + slot)).collect::<Result<_>>()?;
+    Ok(Totals { wakeup, functions, counters: percpu_sums(ebpf, COUNTERS_MAP)? })
 }
 
 /// Wakeup distribution first, then one per function slot.
@@ -469,7 +507,7 @@ fn report(
     duration_ns: u64,
     stopped_by: Stop,
     start_ns: u64,
-) {
+) -> Result<()> {
     let functions: Vec<(String, Distribution)> = header
         .functions
         .iter()
@@ -523,6 +561,12 @@ fn report(
             })
         );
     }
+    if let Some(file) = &options.plot {
+        let figure = plot::histogram_plot(&header.kernel, &summary, &totals[0], &functions);
+        file.write(&histogram_svg(&figure)?)?;
+        println!("{}", file.written_line(options.json.then_some(json::Line::LatencyPlot)));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -574,6 +618,18 @@ mod tests {
         let err = options(&["-p", "999999999"]).unwrap_err().to_string();
         assert!(err.contains("does not exist"), "{err}");
         assert!(options(&["-p", &me, "--all-tasks"]).is_err());
+    }
+
+    #[test]
+    fn a_plot_must_be_an_svg_file_that_can_be_written() {
+        let error = options(&["--plot", "latency.png"]).unwrap_err();
+        assert!(error.to_string().contains("ending in .svg"), "{error}");
+        assert_eq!(crate::error::exit_code(&error), crate::error::EXIT_USAGE);
+        let error = options(&["--plot", "/nonexistent-mm-probe-dir/latency.svg"]).unwrap_err();
+        assert!(error.to_string().contains("does not exist"), "{error}");
+        let target = std::env::temp_dir().join(format!("mm-probe-latency-options-{}.svg", std::process::id()));
+        let o = options(&["--plot", target.to_str().unwrap()]).unwrap();
+        assert_eq!(o.plot.unwrap().path(), target);
     }
 
     #[test]

@@ -55,10 +55,13 @@ lines! {
     /// A wakeup or function-call spike (`kind` says which), worst first after the summary.
     LatencySpike => ("latency", "spike"),
     LatencyLostEvents => ("latency", "lost_events"),
+    /// Where `--plot` wrote its figure, after everything else.
+    LatencyPlot => ("latency", "plot"),
     RetryStormProbePlan => ("retry-storm", "probe_plan"),
     RetryStormInterval => ("retry-storm", "interval"),
     RetryStormSummary => ("retry-storm", "summary"),
     RetryStormLostEvents => ("retry-storm", "lost_events"),
+    RetryStormPlot => ("retry-storm", "plot"),
     /// The hidden `bench-ring` subcommand's result, read by `cargo xtask bench`.
     BenchRingCheck => ("bench-ring", "ring_check"),
 }

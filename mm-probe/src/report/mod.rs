@@ -1,8 +1,9 @@
-//! Rendering: BCC-style log2 histograms, percentiles, NDJSON lines.
+//! Rendering: BCC-style log2 histograms, percentiles, NDJSON lines, SVG plots.
 
 pub mod json;
 pub mod log2;
 pub mod percentiles;
+pub mod plot;
 
 /// The end-to-end tests' schema checks, shared with the unit tests that build lines with every
 /// optional part present: shapes the host kernel never produces, that only the guests would.

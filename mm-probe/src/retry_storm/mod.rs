@@ -2,14 +2,17 @@
 //!
 //! hooks (probes.rs) → kernel counters + two rings (walks, invalidations) → decoder
 //! (events.rs) → retry chains (chains.rs) and walk/invalidation overlap (overlap.rs) → window
-//! metrics (metrics.rs) → verdict (verdict.rs) → text or NDJSON (render.rs).
+//! metrics (metrics.rs) → verdict (verdict.rs) → text or NDJSON (render.rs). With `--plot`, the
+//! kernel counters are also sampled into a bounded series (timeline.rs) drawn at the end (plot.rs).
 
 pub mod chains;
 pub mod events;
 pub mod metrics;
 pub mod overlap;
+pub mod plot;
 pub mod probes;
 pub mod render;
+pub mod timeline;
 pub mod verdict;
 
 use crate::collect::monotonic_ns;
@@ -27,6 +30,7 @@ use self::{
     events::{Event, decode},
     metrics::{KernelCounters, Observability, ReadBeginCaller, Snapshot, Window, bucket_delta},
     overlap::OverlapJoiner,
+    timeline::Timeline,
     verdict::{Band, Thresholds},
 };
 use crate::{
@@ -35,6 +39,10 @@ use crate::{
     error::UserError,
     kernel::{Kernel, privileges},
     probes::{GlobalValue, Plan, Planner, detach_all, load_object},
+    report::{
+        json,
+        plot::{PlotFile, rates_over_time_svg},
+    },
     user_bail,
 };
 
@@ -45,8 +53,14 @@ const SETTLE: Duration = Duration::from_millis(100);
 const RETAIN: Duration = Duration::from_secs(2);
 /// How often walks are settled when no `--interval` is asked for.
 const SETTLE_TICK: Duration = Duration::from_millis(200);
+/// How often `--plot` samples the kernel counters: two points a second show the shape of a
+/// few-second storm; longer runs coarsen (see timeline.rs).
+const PLOT_SAMPLE_PERIOD: Duration = Duration::from_millis(500);
+/// Samples kept for `--plot` (five minutes at full resolution).
+const PLOT_MAX_SAMPLES: usize = 600;
 
 pub fn run(args: &RetryStormArgs) -> Result<()> {
+    let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
     for pid in &args.pids {
@@ -55,16 +69,8 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         }
     }
     let kernel = Kernel::running()?;
-    let filter = GlobalValue::U32(u32::from(!args.pids.is_empty()));
-    let mut ebpf = load_object(&kernel, &[(names::FILTER_TGIDS, filter)])?;
-    {
-        let mut targets: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
-            ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?,
-        )?;
-        for pid in &args.pids {
-            targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
-        }
-    }
+    let mut ebpf = load_object(&kernel, &settings(&args.pids))?;
+    select_processes(&mut ebpf, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     let seen = observability(&kernel, &plan);
     let timeout_ns = args.timeout.as_nanos() as u64;
@@ -74,9 +80,34 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         eprint!("{}", render::plan_text(&kernel.release.text, &plan, &seen));
     }
     let numa_balancing = std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
-    let collector = Collector::new(timeout_ns, seen, thresholds, numa_balancing);
+    let mut collector = Collector::new(timeout_ns, seen, thresholds, numa_balancing);
+    let plot = plot.map(|file| {
+        collector.timeline = Some(Timeline::new(collector.run_start_ns, PLOT_SAMPLE_PERIOD.as_nanos() as u64, PLOT_MAX_SAMPLES));
+        PlotRequest { file, kernel: kernel.release.text.clone() }
+    });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(collect(&mut ebpf, collector, args))
+    runtime.block_on(collect(&mut ebpf, collector, args, plot))
+}
+
+/// `--plot`: where to draw, and the kernel for the title.
+struct PlotRequest {
+    file: PlotFile,
+    kernel: String,
+}
+
+/// Globals: whether only the `-p` processes are watched.
+pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
+    vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
+}
+
+/// Tells the kernel side which processes `-p` selected.
+fn select_processes(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let mut targets: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?)?;
+    for pid in pids {
+        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
+    }
+    Ok(())
 }
 
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
@@ -107,7 +138,7 @@ fn has_hmm(kernel: &Kernel) -> bool {
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.
-fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
+pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     let mut seen = Observability {
         walks: plan.is_attached(probes::WALK_PROBE),
         read_begins: plan.is_attached(probes::READ_BEGIN_PROBE),
@@ -169,22 +200,27 @@ fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     seen
 }
 
-/// Kernel-side cumulative state at the end of the previous window.
-#[derive(Default)]
-struct KernelTotals {
-    counters: KernelCounters,
-    callback_ns: Vec<u64>,
-    window_ns: Vec<u64>,
-    kvm_sizes: Vec<u64>,
+/// Kernel-side cumulative state (since the object was loaded), summed over CPUs.
+#[derive(Clone, Debug, Default)]
+pub struct KernelTotals {
+    pub counters: KernelCounters,
+    /// Log2 buckets (ns) of the time in invalidate_range_start.
+    pub callback_ns: Vec<u64>,
+    pub window_ns: Vec<u64>,
+    pub kvm_sizes: Vec<u64>,
+    /// Invalidations of mirrored mms by `enum mmu_notifier_event` (last slot: unknown).
+    pub invalidations_by_event: Vec<u64>,
 }
 
 impl KernelTotals {
-    fn read(ebpf: &Ebpf) -> Result<Self> {
+    /// Reads every counter and histogram (cheap: the exporter does it on each scrape).
+    pub fn read(ebpf: &Ebpf) -> Result<Self> {
         Ok(Self {
             counters: KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?),
             callback_ns: percpu_sums(ebpf, names::CALLBACK_HIST_MAP)?,
             window_ns: percpu_sums(ebpf, names::WINDOW_HIST_MAP)?,
             kvm_sizes: percpu_sums(ebpf, names::KVM_SIZE_HIST_MAP)?,
+            invalidations_by_event: percpu_sums(ebpf, names::INVALIDATIONS_BY_EVENT_MAP)?,
         })
     }
 }
@@ -201,6 +237,8 @@ struct Collector {
     thresholds: Thresholds,
     numa_balancing: Option<String>,
     malformed: u64,
+    /// Rate samples for `--plot`; `None` without it.
+    timeline: Option<Timeline>,
 }
 
 impl Collector {
@@ -217,7 +255,24 @@ impl Collector {
             thresholds,
             numa_balancing,
             malformed: 0,
+            timeline: None,
         }
+    }
+
+    /// Reads the kernel counters into the `--plot` timeline.
+    fn sample(&mut self, ebpf: &Ebpf, now_ns: u64) -> Result<()> {
+        if let Some(timeline) = &mut self.timeline {
+            timeline.record(now_ns, &KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?));
+        }
+        Ok(())
+    }
+
+    /// The last read of the `--plot` timeline, once nothing more can be counted.
+    fn finish_sampling(&mut self, ebpf: &Ebpf, now_ns: u64) -> Result<()> {
+        if let Some(timeline) = &mut self.timeline {
+            timeline.finish(now_ns, &KernelCounters::from_slice(&percpu_sums(ebpf, names::COUNTERS_MAP)?));
+        }
+        Ok(())
     }
 
     fn on_raw(&mut self, raw: &HmmEvent) {
@@ -289,7 +344,25 @@ fn read_begins_by_caller(ebpf: &Ebpf) -> Result<Vec<ReadBeginCaller>> {
     Ok(callers)
 }
 
-async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs) -> Result<()> {
+/// The next tick of `tick`, or never when there is none.
+async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
+    match tick {
+        Some(tick) => {
+            tick.tick().await;
+        }
+        None => pending::<()>().await,
+    }
+}
+
+/// A tick every `period`, the first one period from now; late ticks are not made up in a burst
+/// (a burst would close samples only microseconds long).
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs, plot: Option<PlotRequest>) -> Result<()> {
     let mut walk_ring: RingReader<HmmEvent> =
         RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
     let mut invalidate_ring: RingReader<HmmEvent> = RingReader::new(
@@ -298,14 +371,16 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     let stop = wait_for_stop(args.duration);
     tokio::pin!(stop);
     let mut settle_tick = tokio::time::interval(SETTLE_TICK);
-    let mut report_tick = args.interval.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+    let mut report_tick = args.interval.map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
+    let mut plot_tick = collector.timeline.is_some().then(|| every(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by = loop {
         tokio::select! {
             read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; }
             read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; }
             _ = settle_tick.tick() => collector.settle(monotonic_ns()),
-            _ = async { match report_tick.as_mut() { Some(tick) => { tick.tick().await; } None => pending::<()>().await } } => {
+            _ = next_tick(&mut plot_tick) => collector.sample(ebpf, monotonic_ns())?,
+            _ = next_tick(&mut report_tick) => {
                 collector.settle(monotonic_ns());
                 let snapshot = collector.close_window(ebpf, monotonic_ns())?;
                 if args.json {
@@ -338,7 +413,9 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     }
     let settled = collector.overlap.finish();
     collector.apply_settled(settled);
-    let last = collector.close_window(ebpf, monotonic_ns())?;
+    let end_ns = monotonic_ns();
+    collector.finish_sampling(ebpf, end_ns)?;
+    let last = collector.close_window(ebpf, end_ns)?;
     if args.interval.is_some() && last.duration_ns > 0 {
         if args.json {
             println!("{}", render::interval_json(&last));
@@ -363,6 +440,12 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
             "mm-probe: {} malformed events ignored (the eBPF object and this binary disagree on a record layout)",
             collector.malformed + walk_ring.malformed + invalidate_ring.malformed
         );
+    }
+    if let (Some(request), Some(timeline)) = (plot, &collector.timeline) {
+        let run = plot::RunFacts { kernel: &request.kernel, duration_s: summary.duration_ns as f64 / 1e9, stopped_by };
+        let figure = plot::rates_plot(&run, timeline.samples(), &collector.thresholds, &collector.seen);
+        request.file.write(&rates_over_time_svg(&figure)?)?;
+        println!("{}", request.file.written_line(args.json.then_some(json::Line::RetryStormPlot)));
     }
     Ok(())
 }

@@ -55,6 +55,50 @@ fn tracepoint_offsets() -> Vec<(&'static str, GlobalValue)> {
     ]
 }
 
+/// Globals: whose checks and faults to count, how the allow-check's arguments name the caller,
+/// which flag bits to keep, and this kernel's tracepoint field offsets.
+pub fn settings(target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) -> Vec<(&'static str, GlobalValue)> {
+    let mut settings = vec![
+        (names::TARGET_TGID, GlobalValue::U32(target_tgid)),
+        (names::SELF_TGID, GlobalValue::U32(std::process::id())),
+        (names::CALL_ARG_MASK, GlobalValue::U32(allow_check.encoding.arg_mask())),
+        (names::VM_FLAGS_MASK, GlobalValue::U64(vm_flags::KEPT)),
+        (names::MM_FLAGS_MASK, GlobalValue::U64(mm_flags_mask)),
+    ];
+    settings.extend(tracepoint_offsets());
+    settings
+}
+
+/// What the kernel programs of a loaded object counted so far, summed over CPUs.
+pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
+    let checks_map: PerCpuHashMap<&MapData, ThpCheckKey, u64> =
+        PerCpuHashMap::try_from(ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
+    let checks =
+        checks_map.iter().filter_map(Result::ok).map(|(key, values)| (key, values.iter().sum())).collect();
+    let faults_map: PerCpuHashMap<&MapData, u64, u64> =
+        PerCpuHashMap::try_from(ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
+    let mut fault_ranges: Vec<(u64, u64)> =
+        faults_map.iter().filter_map(Result::ok).map(|(range, values)| (range, values.iter().sum())).collect();
+    fault_ranges.sort_unstable();
+    let sums = percpu_sums(ebpf, names::COUNTERS_MAP)?;
+    let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
+    let counters = [
+        ("faults", Counter::Faults),
+        ("fault_map_full", Counter::FaultMapFull),
+        ("target_checks", Counter::TargetChecks),
+        ("own_smaps_checks", Counter::OwnChecks),
+        ("check_map_full", Counter::CheckMapFull),
+        ("prctl_lost", Counter::PrctlLost),
+        ("return_without_entry", Counter::ReturnWithoutEntry),
+        ("all_checks", Counter::AllChecks),
+        ("mm_unknown", Counter::MmUnknown),
+    ]
+    .into_iter()
+    .map(|(name, c)| (name, counter(c)))
+    .collect();
+    Ok(Counts { checks, fault_ranges, counters })
+}
+
 impl Live {
     /// Loads and attaches everything it can for `target_tgid`; the plan says what did not.
     pub fn start(kernel: &Kernel, target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) -> Result<Self> {
@@ -71,15 +115,7 @@ impl Live {
         mm_flags_mask: u64,
         catalog: &[LogicalProbe],
     ) -> Result<Self> {
-        let mut settings = vec![
-            (names::TARGET_TGID, GlobalValue::U32(target_tgid)),
-            (names::SELF_TGID, GlobalValue::U32(std::process::id())),
-            (names::CALL_ARG_MASK, GlobalValue::U32(allow_check.encoding.arg_mask())),
-            (names::VM_FLAGS_MASK, GlobalValue::U64(vm_flags::KEPT)),
-            (names::MM_FLAGS_MASK, GlobalValue::U64(mm_flags_mask)),
-        ];
-        settings.extend(tracepoint_offsets());
-        let mut ebpf = load_object(kernel, &settings)?;
+        let mut ebpf = load_object(kernel, &settings(target_tgid, allow_check, mm_flags_mask))?;
         let plan = Planner::new(kernel).attach_all(&mut ebpf, catalog);
         let prctl = if plan.is_attached(probes::PRCTL.name) {
             let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;
@@ -143,34 +179,6 @@ impl Live {
     }
 
     pub fn counts(&self) -> Result<Counts> {
-        let checks_map: PerCpuHashMap<&MapData, ThpCheckKey, u64> =
-            PerCpuHashMap::try_from(self.ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
-        let checks = checks_map
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(key, values)| (key, values.iter().sum()))
-            .collect();
-        let faults_map: PerCpuHashMap<&MapData, u64, u64> =
-            PerCpuHashMap::try_from(self.ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
-        let mut fault_ranges: Vec<(u64, u64)> =
-            faults_map.iter().filter_map(Result::ok).map(|(range, values)| (range, values.iter().sum())).collect();
-        fault_ranges.sort_unstable();
-        let sums = percpu_sums(&self.ebpf, names::COUNTERS_MAP)?;
-        let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
-        let counters = [
-            ("faults", Counter::Faults),
-            ("fault_map_full", Counter::FaultMapFull),
-            ("target_checks", Counter::TargetChecks),
-            ("own_smaps_checks", Counter::OwnChecks),
-            ("check_map_full", Counter::CheckMapFull),
-            ("prctl_lost", Counter::PrctlLost),
-            ("return_without_entry", Counter::ReturnWithoutEntry),
-            ("all_checks", Counter::AllChecks),
-            ("mm_unknown", Counter::MmUnknown),
-        ]
-        .into_iter()
-        .map(|(name, c)| (name, counter(c)))
-        .collect();
-        Ok(Counts { checks, fault_ranges, counters })
+        read_counts(&self.ebpf)
     }
 }

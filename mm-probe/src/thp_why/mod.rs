@@ -103,7 +103,7 @@ fn user_error(pid: u32, error: ProcError) -> anyhow::Error {
 }
 
 /// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
-fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
+pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
     match kernel.btf() {
         Ok(btf) => ThpDisableBits::from_btf(btf),
         Err(_) if kernel.release.at_least(6, 18) => ThpDisableBits::Split { completely: 24, except_advised: 23 },

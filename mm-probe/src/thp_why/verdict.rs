@@ -474,6 +474,36 @@ fn key_facts(key: &ThpCheckKey, vma: Option<&Vma>, mounts: &[Mount]) -> VmaFacts
     facts
 }
 
+/// The refusals a key counted system-wide cannot explain: it carries no VMA (size, alignment,
+/// backing, anon_vma are not kept), only vm_flags, the mm's THP-disable flags and the caller.
+pub const OTHER_REASON: &str = "other";
+
+/// Whether a key counted on every mm (`THP_EVERY_MM`: no VMA addresses) was allowed, and the
+/// reason code of a refusal: the first the kernel's order of checks gives from the key's own facts
+/// and the sysfs policy, judged as an anonymous VMA that fits a huge page; a refusal only the
+/// missing facts explain is [`OTHER_REASON`].
+pub fn system_wide_outcome(
+    allow_check: &AllowCheck,
+    bits: ThpDisableBits,
+    policy: &SystemPolicy,
+    key: &ThpCheckKey,
+) -> (bool, &'static str) {
+    if allow_check.allowed(key.ret) {
+        return (true, ReasonCode::None.as_str());
+    }
+    let Some(call) = allow_check.encoding.decode(key.call_args) else { return (false, OTHER_REASON) };
+    let mut facts = key_facts(key, None, &[]);
+    // One PMD-aligned huge page's worth, so that size and alignment refuse nothing.
+    let pmd_bytes = 1u64 << (12 + policy.pmd_order());
+    (facts.start, facts.end) = (pmd_bytes, 2 * pmd_bytes);
+    let mm = DisableMode::from_mm_flags(bits, key.mm_flags);
+    let ctx = Context { order: allow_check.order, policy, mm, past_wrapper: true };
+    match evaluate(&ctx, call, &facts).first() {
+        Some(denial) if denial.code != ReasonCode::NoAnonVma => (false, denial.code.as_str()),
+        _ => (false, OTHER_REASON),
+    }
+}
+
 /// Decodes every live key: who asked, allowed or not, and for denials the reason the kernel's
 /// order gives for those facts (the wrapper let it through, or the function would not have run).
 fn decode_live(input: &Inputs, li: &LiveInput, vmas: &mut [VmaEntry], live: &mut LiveFacts) {
@@ -1043,5 +1073,19 @@ VmFlags: rd wr mr mw me ac hg
         assert_eq!(report.vmas[0].reasons, [ReasonCode::AllocFallback]);
         assert_eq!(report.vmas[0].reason, ReasonCode::AllocFallback);
         assert_eq!(report.faults.thp_fault_fallback, 32);
+    }
+
+    #[test]
+    fn system_wide_keys_get_the_reason_their_own_facts_give() {
+        let input = inputs(DisableMode::None, "6.1.0-57-amd64", "always [madvise] never");
+        let outcome = |k: ThpCheckKey| system_wide_outcome(&input.allow_check, input.bits, &input.policy, &k);
+        // Keys counted on every mm carry no addresses (THP_EVERY_MM).
+        assert_eq!(outcome(key(0, 0, 0, 0, 1, [0, 1, 1, 0])), (true, "none"));
+        assert_eq!(outcome(key(0, 0, 0, 0, 0, [0, 1, 1, 0])), (false, "sysfs_madvise_not_advised"));
+        assert_eq!(outcome(key(0, 0, vm_flags::VM_NOHUGEPAGE, 0, 0, [0, 1, 1, 0])), (false, "vma_nohugepage"));
+        assert_eq!(outcome(key(0, 0, 0, 1 << 24, 0, [0, 1, 1, 0])), (false, "prctl_thp_disable"));
+        // Advised, nothing in the key refuses it: the VMA's size or backing did, which a
+        // system-wide key does not carry.
+        assert_eq!(outcome(key(0, 0, vm_flags::VM_HUGEPAGE, 0, 0, [0, 0, 1, 0])), (false, OTHER_REASON));
     }
 }

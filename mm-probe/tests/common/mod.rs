@@ -64,9 +64,20 @@ pub fn require_root() {
 
 /// Ids and names of the eBPF programs of mm-probe's object loaded in the kernel now. Program
 /// names are truncated by the kernel to 15 bytes; every program of the object starts with one of
-/// these prefixes.
+/// these prefixes (retry-storm's are named after their hooks).
 pub fn our_programs() -> Vec<(u32, String)> {
-    const PREFIXES: [&str; 6] = ["selftest_", "thp_", "lat_", "hmm_", "inv_", "mmu_"];
+    const PREFIXES: [&str; 10] = [
+        "selftest_",
+        "thp_",
+        "lat_",
+        "hmm_",
+        "inv_",
+        "mmu_",
+        "read_begin_",
+        "notifier_remov",
+        "invalidate_",
+        "kvm_",
+    ];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(|name| (p.id(), name.to_string())))
@@ -99,4 +110,68 @@ pub fn leftover_programs(before: &[(u32, String)]) -> Vec<String> {
 pub fn interrupt(child: &std::process::Child) {
     // SAFETY: kill with a valid pid and signal number has no memory-safety preconditions.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+}
+
+/// A fresh directory for one test's files, under the temporary directory.
+pub fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mm-probe-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// Copies a file a test produced (a plot) into MM_PROBE_TEST_ARTIFACTS when that is set (the
+/// guest harness sets it to its results share), so that a person can look at it afterwards.
+pub fn keep_artifact(file: &std::path::Path) {
+    let Some(dir) = std::env::var_os("MM_PROBE_TEST_ARTIFACTS").map(PathBuf::from) else { return };
+    let kept = dir.join(file.file_name().expect("a file name"));
+    let _ = std::fs::create_dir_all(&dir);
+    match std::fs::copy(file, &kept) {
+        Ok(_) => eprintln!("kept {}", kept.display()),
+        Err(e) => eprintln!("could not keep {} in {}: {e}", file.display(), dir.display()),
+    }
+}
+
+/// An SVG file as a viewer sees it: parsed (a malformed document fails the test), rasterized,
+/// and its text.
+pub struct RenderedSvg {
+    pub width: u32,
+    pub height: u32,
+    pixels: Vec<(u8, u8, u8, u8)>,
+    /// The content of every `<text>` element, trimmed.
+    pub texts: Vec<String>,
+}
+
+impl RenderedSvg {
+    pub fn open(path: &std::path::Path) -> Self {
+        let svg = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        // No fonts are loaded: text is not rasterized, so nothing here depends on the machine's fonts.
+        let tree = resvg::usvg::Tree::from_str(&svg, &resvg::usvg::Options::default())
+            .unwrap_or_else(|e| panic!("{} is not a well-formed SVG ({e})", path.display()));
+        let size = tree.size().to_int_size();
+        let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).expect("a non-empty canvas");
+        resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
+        let pixels = pixmap.pixels().iter().map(|p| (p.red(), p.green(), p.blue(), p.alpha())).collect();
+        let texts = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|element| Some(element.split_once('>')?.1.split_once("</text>")?.0.trim().to_string()))
+            .collect();
+        Self { width: size.width(), height: size.height(), pixels, texts }
+    }
+
+    /// Pixels drawn: neither transparent nor white.
+    pub fn inked_pixels(&self) -> usize {
+        self.pixels.iter().filter(|&&(r, g, b, a)| a > 0 && (r, g, b) != (255, 255, 255)).count()
+    }
+
+    /// Whether some opaque pixel has exactly this colour (a bar, a line drawn in it).
+    pub fn has_color(&self, (red, green, blue): (u8, u8, u8)) -> bool {
+        self.pixels.contains(&(red, green, blue, 255))
+    }
+
+    /// The first text that contains `part`.
+    pub fn text_containing(&self, part: &str) -> Option<&str> {
+        self.texts.iter().map(String::as_str).find(|t| t.contains(part))
+    }
 }

@@ -32,10 +32,12 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("latency", "summary", include_str!("../../../schemas/latency/summary.schema.json")),
     ("latency", "spike", include_str!("../../../schemas/latency/spike.schema.json")),
     ("latency", "lost_events", include_str!("../../../schemas/latency/lost_events.schema.json")),
+    ("latency", "plot", include_str!("../../../schemas/latency/plot.schema.json")),
     ("retry-storm", "probe_plan", include_str!("../../../schemas/retry-storm/probe_plan.schema.json")),
     ("retry-storm", "interval", include_str!("../../../schemas/retry-storm/interval.schema.json")),
     ("retry-storm", "summary", include_str!("../../../schemas/retry-storm/summary.schema.json")),
     ("retry-storm", "lost_events", include_str!("../../../schemas/retry-storm/lost_events.schema.json")),
+    ("retry-storm", "plot", include_str!("../../../schemas/retry-storm/plot.schema.json")),
     ("bench-ring", "ring_check", include_str!("../../../schemas/bench-ring/ring_check.schema.json")),
 ];
 

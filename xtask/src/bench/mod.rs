@@ -7,11 +7,12 @@ mod overhead;
 mod process;
 mod startup;
 
-use std::{fmt::Write as _, path::PathBuf, process::Command};
+use std::{fmt::Write as _, path::PathBuf, process::Command, time::Duration};
 
 use anyhow::Result;
 
-use crate::cmd;
+use self::overhead::Place;
+use crate::{cmd, vm::binaries::GuestProgram};
 
 /// Binaries the benchmarks run, built in release mode: overhead is judged on optimised code.
 pub struct Binaries {
@@ -30,22 +31,43 @@ pub struct BenchArgs {
     /// Repetitions of each measurement (the median and the spread are reported).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    /// Run only these parts (overhead, capacity, startup); default: all.
+    /// Run only these parts (overhead, capacity, startup, guest); default: all.
     #[arg(long = "only")]
     pub only: Vec<String>,
+    /// Kernel line whose guest measures the function-probe overhead (the `guest` part).
+    #[arg(long, default_value = "6.12", value_name = "LINE")]
+    pub guest_kernel: String,
+    /// Inside the guest: measure the guest scenarios with the binaries in this directory and
+    /// print the table (the guest sees the host's files read-only and has no cargo to run).
+    #[arg(long, hide = true, value_name = "RELEASE_DIR")]
+    pub in_guest: Option<PathBuf>,
 }
+
+/// Rounds in the guest: each emulated run takes seconds, and the whole bench must stay under
+/// 10 minutes.
+const GUEST_ROUNDS: usize = 3;
+/// Boot, three rounds of two scenarios with bpftrace compiling its script under emulation.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(420);
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     if !cmd::is_root() {
         anyhow::bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench` (or as root)");
     }
+    if let Some(release) = &args.in_guest {
+        let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
+        print!("{}", overhead::run(&bins, args.rounds, Place::Guest)?);
+        return Ok(());
+    }
     cmd::run(Command::new("cargo").args(["build", "--release", "--bins"]))?;
     let release = crate::test::target_dir()?.join("release");
-    let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release };
+    let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
     let mut report = header()?;
     let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
     if wanted("overhead") {
-        report += &overhead::run(&bins, args.rounds)?;
+        report += &overhead::run(&bins, args.rounds, Place::Host)?;
+    }
+    if wanted("guest") {
+        report += &in_guest(&args.guest_kernel, &release)?;
     }
     if wanted("capacity") {
         report += &capacity::run(&bins)?;
@@ -60,6 +82,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     println!("{report}");
     eprintln!("xtask bench: results written to {}", path.display());
     Ok(())
+}
+
+/// The function-probe overhead, measured by this same program inside a real-kernel guest (the
+/// host kernel has no kprobes and refuses fentry).
+fn in_guest(line: &str, release: &std::path::Path) -> Result<String> {
+    let program = GuestProgram {
+        name: "bench".to_owned(),
+        executable: std::env::current_exe()?,
+        dir: std::env::current_dir()?,
+        args: ["bench", "--rounds", &GUEST_ROUNDS.to_string(), "--in-guest", &release.to_string_lossy()]
+            .map(str::to_owned)
+            .to_vec(),
+    };
+    eprintln!("xtask bench: measuring function-probe overhead in the {line} guest (emulated; a few minutes)");
+    let output = crate::vm::run_program(line, program, GUEST_TIMEOUT)?;
+    // Only the table: the guest's own progress lines stay in its log.
+    let table = output.find("### ").map(|start| output[start..].to_owned());
+    table.ok_or_else(|| anyhow::anyhow!("the guest printed no table:\n{output}"))
 }
 
 fn header() -> Result<String> {

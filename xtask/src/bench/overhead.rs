@@ -24,7 +24,47 @@ struct Scenario {
     bpftrace: &'static str,
 }
 
-const SCENARIOS: &[Scenario] = &[
+/// Where the overhead is measured: the host (tracepoints only: no kprobes, fentry refused) or a
+/// real-kernel guest, where `latency` also times madvise_cold_or_pageout_pte_range call by call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Host,
+    Guest,
+}
+
+/// The sched tracepoints both tracers use to time wakeups, as bpftrace writes them.
+macro_rules! bpftrace_wakeup_latency {
+    () => {
+        "tracepoint:sched:sched_wakeup { @ts[args->pid] = nsecs; } \
+         tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }"
+    };
+}
+
+/// Under emulation every instruction is 10-50x slower, so the guest's workloads are smaller.
+const GUEST_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "madvise(MADV_PAGEOUT) loop (64 MiB × 8) — latency, walk timed by fentry/fexit",
+        workload: "fault_storm",
+        workload_args: &["64", "8", "--pageout"],
+        mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        bpftrace: concat!(
+            bpftrace_wakeup_latency!(),
+            " kprobe:madvise_cold_or_pageout_pte_range { @entry[tid] = nsecs; } \
+             kretprobe:madvise_cold_or_pageout_pte_range /@entry[tid]/ { @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); }"
+        ),
+    },
+    Scenario {
+        name: "pipe ping-pong (2k round trips) — latency --all-tasks",
+        workload: "pingpong",
+        workload_args: &["2000"],
+        mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        bpftrace: bpftrace_wakeup_latency!(),
+    },
+];
+
+const HOST_SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "page faults (256 MiB × 8, THP off) — thp-why",
         workload: "fault_storm",
@@ -39,8 +79,7 @@ const SCENARIOS: &[Scenario] = &[
         workload_args: &["256", "8", "--pageout"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
-        bpftrace: "tracepoint:sched:sched_wakeup { @ts[args->pid] = nsecs; } \
-                   tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
+        bpftrace: bpftrace_wakeup_latency!(),
     },
     Scenario {
         name: "pipe ping-pong (200k round trips) — latency --all-tasks",
@@ -48,8 +87,7 @@ const SCENARIOS: &[Scenario] = &[
         workload_args: &["200000"],
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
-        bpftrace: "tracepoint:sched:sched_wakeup { @ts[args->pid] = nsecs; } \
-                   tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
+        bpftrace: bpftrace_wakeup_latency!(),
     },
 ];
 
@@ -60,21 +98,37 @@ enum Variant {
     Bpftrace,
 }
 
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Baseline => "baseline",
+            Variant::MmProbe => "mm-probe",
+            Variant::Bpftrace => "bpftrace",
+        }
+    }
+}
+
 const VARIANTS: [Variant; 3] = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace];
 
 /// bpftrace prints `Attaching` before it attaches; give it this long to finish.
 const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
 
-pub fn run(bins: &Binaries, rounds: usize) -> Result<String> {
-    let mut out = String::from("### Overhead on the traced workload (time with tracer ÷ without)\n\n");
+pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
+    let (scenarios, title) = match place {
+        Place::Host => (HOST_SCENARIOS, "### Overhead on the traced workload (time with tracer ÷ without)\n\n".to_owned()),
+        Place::Guest => (GUEST_SCENARIOS, format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel())),
+    };
+    let mut out = title;
     out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) |\n|---|---|---|---|\n";
-    for scenario in SCENARIOS {
+    for scenario in scenarios {
         let mut times: [Vec<f64>; 3] = Default::default();
         for round in 0..rounds {
             for i in 0..VARIANTS.len() {
                 let variant = VARIANTS[(i + round) % VARIANTS.len()];
                 let index = VARIANTS.iter().position(|v| *v == variant).unwrap_or(0);
-                times[index].push(run_once(bins, scenario, variant)?);
+                let elapsed_ns = run_once(bins, scenario, variant)?;
+                eprintln!("xtask bench: {} round {}: {} {:.1} ms", scenario.workload, round + 1, variant.name(), elapsed_ns / 1e6);
+                times[index].push(elapsed_ns);
             }
         }
         let baseline = median_and_range(&mut times[0].clone()).0;
@@ -94,6 +148,11 @@ pub fn run(bins: &Binaries, rounds: usize) -> Result<String> {
     }
     let _ = writeln!(out, "\n{rounds} rounds; ratios are each run's time over the baseline median.\n");
     Ok(out)
+}
+
+/// The guest's kernel release, for the table's title.
+fn guest_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_owned()).unwrap_or_default()
 }
 
 /// One timed run of the workload; returns its elapsed nanoseconds.

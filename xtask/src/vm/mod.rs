@@ -4,7 +4,7 @@
 //! runs every mm-probe integration-test executable inside (binaries.rs), and reports per kernel,
 //! per test (report.rs).
 
-mod binaries;
+pub mod binaries;
 mod initramfs;
 mod kernels;
 mod qemu;
@@ -24,7 +24,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use self::{
-    binaries::{GuestRun, TestBinary},
+    binaries::{GuestProgram, GuestRun},
     kernels::{KernelBuild, KernelLine, LINES, Origin},
     qemu::{Accel, BootSpec},
     report::{KernelRun, format_duration},
@@ -115,9 +115,9 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
         AccelChoice::Tcg => drop(accel.set(Accel::Tcg)),
         AccelChoice::Kvm => drop(accel.set(Accel::Kvm)),
     }
+    let programs: Vec<GuestProgram> = binaries.iter().map(|b| b.in_guest(&args.libtest_args)).collect();
     let matrix = Matrix {
-        binaries: &binaries,
-        libtest_args: &args.libtest_args,
+        programs: &programs,
         work_root: crate::test::target_dir()?.join("vm-test"),
         timeout: args.timeout.unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32),
         accel,
@@ -196,10 +196,36 @@ fn select_lines(names: &[String]) -> Result<Vec<&'static KernelLine>> {
     Ok(LINES.iter().filter(|l| requested.contains(l)).collect())
 }
 
+/// Runs one program (built on the host, e.g. `xtask bench --in-guest`) in a guest of kernel line
+/// `line` under TCG or KVM as `vm-test` would, and returns what it printed; an Err when the
+/// guest did not run it to a zero exit status.
+pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Result<String> {
+    let line = KernelLine::by_name(line)?;
+    let name = program.name.clone();
+    let programs = [program];
+    let matrix = Matrix {
+        programs: &programs,
+        work_root: crate::test::target_dir()?.join("vm-run"),
+        timeout,
+        accel: OnceLock::new(),
+        host_tools: Mutex::new(()),
+    };
+    let run = run_kernel_once(line, &matrix);
+    let results = matrix.work_root.join(line.name).join("results");
+    let output = fs::read_to_string(results.join(binaries::output_file(&name))).unwrap_or_default();
+    let status = run.binaries.first().and_then(|b| b.status);
+    if !run.run_failures.is_empty() || status != Some(0) {
+        bail!(
+            "{name} in the {line} guest: exit status {status:?}, {}\n{output}",
+            if run.run_failures.is_empty() { "guest ran to the end".to_owned() } else { run.run_failures.join("; ") }
+        );
+    }
+    Ok(output)
+}
+
 /// What every kernel's run shares.
 struct Matrix<'a> {
-    binaries: &'a [TestBinary],
-    libtest_args: &'a [String],
+    programs: &'a [GuestProgram],
     /// `target/vm-test`; each line works in `<line>/` (initramfs, console log, results share).
     work_root: PathBuf,
     timeout: Duration,
@@ -236,9 +262,8 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let initramfs = initramfs::build(&kernel, &work)?;
     let accel = *matrix.accel.get_or_init(|| qemu::choose_accel(&kernel.vmlinuz(), &initramfs, &work));
 
-    let guest =
-        GuestRun { kernel_line: line.name, module_dir: module_dir.as_deref(), libtest_args: matrix.libtest_args };
-    fs::write(results.join(initramfs::TEST_SCRIPT), binaries::guest_script(matrix.binaries, &guest))?;
+    let guest = GuestRun { kernel_line: line.name, module_dir: module_dir.as_deref() };
+    fs::write(results.join(initramfs::TEST_SCRIPT), binaries::guest_script(matrix.programs, &guest))?;
 
     eprintln!(
         "xtask vm-test: booting {line}: {} {} under {} (timeout {})",
@@ -261,7 +286,7 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let boot = qemu::boot(&spec, matrix.timeout)?;
 
     let binaries = matrix
-        .binaries
+        .programs
         .iter()
         .map(|b| {
             let name = &b.name;

@@ -1,0 +1,201 @@
+//! Collection: on every scrape, read what the kernel programs counted (per-CPU sums) into a
+//! [`Snapshot`] of plain numbers. Nothing accumulates here between scrapes: every value is the
+//! kernel's own running total since the object was loaded.
+
+use anyhow::Result;
+use aya::Ebpf;
+use mm_probe_common::{hmm, latency as lat, thp};
+
+use super::buckets::{Histogram, latency_histogram, log2_ns_histogram};
+use crate::{
+    cli::Capability,
+    collect::counters::recursion_misses,
+    kernel::layout::ThpDisableBits,
+    latency::{self, render::FunctionPlan},
+    probes::Plan,
+    retry_storm::{KernelTotals, events::NotifierEvent, metrics::Observability},
+    thp_why::{checks::AllowCheck, live::read_counts, sysfs::SystemPolicy, verdict::system_wide_outcome},
+};
+
+/// Latency as attached: its plan, its function slots and the threshold it was loaded with.
+pub struct LatencySource {
+    pub plan: Plan,
+    pub functions: Vec<FunctionPlan>,
+    pub threshold_ns: u64,
+}
+
+/// Retry-storm as attached, and what its plan lets it see.
+pub struct RetryStormSource {
+    pub plan: Plan,
+    pub seen: Observability,
+    /// Its programs' names (for the recursion-guard count).
+    pub programs: Vec<&'static str>,
+}
+
+/// The THP allow-check as attached, counting every mm, and how to decode its keys.
+pub struct ThpSource {
+    pub plan: Plan,
+    pub allow_check: AllowCheck,
+    pub bits: ThpDisableBits,
+    pub programs: Vec<&'static str>,
+}
+
+/// Everything attached, and the facts every scrape repeats.
+pub struct Sources {
+    pub kernel_release: String,
+    pub latency: Option<LatencySource>,
+    pub retry_storm: Option<RetryStormSource>,
+    pub thp: Option<ThpSource>,
+}
+
+/// One labelled value of a counter or gauge family (labels in the family's order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub labels: Vec<(&'static str, String)>,
+    pub value: u64,
+}
+
+impl Series {
+    fn new(labels: &[(&'static str, &str)], value: u64) -> Self {
+        Self { labels: labels.iter().map(|(k, v)| (*k, v.to_string())).collect(), value }
+    }
+}
+
+/// What one scrape read, named as the metric families are.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub build_info: Vec<Series>,
+    pub probe_attached: Vec<Series>,
+    pub lost_events: Vec<Series>,
+    pub map_update_failures: Vec<Series>,
+    pub wakeup_latency: Option<Histogram>,
+    pub wakeups_over_threshold: Option<u64>,
+    /// (function, duration histogram, calls over the threshold), attached slots only.
+    pub function_durations: Vec<(String, Histogram, u64)>,
+    pub hmm_range_fault_returns: Vec<Series>,
+    pub mmu_invalidations: Vec<Series>,
+    pub mmu_invalidation_callback: Option<Histogram>,
+    pub thp_checks: Vec<Series>,
+}
+
+impl Sources {
+    /// Reads every attached capability's kernel totals.
+    pub fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
+        let mut snapshot = Snapshot {
+            build_info: vec![Series::new(
+                &[("version", env!("CARGO_PKG_VERSION")), ("kernel", &self.kernel_release)],
+                1,
+            )],
+            ..Snapshot::default()
+        };
+        if let Some(source) = &self.latency {
+            read_latency(ebpf, source, &mut snapshot)?;
+        }
+        if let Some(source) = &self.retry_storm {
+            read_retry_storm(ebpf, source, &mut snapshot)?;
+        }
+        if let Some(source) = &self.thp {
+            read_thp(ebpf, source, &mut snapshot)?;
+        }
+        Ok(snapshot)
+    }
+}
+
+/// One 0/1 series per logical probe of the plan.
+fn probe_series(capability: Capability, plan: &Plan) -> impl Iterator<Item = Series> + '_ {
+    plan.probes
+        .iter()
+        .map(move |p| Series::new(&[("capability", capability.name()), ("probe", p.probe)], u64::from(p.attached())))
+}
+
+fn read_latency(ebpf: &Ebpf, source: &LatencySource, snapshot: &mut Snapshot) -> Result<()> {
+    let name = Capability::Latency.name();
+    snapshot.probe_attached.extend(probe_series(Capability::Latency, &source.plan));
+    let totals = latency::read_totals(ebpf, source.functions.len())?;
+    let counter = |c: lat::Counter| latency::counter(&totals.counters, c);
+    // Every latency program is named lat_*; a skipped run of the wakeup or switch program is a
+    // wakeup the histogram never saw.
+    let skipped = recursion_misses(ebpf, |program| program.starts_with("lat_"));
+    snapshot.lost_events.push(Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped));
+    snapshot.map_update_failures.extend([
+        Series::new(&[("capability", name), ("map", "LAT_WAKEUPS")], counter(lat::Counter::LostWakeups)),
+        Series::new(&[("capability", name), ("map", "LAT_FUNC_STATE")], counter(lat::Counter::LostFuncEntries)),
+    ]);
+    if latency::REQUIRED_PROBES.iter().all(|p| source.plan.is_attached(p)) {
+        snapshot.wakeup_latency = Some(latency_histogram(&totals.wakeup, source.threshold_ns));
+        snapshot.wakeups_over_threshold = Some(totals.wakeup.over_threshold);
+    }
+    for function in source.functions.iter().filter(|f| f.attached) {
+        let distribution = &totals.functions[function.slot];
+        snapshot.function_durations.push((
+            function.function.clone(),
+            latency_histogram(distribution, source.threshold_ns),
+            distribution.over_threshold,
+        ));
+    }
+    Ok(())
+}
+
+fn read_retry_storm(ebpf: &Ebpf, source: &RetryStormSource, snapshot: &mut Snapshot) -> Result<()> {
+    let name = Capability::RetryStorm.name();
+    snapshot.probe_attached.extend(probe_series(Capability::RetryStorm, &source.plan));
+    let totals = KernelTotals::read(ebpf)?;
+    let c = &totals.counters;
+    let skipped = recursion_misses(ebpf, |program| source.programs.contains(&program));
+    snapshot.lost_events.extend([
+        Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped),
+        // A walk return whose entry was not seen: counted, but its duration is unknown.
+        Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(hmm::Counter::StashMisses)),
+    ]);
+    if source.seen.walks {
+        // Read in slot order (walks before their outcomes), so a walk returning between the
+        // reads can make `ok` one too low for a scrape, never too high.
+        let walks = c.get(hmm::Counter::Walks);
+        let ebusy = c.get(hmm::Counter::WalkBusy);
+        let other = c.get(hmm::Counter::WalkErrors);
+        snapshot.hmm_range_fault_returns = vec![
+            Series::new(&[("result", "ok")], walks.saturating_sub(ebusy + other)),
+            Series::new(&[("result", "ebusy")], ebusy),
+            Series::new(&[("result", "other_error")], other),
+        ];
+    }
+    if source.seen.invalidations {
+        snapshot.mmu_invalidations = totals
+            .invalidations_by_event
+            .iter()
+            .enumerate()
+            .map(|(raw, &count)| Series::new(&[("event", NotifierEvent::from_raw(raw as i32).name())], count))
+            .collect();
+        snapshot.mmu_invalidation_callback =
+            Some(log2_ns_histogram(&totals.callback_ns, c.get(hmm::Counter::CallbackNs)));
+    }
+    Ok(())
+}
+
+fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<()> {
+    let name = Capability::Thp.name();
+    snapshot.probe_attached.extend(probe_series(Capability::Thp, &source.plan));
+    let counts = read_counts(ebpf)?;
+    let skipped = recursion_misses(ebpf, |program| source.programs.contains(&program));
+    snapshot.lost_events.extend([
+        Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped),
+        // A kretprobe run without its entry: that check is not counted.
+        Series::new(&[("capability", name), ("kind", "allow_check_entries")], counts.counter("return_without_entry")),
+    ]);
+    snapshot
+        .map_update_failures
+        .push(Series::new(&[("capability", name), ("map", thp::CHECKS_MAP)], counts.counter("check_map_full")));
+    if !source.plan.probes.iter().any(|p| p.attached()) {
+        return Ok(());
+    }
+    // The sysfs policy is read now: a refusal is judged against the policy in force.
+    let policy = SystemPolicy::read();
+    let mut tally: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+    for (key, count) in &counts.checks {
+        let (allowed, reason) = system_wide_outcome(&source.allow_check, source.bits, &policy, key);
+        *tally.entry((if allowed { "allowed" } else { "denied" }, reason)).or_default() += count;
+    }
+    snapshot.thp_checks =
+        tally.into_iter().map(|((verdict, reason), n)| Series::new(&[("verdict", verdict), ("reason", reason)], n)).collect();
+    Ok(())
+}

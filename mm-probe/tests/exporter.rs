@@ -1,0 +1,454 @@
+//! `mm-probe exporter` end to end, against a real Prometheus: a SCHED_FIFO waker's wakeups are
+//! counted by the kernel, served by the exporter, scraped by Prometheus (`prometheus` from
+//! Debian, which `cargo xtask setup` installs), and what Prometheus answers equals what the
+//! exporter served. Also: the threshold is an exact `le` edge, `promtool check metrics` accepts
+//! the output, a bad `--listen`, a taken port or no privileges are one-line errors, and Ctrl-C
+//! leaves nothing loaded.
+//!
+//! In the qemu guests loopback may be down: it is brought up, or the tests that need it say why
+//! they skip.
+
+mod common;
+mod latency_support;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdout, Command, Stdio},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use common::{interrupt, leftover_programs, mm_probe, our_programs, require_root, run_tool, vm_kernel};
+use latency_support::{HeldWaker, assert_plausible_wakeups};
+use serde_json::Value;
+
+/// The exporter's default threshold, 500 µs, as the `le` Prometheus stores.
+const THRESHOLD_SECONDS: f64 = 0.0005;
+
+#[test]
+fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = our_programs();
+    let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+    // Every capability (the default), so Prometheus parses every family; -p selects the
+    // waker's wakeups.
+    let exporter = Exporter::start(&["-p", &held.pid.to_string()]);
+    let prometheus = Prometheus::start(exporter.port);
+    prometheus.wait_for_first_scrape();
+
+    let waker = held.run();
+    let ended = unix_now();
+    prometheus.wait_for_scrape_after("mm_probe_wakeup_latency_seconds_count", ended);
+    // The waker now waits on stdin and nothing else is traced (-p): the totals stand still, so
+    // what the exporter serves now is what Prometheus stored at its last scrape.
+    let served = samples(&exporter.get_metrics(false));
+
+    let count = value_of(&served, "mm_probe_wakeup_latency_seconds_count", &[]);
+    let over = value_of(&served, "mm_probe_wakeups_over_threshold_total", &[]);
+    let sum = value_of(&served, "mm_probe_wakeup_latency_seconds_sum", &[]);
+    assert_eq!(prometheus.value("mm_probe_wakeup_latency_seconds_count"), count);
+    assert_eq!(prometheus.value("mm_probe_wakeups_over_threshold_total"), over);
+    assert!((prometheus.value("mm_probe_wakeup_latency_seconds_sum") - sum).abs() <= sum * 1e-12);
+    let served_buckets = buckets(&served);
+    assert_eq!(prometheus.buckets("mm_probe_wakeup_latency_seconds_bucket"), served_buckets);
+    eprintln!("served and scraped: count {count}, over the threshold {over}, sum {sum} s");
+
+    assert_plausible_wakeups(count as u64, &waker, &Value::String(format!("{served_buckets:?}")));
+    let at_threshold = served_buckets.iter().find(|(le, _)| *le == THRESHOLD_SECONDS).map(|(_, n)| *n);
+    assert_eq!(at_threshold, Some(count - over), "the threshold edge holds count - over_threshold: {served_buckets:?}");
+    assert!(served_buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{served_buckets:?}");
+    assert_eq!(served_buckets.last(), Some(&(f64::INFINITY, count)));
+
+    let attached = value_of(&served, "mm_probe_probe_attached", &[("capability", "latency"), ("probe", "sched_switch")]);
+    assert_eq!(attached, 1.0);
+    exporter.stop_and_check_nothing_left(&before);
+    held.exit();
+}
+
+#[test]
+fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = our_programs();
+    let exporter = Exporter::start(&["--only", "latency,retry-storm,thp"]);
+    touch_advised_memory();
+    let classic = exporter.get_metrics(false);
+    promtool_accepts(&classic);
+    let openmetrics = exporter.get_metrics(true);
+    assert!(openmetrics.ends_with("# EOF\n"), "Prometheus gets OpenMetrics when it asks");
+    let served = samples(&classic);
+
+    for capability in ["latency", "retry-storm", "thp"] {
+        let probes: Vec<&Sample> =
+            served.iter().filter(|s| s.name == "mm_probe_probe_attached" && s.labels["capability"] == capability).collect();
+        assert!(!probes.is_empty(), "{capability} has no mm_probe_probe_attached series:\n{classic}");
+        for probe in probes {
+            // The startup line and the gauge tell the same story.
+            let name = &probe.labels["probe"];
+            let listed = exporter.startup.contains(&format!("{name} (")) || exporter.startup.contains(name.as_str());
+            assert!(listed, "{name} is not in the startup line: {}", exporter.startup);
+        }
+    }
+    let attached = |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
+    let has = |family: &str| served.iter().any(|s| s.name == family);
+    assert_eq!(has("mm_probe_hmm_range_fault_returns_total"), attached("hmm_range_fault walk"), "{classic}");
+    let thp_never = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|m| m.contains("[never]"));
+    if attached("THP allow-check") && !thp_never {
+        // Every fault on the advised region passed the allow-check: counted system-wide. (With
+        // enabled=never the 6.8+ inline wrapper refuses before the probed function runs.)
+        let checks: f64 = served.iter().filter(|s| s.name == "mm_probe_thp_checks_total").map(|s| s.value).sum();
+        assert!(checks > 0.0, "no THP check counted after faulting 16 MiB of MADV_HUGEPAGE memory:\n{classic}");
+    } else if let Some(kernel) = vm_kernel().filter(|k| !k.ends_with("-rt")) {
+        panic!("the THP allow-check must attach on {kernel}: {}", exporter.startup);
+    }
+    exporter.stop_and_check_nothing_left(&before);
+}
+
+#[test]
+fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
+    require_root();
+    let out = run_tool(&["exporter", "--listen", "localhost"]);
+    assert_one_line_usage_error(&out, "not an address:port");
+    match loopback() {
+        Ok(()) => {
+            let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port to take");
+            let address = taken.local_addr().unwrap().to_string();
+            let before = our_programs();
+            let out = run_tool(&["exporter", "--listen", &address]);
+            assert_one_line_usage_error(&out, "in use");
+            assert!(leftover_programs(&before).is_empty(), "nothing is loaded before the port is taken");
+        }
+        Err(why) => eprintln!("skipped the taken-port case: {why}"),
+    }
+    // Without privileges (as nobody, when nobody can reach the binary).
+    use std::os::unix::process::CommandExt as _;
+    match Command::new(mm_probe()).args(["exporter", "--listen", "127.0.0.1:0"]).uid(65534).gid(65534).output() {
+        Ok(out) => assert_one_line_usage_error(&out, "run it as root"),
+        Err(e) => eprintln!("skipped the unprivileged run: nobody cannot start {}: {e}", mm_probe().display()),
+    }
+}
+
+fn assert_one_line_usage_error(out: &std::process::Output, says: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(says), "{stderr}");
+}
+
+/// The exporter as a child, killed if the test fails before stopping it.
+struct Exporter {
+    child: Option<Child>,
+    _stdout: BufReader<ChildStdout>,
+    port: u16,
+    startup: String,
+}
+
+impl Exporter {
+    fn start(args: &[&str]) -> Self {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut child = Command::new(mm_probe())
+            .args(["exporter", "--listen", &listen])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting mm-probe exporter");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut startup = String::new();
+        stdout.read_line(&mut startup).expect("reading the startup line");
+        eprintln!("{startup}");
+        assert!(startup.starts_with(&format!("mm-probe exporter: listening on http://{listen}/metrics; ")), "{startup}");
+        Self { child: Some(child), _stdout: stdout, port, startup }
+    }
+
+    /// The exposition, as Prometheus (OpenMetrics) or as curl (classic text) gets it.
+    fn get_metrics(&self, openmetrics: bool) -> String {
+        let accept = if openmetrics { "application/openmetrics-text; version=1.0.0" } else { "text/plain" };
+        let (status, body) = http_get(self.port, "/metrics", accept);
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Ctrl-C: a clean exit, and every program it loaded gone.
+    fn stop_and_check_nothing_left(mut self, before: &[(u32, String)]) {
+        let mut child = self.child.take().unwrap();
+        interrupt(&child);
+        let status = child.wait().expect("waiting for the exporter");
+        assert_eq!(status.code(), Some(0), "the exporter ends cleanly on SIGINT");
+        let left = leftover_programs(before);
+        assert!(left.is_empty(), "programs still loaded after SIGINT: {left:?}");
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A real Prometheus server scraping the exporter every second, with its data in a temp dir.
+struct Prometheus {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Prometheus {
+    fn start(exporter_port: u16) -> Self {
+        let binary = Path::new("/usr/bin/prometheus");
+        assert!(binary.exists(), "prometheus is not installed: cargo xtask setup installs the Debian package");
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("mm-probe-prometheus-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: mm-probe\n    \
+             static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n"
+        );
+        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting prometheus");
+        let prometheus = Self { child, port, dir };
+        prometheus.wait_until("ready", Duration::from_secs(90), || http_get_opt(port, "/-/ready").is_some_and(|(s, _)| s == 200));
+        prometheus
+    }
+
+    fn wait_until(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !done() {
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default();
+                // A scrape that failed (an exposition Prometheus cannot parse) says why here.
+                let targets = http_get_opt(self.port, "/api/v1/targets").map(|(_, body)| body).unwrap_or_default();
+                panic!("prometheus not {what} after {limit:?}; its targets: {targets}\nits log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn wait_for_first_scrape(&self) {
+        self.wait_until("scraping", Duration::from_secs(60), || {
+            self.query("up{job=\"mm-probe\"}").first().is_some_and(|r| r["value"][1] == "1")
+        });
+    }
+
+    /// Until the newest stored sample of `series` was scraped after `unix_seconds`.
+    fn wait_for_scrape_after(&self, series: &str, unix_seconds: f64) {
+        self.wait_until("scraping after the workload", Duration::from_secs(60), || {
+            self.query(&format!("timestamp({series})"))
+                .first()
+                .and_then(|r| r["value"][1].as_str()?.parse::<f64>().ok())
+                .is_some_and(|t| t > unix_seconds)
+        });
+    }
+
+    /// `/api/v1/query`: the result vector (empty on any error, which the callers wait out).
+    fn query(&self, promql: &str) -> Vec<Value> {
+        let path = format!("/api/v1/query?query={}", percent_encode(promql));
+        let Some((200, body)) = http_get_opt(self.port, &path) else { return Vec::new() };
+        let answer: Value = serde_json::from_str(&body).unwrap_or_default();
+        answer["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The one series' value.
+    fn value(&self, promql: &str) -> f64 {
+        let result = self.query(promql);
+        assert_eq!(result.len(), 1, "{promql}: {result:?}");
+        parse_value(&result[0]["value"][1])
+    }
+
+    /// Every bucket of a histogram, (le, count) by ascending le.
+    fn buckets(&self, series: &str) -> Vec<(f64, f64)> {
+        let mut buckets: Vec<(f64, f64)> = self
+            .query(series)
+            .iter()
+            .map(|r| (parse_le(r["metric"]["le"].as_str().unwrap()), parse_value(&r["value"][1])))
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        buckets
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        // SAFETY: kill with the pid of a child we spawned.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One sample line of the text format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+fn samples(text: &str) -> Vec<Sample> {
+    text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).map(parse_sample).collect()
+}
+
+/// `name{a="x",b="y"} value` (the exporter's label values hold no quotes or commas).
+fn parse_sample(line: &str) -> Sample {
+    let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not a sample: {line}"));
+    let (name, labels) = match series.split_once('{') {
+        Some((name, rest)) => (name, rest.trim_end_matches('}')),
+        None => (series, ""),
+    };
+    let labels = labels
+        .split(',')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or_else(|| panic!("bad label in {line}"));
+            (k.to_string(), v.trim_matches('"').to_string())
+        })
+        .collect();
+    Sample { name: name.to_string(), labels, value: value.parse().unwrap_or_else(|_| panic!("bad value in {line}")) }
+}
+
+fn value_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .find(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.get(*k).is_some_and(|x| x == v)))
+        .unwrap_or_else(|| panic!("no {name} {labels:?} served"))
+        .value
+}
+
+/// The wakeup histogram's buckets as served, (le, count) by ascending le.
+fn buckets(samples: &[Sample]) -> Vec<(f64, f64)> {
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.name == "mm_probe_wakeup_latency_seconds_bucket")
+        .map(|s| (parse_le(&s.labels["le"]), s.value))
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+fn parse_le(text: &str) -> f64 {
+    if text == "+Inf" { f64::INFINITY } else { text.parse().unwrap_or_else(|_| panic!("bad le {text}")) }
+}
+
+fn parse_value(value: &Value) -> f64 {
+    value.as_str().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad value {value}"))
+}
+
+fn promtool_accepts(text: &str) {
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running promtool (Debian package prometheus)");
+    promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{text}");
+}
+
+/// Faults 16 MiB of MADV_HUGEPAGE memory: every fault passes through the THP allow-check.
+fn touch_advised_memory() {
+    const LEN: usize = 16 << 20;
+    // SAFETY: a private anonymous mapping, advised, written page by page, then unmapped.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::madvise(p, LEN, libc::MADV_HUGEPAGE);
+        for offset in (0..LEN).step_by(4096) {
+            p.cast::<u8>().add(offset).write_volatile(1);
+        }
+        libc::munmap(p, LEN);
+    }
+}
+
+/// HTTP/1.0 GET on loopback (no chunked bodies to decode): status and body.
+fn http_get(port: u16, path: &str, accept: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the exporter");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("reading the response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
+}
+
+/// As `http_get`, `None` while nothing listens yet.
+fn http_get_opt(port: u16, path: &str) -> Option<(u16, String)> {
+    TcpStream::connect(("127.0.0.1", port)).ok()?;
+    Some(http_get(port, path, "application/json"))
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"_.-".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("binding a loopback port").local_addr().unwrap().port()
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+/// Loopback up (the qemu guests boot with it down), or why it cannot be.
+fn loopback() -> Result<(), String> {
+    bring_lo_up().map_err(|e| format!("cannot bring the loopback interface up: {e}"))?;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no loopback address: {e}"))?;
+    TcpStream::connect(listener.local_addr().unwrap()).map_err(|e| format!("loopback does not connect: {e}"))?;
+    Ok(())
+}
+
+fn bring_lo_up() -> std::io::Result<()> {
+    // SAFETY: an ifreq for "lo" read and written by SIOCGIFFLAGS/SIOCSIFFLAGS on our own socket.
+    unsafe {
+        let socket = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if socket < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (to, from) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *to = *from as libc::c_char;
+        }
+        let mut result = Ok(());
+        if libc::ioctl(socket, libc::SIOCGIFFLAGS, &mut request) != 0 {
+            result = Err(std::io::Error::last_os_error());
+        } else if request.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short == 0 {
+            request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(socket, libc::SIOCSIFFLAGS, &request) != 0 {
+                result = Err(std::io::Error::last_os_error());
+            }
+        }
+        libc::close(socket);
+        result
+    }
+}

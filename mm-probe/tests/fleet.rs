@@ -2,16 +2,19 @@
 //! Kubernetes OpenAPI schemas, strict: unknown fields fail), the dashboard by tsc against the
 //! dashboard and panel types Grafana publishes (`@grafana/schema`), every PromQL expression of
 //! the dashboard by promtool, and every metric and label it reads against the exporter's
-//! metric contract. `cargo xtask setup` installs the validators; on the host they must be there,
-//! inside the qemu guests the tool checks are skipped, saying so (the contract checks need no
-//! tool and run everywhere).
+//! metric contract; and the exporter itself, run with only the capabilities the manifest grants.
+//! `cargo xtask setup` installs the validators; on the host they must be there, inside the qemu
+//! guests the tool checks are skipped, saying so (the contract checks need no tool and run
+//! everywhere).
 
 mod common;
 
 use std::{
     collections::BTreeSet,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
 };
 
 use serde_json::Value;
@@ -163,6 +166,66 @@ fn the_agent_gets_only_the_capabilities_it_needs_and_listens_for_prometheus() {
     assert_eq!(pod["metadata"]["annotations"]["prometheus.io/port"], "9479");
     let service = documents.iter().find(|d| d["kind"] == "Service").expect("a Service");
     assert_eq!(service["spec"]["clusterIP"], "None", "headless: one endpoint per agent");
+}
+
+/// The capabilities the manifest adds to the container, as it spells them (`BPF`, …).
+fn granted_capabilities(python: &Path) -> Vec<String> {
+    let documents = manifest_documents(python);
+    let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").expect("a DaemonSet");
+    let add = &daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]["add"];
+    add.as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect()
+}
+
+/// The exporter on loopback, as root with every capability (`None`) or as the DaemonSet runs it
+/// (`Some`): uid 0 with only those capabilities left in its bounding set, as the container
+/// runtime leaves them, and no new privileges. Returns its `mm_probe_probe_attached` series.
+fn probes_attached(capabilities: Option<&[String]>) -> Vec<String> {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut command = match capabilities {
+        None => Command::new(common::mm_probe()),
+        Some(granted) => {
+            let keep: Vec<String> = granted.iter().map(|c| format!("+{}", c.to_lowercase())).collect();
+            let mut setpriv = Command::new("setpriv");
+            setpriv.arg(format!("--bounding-set=-all,{}", keep.join(",")));
+            setpriv.args(["--inh-caps=-all", "--no-new-privs", "--"]).arg(common::mm_probe());
+            setpriv
+        }
+    };
+    let mut exporter = command
+        .args(["exporter", "--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting mm-probe exporter");
+    let mut startup = String::new();
+    BufReader::new(exporter.stdout.as_mut().unwrap()).read_line(&mut startup).unwrap();
+    eprintln!("{startup}");
+    let metrics = if startup.contains("listening") { scrape(port) } else { String::new() };
+    common::interrupt(&exporter);
+    assert!(exporter.wait().unwrap().success(), "the exporter failed: {startup}");
+    metrics.lines().filter(|l| l.starts_with("mm_probe_probe_attached{")).map(str::to_string).collect()
+}
+
+/// GET /metrics in the classic text format (HTTP/1.0: the body ends with the connection).
+fn scrape(port: u16) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connecting to the exporter");
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The manifest's capability choice, tried on this kernel: with only what it grants, the
+/// exporter attaches exactly the probes it attaches as full root. (This host runs 6.18, past
+/// 5.11: BPF memory is charged to the memory cgroup, so no CAP_SYS_RESOURCE either.)
+#[test]
+fn with_only_the_manifests_capabilities_the_exporter_attaches_what_root_attaches() {
+    common::require_root();
+    let Some(python) = venv_python() else { return };
+    let granted = granted_capabilities(&python);
+    let as_root = probes_attached(None);
+    assert!(as_root.iter().any(|p| p.ends_with(" 1")), "nothing attached even as root: {as_root:#?}");
+    let as_deployed = probes_attached(Some(&granted));
+    assert_eq!(as_deployed, as_root, "with only {granted:?} the exporter attaches less than as root");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// Print one JSON object instead of text.
+    /// Print the report as one JSON line instead of text (schemas/doctor/).
     #[arg(long)]
     pub json: bool,
 }
@@ -54,7 +54,7 @@ pub struct ThpWhyArgs {
     /// List every VMA, not only the largest.
     #[arg(long)]
     pub all_vmas: bool,
-    /// Print one JSON object instead of text.
+    /// Newline-delimited JSON instead of text: the report, then its lost events (schemas/thp-why/).
     #[arg(long)]
     pub json: bool,
 }

@@ -28,9 +28,9 @@ struct Sample {
 pub fn run(bins: &Binaries) -> Result<String> {
     let mut out = String::from("### Ring-buffer capacity and agent cost (mm-probe bench-ring)\n\n");
     out += "| target rate | achieved rate | received | lost | received + lost = calls | agent CPU (% of a core, start-up excluded) | agent peak RSS |\n|---|---|---|---|---|---|---|\n";
-    let idle = measure(bins, 0)?;
+    let idle = measure(bins, 0, Reader::Running)?;
     for rate in RATES.into_iter().skip(1) {
-        let s = measure(bins, rate)?;
+        let s = measure(bins, rate, Reader::Running)?;
         let cpu_percent = 100.0 * (s.cpu_s - idle.cpu_s).max(0.0) / s.elapsed_s;
         let _ = writeln!(
             out,
@@ -44,16 +44,46 @@ pub fn run(bins: &Binaries) -> Result<String> {
             s.rss_mib,
         );
     }
+    // Beyond capacity: the reader frozen for the whole run, so the ring fills and every later
+    // record is refused by the kernel. Loss must be counted exactly, not hidden.
+    let frozen = measure(bins, FROZEN_RATE, Reader::Frozen)?;
+    let _ = writeln!(
+        out,
+        "| {FROZEN_RATE}/s, reader frozen (SIGSTOP) | {:.0}/s | {} | {} | {} | — | {:.1} MiB |",
+        frozen.calls as f64 / frozen.elapsed_s,
+        frozen.received,
+        frozen.lost,
+        if frozen.received + frozen.lost == frozen.calls { "exact" } else { "MISMATCH" },
+        frozen.rss_mib,
+    );
     let _ = writeln!(out, "\nEach run lasts {SECONDS} s; start-up cost at rate 0: {:.0} ms CPU, {:.1} MiB RSS.\n", idle.cpu_s * 1e3, idle.rss_mib);
     Ok(out)
 }
 
-fn measure(bins: &Binaries, rate: u64) -> Result<Sample> {
+/// The frozen-reader run's rate: far more records than the ring holds.
+const FROZEN_RATE: u64 = 100_000;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Reader {
+    Running,
+    /// Stopped while the workload runs, thawed before it is asked for its counts.
+    Frozen,
+}
+
+/// One bench-ring run beside getppid_storm at `rate`.
+fn measure(bins: &Binaries, rate: u64, reader: Reader) -> Result<Sample> {
     let workload = WaitingWorkload::start(&bins.workload("getppid_storm"), &[rate.to_string(), SECONDS.to_string()])?;
     let mut command = Command::new(&bins.mm_probe);
     command.args(["bench-ring", &workload.pid.to_string()]);
     let tracer = Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?;
-    let result = workload.go()?;
+    if reader == Reader::Frozen {
+        tracer.freeze();
+    }
+    let result = workload.go();
+    if reader == Reader::Frozen {
+        tracer.thaw();
+    }
+    let result = result?;
     let lines = tracer.stop()?;
     let check: serde_json::Value = lines
         .iter()

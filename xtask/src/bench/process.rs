@@ -125,6 +125,18 @@ impl Tracer {
         Ok(())
     }
 
+    /// Freezes it (SIGSTOP), as a reader starved of CPU would be: the kernel side keeps running.
+    pub fn freeze(&self) {
+        // SAFETY: kill with a valid pid and signal number.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGSTOP) };
+    }
+
+    /// Lets a frozen tracer run again.
+    pub fn thaw(&self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+    }
+
     /// Stops it as Ctrl-C would and returns everything it printed.
     pub fn stop(mut self) -> Result<Vec<String>> {
         // SAFETY: kill with a valid pid and signal number.

@@ -348,7 +348,9 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
-    if prev_pid != 0 {
+    // Looked up first: a lookup takes no lock, a delete takes the bucket's, and on almost every
+    // switch there is nothing to forget.
+    if prev_pid != 0 && unsafe { LAT_WAKEUPS.get(&prev_pid) }.is_some() {
         let _ = LAT_WAKEUPS.remove(&prev_pid);
     }
     if next_pid == 0 {
@@ -451,7 +453,15 @@ fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
         enter_ns: unsafe { bpf_ktime_get_ns() },
         args: field(ctx, &LAT_TP_SYS_ENTER_ARGS)?,
     };
-    LAT_SYSCALLS.insert(&pid, &state, 0).ok()
+    // A task's entry is rewritten in place from its second syscall on: an LRU insert takes locks
+    // and a free node on every call, which on a syscall-heavy machine is most of this tool's cost.
+    match LAT_SYSCALLS.get_ptr_mut(&pid) {
+        Some(slot) => {
+            unsafe { *slot = state };
+            Some(())
+        }
+        None => LAT_SYSCALLS.insert(&pid, &state, 0).ok(),
+    }
 }
 
 /// raw_syscalls:sys_exit: the task is back in user space.

@@ -14,9 +14,9 @@
 use aya_ebpf::{
     EbpfContext, Global,
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, generated::bpf_get_func_arg},
-    macros::{fexit, kprobe, kretprobe, map, tracepoint},
+    macros::{btf_tracepoint, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{BtfTracePointContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::thp::{
     COUNTER_COUNT, Counter, FAULT_RANGE_SHIFT, MM_SLOT_COUNT, MmSeen, MmSlot, PR_SET_THP_DISABLE, PendingCheck,
@@ -231,18 +231,36 @@ pub fn thp_allowable_return(ctx: RetProbeContext) -> u32 {
     0
 }
 
-/// exceptions:page_fault_user (x86): count the target's faults per 64 KiB of address space.
+/// page_fault_user as a BTF tracepoint: its arguments come straight from the call site
+/// (address first), without the classic tracepoint's per-event record, which every page fault
+/// on the machine would pay for while the tool runs.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn thp_page_fault_user_btf(ctx: BtfTracePointContext) -> u32 {
+    if current_tgid() == THP_TARGET_TGID.load() {
+        on_target_fault(ctx.arg::<u64>(0));
+    }
+    0
+}
+
+/// exceptions:page_fault_user (x86), the classic tracepoint, where BTF is missing.
 #[tracepoint]
 pub fn thp_page_fault_user(ctx: TracePointContext) -> u32 {
     if current_tgid() != THP_TARGET_TGID.load() {
         return 0;
     }
+    let offset = (THP_FAULT_ADDRESS_OFFSET.load() & 0xff) as usize;
+    if let Ok(address) = unsafe { ctx.read_at::<u64>(offset) } {
+        on_target_fault(address);
+    }
+    0
+}
+
+/// Counts one of the target's faults per 64 KiB of address space.
+#[inline(always)]
+fn on_target_fault(address: u64) {
     learn_target_mm();
     count(Counter::Faults);
-    let offset = (THP_FAULT_ADDRESS_OFFSET.load() & 0xff) as usize;
-    let Ok(address) = (unsafe { ctx.read_at::<u64>(offset) }) else { return 0 };
     add_one(&THP_FAULTS, &(address >> FAULT_RANGE_SHIFT), Counter::FaultMapFull);
-    0
 }
 
 /// syscalls:sys_enter_prctl: every PR_SET_THP_DISABLE call, from any process.

@@ -100,5 +100,9 @@ pub mod offsets {
         OFF_INTERVAL_NOTIFIER_MM,
         OFF_INTERVAL_NOTIFIER_START,
         OFF_INTERVAL_NOTIFIER_LAST,
+        OFF_PT_REGS_DI,
+        OFF_PT_REGS_SI,
+        OFF_PT_REGS_DX,
+        OFF_PT_REGS_R10,
     );
 }

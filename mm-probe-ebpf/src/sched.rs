@@ -28,7 +28,10 @@ use crate::{
     func_latency::{LAT_FUNC_STATE, LAT_FUNC_ZERO},
     kernel::{
         bump, log2_bucket,
-        offsets::{OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO},
+        offsets::{
+            OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_R10, OFF_PT_REGS_SI, OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU,
+            OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
+        },
         read_at,
     },
 };
@@ -442,17 +445,36 @@ fn emit_spike<C: StackIdContext>(
 /// raw_syscalls:sys_enter: remember the syscall and its first arguments.
 #[tracepoint]
 pub fn lat_sys_enter(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_enter(&ctx);
+    if let (Some(nr), Some(args)) = (field(&ctx, &LAT_TP_SYS_ENTER_ID), field(&ctx, &LAT_TP_SYS_ENTER_ARGS)) {
+        let _ = on_sys_enter(nr, args);
+    }
     0
 }
 
-fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
+/// sys_enter as a BTF tracepoint: (regs, id). Every syscall on the machine passes here, and the
+/// classic tracepoint first copies all six arguments into a trace record; this reads the four
+/// the attribution needs from the saved user registers.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn lat_sys_enter_btf(ctx: BtfTracePointContext) -> u32 {
+    let regs: u64 = ctx.arg(0);
+    let nr: i64 = ctx.arg(1);
+    let arg = |offset: &Global<u32>| read_at::<u64>(regs, offset.load()).unwrap_or(0);
+    let args = [arg(&OFF_PT_REGS_DI), arg(&OFF_PT_REGS_SI), arg(&OFF_PT_REGS_DX), arg(&OFF_PT_REGS_R10)];
+    let _ = on_sys_enter(nr, args);
+    0
+}
+
+/// sys_exit as a BTF tracepoint (the classic one fills a record the program never reads).
+#[btf_tracepoint(function = "sys_exit")]
+pub fn lat_sys_exit_btf(_ctx: BtfTracePointContext) -> u32 {
+    on_sys_exit();
+    0
+}
+
+#[inline(always)]
+fn on_sys_enter(nr: i64, args: [u64; 4]) -> Option<()> {
     let pid = crate::kernel::current_pid();
-    let state = SyscallState {
-        nr: field(ctx, &LAT_TP_SYS_ENTER_ID)?,
-        enter_ns: unsafe { bpf_ktime_get_ns() },
-        args: field(ctx, &LAT_TP_SYS_ENTER_ARGS)?,
-    };
+    let state = SyscallState { nr, enter_ns: unsafe { bpf_ktime_get_ns() }, args };
     // A task's entry is rewritten in place from its second syscall on: an LRU insert takes locks
     // and a free node on every call, which on a syscall-heavy machine is most of this tool's cost.
     match LAT_SYSCALLS.get_ptr_mut(&pid) {
@@ -467,9 +489,14 @@ fn try_sys_enter(ctx: &TracePointContext) -> Option<()> {
 /// raw_syscalls:sys_exit: the task is back in user space.
 #[tracepoint]
 pub fn lat_sys_exit(_ctx: TracePointContext) -> u32 {
+    on_sys_exit();
+    0
+}
+
+#[inline(always)]
+fn on_sys_exit() {
     let pid = crate::kernel::current_pid();
     if let Some(state) = LAT_SYSCALLS.get_ptr_mut(&pid) {
         unsafe { (*state).nr = -1 };
     }
-    0
 }

@@ -79,6 +79,10 @@ pub const MEMBERS: &[Member] = &[
         paths: &["interval_tree.last"],
         note: "inclusive end of the interval; stable since 5.10",
     },
+    Member { global: names::PT_REGS_DI, struct_name: "pt_regs", paths: &["di"], note: "x86-64; 1st syscall argument" },
+    Member { global: names::PT_REGS_SI, struct_name: "pt_regs", paths: &["si"], note: "x86-64; 2nd syscall argument" },
+    Member { global: names::PT_REGS_DX, struct_name: "pt_regs", paths: &["dx"], note: "x86-64; 3rd syscall argument" },
+    Member { global: names::PT_REGS_R10, struct_name: "pt_regs", paths: &["r10"], note: "x86-64; 4th syscall argument" },
 ];
 
 /// Every member's offset on this kernel.

@@ -261,12 +261,20 @@ pub fn select_pids(ebpf: &mut Ebpf, options: &Options) -> Result<()> {
 /// end-to-end tests exercise the fallback with it).
 pub const SCHED_HOOKS_ENV: &str = "MM_PROBE_SCHED_HOOKS";
 
-/// The sched probes for this kernel: the BTF tracepoint programs read task_struct members, so
-/// where BTF lacks one of them only the classic tracepoints are tried.
+/// The sched probes for this kernel: the BTF tracepoint programs read task_struct and pt_regs
+/// members, so where BTF lacks one of them only the classic tracepoints are tried.
 fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
     let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
-    let members =
-        [layout::TASK_STRUCT_PID, layout::TASK_STRUCT_PRIO, layout::TASK_STRUCT_COMM, layout::TASK_STRUCT_CPU];
+    let members = [
+        layout::TASK_STRUCT_PID,
+        layout::TASK_STRUCT_PRIO,
+        layout::TASK_STRUCT_COMM,
+        layout::TASK_STRUCT_CPU,
+        layout::PT_REGS_DI,
+        layout::PT_REGS_SI,
+        layout::PT_REGS_DX,
+        layout::PT_REGS_R10,
+    ];
     let btf_usable = kernel.btf().is_ok_and(|btf| {
         let resolved = Layout::resolve(btf);
         members.iter().all(|m| resolved.offset(m).is_some())

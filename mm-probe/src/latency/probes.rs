@@ -66,19 +66,31 @@ pub fn classic_only(probe: &LogicalProbe) -> LogicalProbe {
 pub const SYS_ENTER: LogicalProbe = LogicalProbe {
     name: "sys_enter",
     purpose: "which syscall the blocker was in (for madvise: advice and length)",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_enter" }],
-        targets: &[Target { name: "raw_syscalls:sys_enter", kernels: "all" }],
-    }],
+    candidates: &[
+        Candidate {
+            hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: "lat_sys_enter_btf" }],
+            targets: &[Target { name: "sys_enter", kernels: "x86-64 with BTF (arguments read from pt_regs)" }],
+        },
+        Candidate {
+            hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_enter" }],
+            targets: &[Target { name: "raw_syscalls:sys_enter", kernels: "all" }],
+        },
+    ],
 };
 
 pub const SYS_EXIT: LogicalProbe = LogicalProbe {
     name: "sys_exit",
     purpose: "whether the blocker had returned from its syscall",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_exit" }],
-        targets: &[Target { name: "raw_syscalls:sys_exit", kernels: "all" }],
-    }],
+    candidates: &[
+        Candidate {
+            hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: "lat_sys_exit_btf" }],
+            targets: &[Target { name: "sys_exit", kernels: "BTF" }],
+        },
+        Candidate {
+            hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_exit" }],
+            targets: &[Target { name: "raw_syscalls:sys_exit", kernels: "all" }],
+        },
+    ],
 };
 
 /// The probes that do not depend on the command line.

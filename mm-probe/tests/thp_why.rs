@@ -673,7 +673,8 @@ fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
     } else {
         assert!(checks >= 2 && checks <= 2 + pud_tolerance(check, 1), "{plain}");
         assert_eq!(denied, checks, "{plain}");
-        assert_eq!(plain["live"]["denied_by"]["sysfs_madvise_not_advised"], denied, "{plain}");
+        // denied_by counts every caller's denials: khugepaged may scan the region too.
+        assert_eq!(plain["live"]["denied_by"]["sysfs_madvise_not_advised"], plain["live"]["denied"], "{plain}");
     }
     let advised = vma(&report, &start_of(region(&round, "advised")));
     assert_eq!(advised["reason"], "none");

@@ -107,6 +107,10 @@ impl Kallsyms {
         self.names.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
     /// Finds `function`, exactly or as a compiler clone; never a `.cold` split.
     pub fn resolve(&self, function: &str) -> Option<SymbolMatch> {
         if self.names.contains(function) {

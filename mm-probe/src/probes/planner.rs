@@ -169,10 +169,8 @@ impl<'k> Planner<'k> {
         let program = ebpf
             .program_mut(hook.program)
             .ok_or_else(|| format!("program {} is missing from mm-probe's object", hook.program))?;
-        load_and_attach(self.kernel, program, hook.mechanism, &symbol.0).map_err(|e| {
-            unload_program(program);
-            e
-        })?;
+        // A half-loaded program would make the next candidate's load fail: unload it first.
+        load_and_attach(self.kernel, program, hook.mechanism, &symbol.0).inspect_err(|_| unload_program(program))?;
         Ok(symbol)
     }
 

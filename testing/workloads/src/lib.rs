@@ -2,6 +2,16 @@
 //! what it makes the kernel do; the end-to-end tests find them next to their own executable.
 pub mod thp;
 
+/// With `--wait` among the arguments: prints this process's pid and waits for a line on stdin,
+/// so a benchmark can attach a tracer to a workload that has not started yet.
+pub fn wait_for_go_if_asked(args: &[String]) {
+    if args.iter().any(|a| a == "--wait") {
+        println!("{}", std::process::id());
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
+}
+
 /// Pins the calling thread (and the threads it creates later) to one CPU.
 pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
     // SAFETY: the cpu_set_t is zeroed then filled with CPU_SET; sched_setaffinity reads it.

@@ -43,6 +43,16 @@ macro_rules! bpftrace_wakeup_latency {
 /// Under emulation every instruction is 10-50x slower, so the guest's workloads are smaller.
 const GUEST_SCENARIOS: &[Scenario] = &[
     Scenario {
+        name: "hmm_range_fault walks in 2 MiB chunks beside an madvise(DONTNEED) storm (hmm_mirror, 32 MiB × 10) — retry-storm",
+        workload: "hmm_storm",
+        workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "10", "--mode", "dontneed"],
+        mm_probe_args: &["retry-storm", "--duration", "300s", "--json"],
+        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \
+                   kretprobe:hmm_range_fault /@entry[tid]/ { @returns[retval] = count(); @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); } \
+                   kprobe:__mmu_notifier_invalidate_range_start { @invalidations = count(); }",
+    },
+    Scenario {
         name: "madvise(MADV_PAGEOUT) loop (64 MiB × 8) — latency, walk timed by fentry/fexit",
         workload: "fault_storm",
         workload_args: &["64", "8", "--pageout"],
@@ -116,7 +126,10 @@ const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
 pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
     let (scenarios, title) = match place {
         Place::Host => (HOST_SCENARIOS, "### Overhead on the traced workload (time with tracer ÷ without)\n\n".to_owned()),
-        Place::Guest => (GUEST_SCENARIOS, format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel())),
+        Place::Guest => {
+            load_test_module("hmm_mirror")?;
+            (GUEST_SCENARIOS, format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel()))
+        }
     };
     let mut out = title;
     out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) |\n|---|---|---|---|\n";
@@ -148,6 +161,17 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
     }
     let _ = writeln!(out, "\n{rounds} rounds; ratios are each run's time over the baseline median.\n");
     Ok(out)
+}
+
+/// Loads one of the project's test modules (built by the vm harness for this kernel, named by
+/// MM_PROBE_TEST_MODULES in the guest) unless it is loaded already.
+fn load_test_module(name: &str) -> Result<()> {
+    if std::path::Path::new("/sys/module").join(name).exists() {
+        return Ok(());
+    }
+    let dir = std::env::var("MM_PROBE_TEST_MODULES")
+        .map_err(|_| anyhow::anyhow!("MM_PROBE_TEST_MODULES is not set: the test modules were not built for this kernel"))?;
+    crate::cmd::run(Command::new("insmod").arg(std::path::Path::new(&dir).join(format!("{name}.ko"))))
 }
 
 /// The guest's kernel release, for the table's title.

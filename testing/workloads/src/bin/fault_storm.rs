@@ -7,7 +7,7 @@
 //! Prints `{"elapsed_ns":…,"pages":…}`. With --wait it first prints its pid and waits for a line
 //! on stdin, so a tracer can attach before the timed part.
 
-use std::{io::BufRead as _, time::Instant};
+use std::time::Instant;
 
 const PAGE: usize = 4096;
 
@@ -17,10 +17,7 @@ fn main() -> anyhow::Result<()> {
     let mib: usize = args.get(1).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!(usage))?;
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!(usage))?;
     let pageout = args.iter().any(|a| a == "--pageout");
-    if args.iter().any(|a| a == "--wait") {
-        println!("{}", std::process::id());
-        std::io::stdin().lock().lines().next();
-    }
+    mm_probe_workloads::wait_for_go_if_asked(&args);
     let bytes = mib << 20;
     let start = Instant::now();
     let pages = if pageout { pageout_rounds(bytes, rounds)? } else { fault_rounds(bytes, rounds)? };

@@ -8,7 +8,7 @@
 //!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
 //!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
-//!                  [--piece 64K] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
+//!                  [--piece 64K] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror] [--wait]
 
 use std::{
     ffi::CString,
@@ -101,6 +101,7 @@ fn main() -> Result<()> {
         }
     }
     touch(region, options.size_bytes, page);
+    mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
 
     let stop = Arc::new(AtomicBool::new(false));
     let storm_ops = Arc::new(AtomicU64::new(0));
@@ -323,6 +324,8 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
             "--device" => options.device = value()?,
             "--no-huge" => options.no_huge = true,
+            // Handled in main: pid first, then a line on stdin before any walk (benchmarks).
+            "--wait" => {}
             "--mode" => {
                 options.mode = match value()?.as_str() {
                     "dontneed" => Mode::DontNeed,

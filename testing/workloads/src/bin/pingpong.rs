@@ -3,7 +3,7 @@
 //!
 //! Usage: pingpong ROUND_TRIPS [--wait]   (prints `{"elapsed_ns":…,"round_trips":…}`)
 
-use std::{io::BufRead as _, time::Instant};
+use std::time::Instant;
 
 fn pipe() -> anyhow::Result<(i32, i32)> {
     let mut fds = [0i32; 2];
@@ -27,10 +27,7 @@ fn serve(write_fd: i32, read_fd: i32, times: u64) {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let trips: u64 = args.get(1).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!("usage: pingpong ROUND_TRIPS [--wait]"))?;
-    if args.iter().any(|a| a == "--wait") {
-        println!("{}", std::process::id());
-        std::io::stdin().lock().lines().next();
-    }
+    mm_probe_workloads::wait_for_go_if_asked(&args);
     let (ping_read, ping_write) = pipe()?;
     let (pong_read, pong_write) = pipe()?;
     let start = Instant::now();

@@ -45,7 +45,7 @@ pub struct BenchArgs {
 
 /// Rounds in the guest: each emulated run takes seconds, and the whole bench must stay under
 /// 10 minutes.
-const GUEST_ROUNDS: usize = 3;
+const GUEST_ROUNDS: usize = 5;
 /// Boot, three rounds of two scenarios with bpftrace compiling its script under emulation.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(420);
 

@@ -43,9 +43,9 @@ macro_rules! bpftrace_wakeup_latency {
 /// Under emulation every instruction is 10-50x slower, so the guest's workloads are smaller.
 const GUEST_SCENARIOS: &[Scenario] = &[
     Scenario {
-        name: "hmm_range_fault walks in 2 MiB chunks beside an madvise(DONTNEED) storm (hmm_mirror, 32 MiB × 10) — retry-storm",
+        name: "hmm_range_fault walks in 2 MiB chunks beside an madvise(DONTNEED) storm (hmm_mirror, 32 MiB × 20) — retry-storm",
         workload: "hmm_storm",
-        workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "10", "--mode", "dontneed"],
+        workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
         mm_probe_args: &["retry-storm", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
         bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \

@@ -59,8 +59,9 @@ pub struct ThpWhyArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
-pub struct LatencyArgs {
+/// What `latency` measures; `latency` and `exporter` share it.
+#[derive(Debug, Clone, Args)]
+pub struct LatencySelection {
     /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s).
     #[arg(long, default_value = "500us", value_parser = duration)]
     pub threshold: Duration,
@@ -73,6 +74,12 @@ pub struct LatencyArgs {
     /// Also time this kernel function, entry to return (repeatable).
     #[arg(long = "func")]
     pub functions: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LatencyArgs {
+    #[command(flatten)]
+    pub selection: LatencySelection,
     /// Stop after this long (default: until Ctrl-C).
     #[arg(long, value_parser = duration)]
     pub duration: Option<Duration>,
@@ -164,17 +171,7 @@ pub struct ExporterArgs {
     /// Only these capabilities (comma-separated); default: all.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Capability>,
-    /// latency: a wakeup or call slower than this is counted over the threshold, and the
-    /// histograms get an exact bucket edge here (units: ns, us/µs, ms, s).
-    #[arg(long, default_value = "500us", value_parser = duration)]
-    pub threshold: Duration,
-    /// latency: only these tasks (repeatable); default: every real-time task.
-    #[arg(short = 'p', long = "pid")]
-    pub pids: Vec<u32>,
-    /// latency: measure every task's wakeup latency, not only real-time ones.
-    #[arg(long)]
-    pub all_tasks: bool,
-    /// latency: also time this kernel function, entry to return (repeatable).
-    #[arg(long = "func")]
-    pub functions: Vec<String>,
+    /// What latency measures (the exporter's histograms get an exact bucket edge at the threshold).
+    #[command(flatten, next_help_heading = "Latency")]
+    pub latency: LatencySelection,
 }

@@ -23,7 +23,7 @@ use self::{
     scrape::{LatencySource, RetryStormSource, Sources, ThpSource},
 };
 use crate::{
-    cli::{Capability, ExporterArgs, LatencyArgs},
+    cli::{Capability, ExporterArgs},
     collect::StopSignals,
     kernel::{Kernel, layout::ThpDisableBits, privileges},
     latency,
@@ -61,17 +61,7 @@ fn chosen(only: &[Capability]) -> Vec<Capability> {
 
 /// The latency selection, checked exactly as `mm-probe latency` checks it.
 fn latency_options(args: &ExporterArgs) -> Result<latency::Options> {
-    latency::Options::from_args(&LatencyArgs {
-        threshold: args.threshold,
-        pids: args.pids.clone(),
-        all_tasks: args.all_tasks,
-        functions: args.functions.clone(),
-        duration: None,
-        interval: None,
-        top: 0,
-        json: false,
-        plot: None,
-    })
+    latency::Options::from_selection(&args.latency)
 }
 
 async fn export(

@@ -36,7 +36,7 @@ use self::{
     render::{Availability, FunctionPlan, Header, Interval, LostEvents, Quantity, Summary},
 };
 use crate::{
-    cli::LatencyArgs,
+    cli::{LatencyArgs, LatencySelection},
     collect::{
         RingReader, Stop,
         counters::{self, percpu_sums},
@@ -72,6 +72,18 @@ pub struct Options {
 
 impl Options {
     pub fn from_args(args: &LatencyArgs) -> Result<Self> {
+        Ok(Self {
+            duration: args.duration,
+            interval: args.interval.filter(|i| !i.is_zero()),
+            top: args.top,
+            json: args.json,
+            plot: args.plot.as_deref().map(PlotFile::check).transpose()?,
+            ..Self::from_selection(&args.selection)?
+        })
+    }
+
+    /// What to measure, checked, without a run length or output choices (the exporter's case).
+    pub fn from_selection(args: &LatencySelection) -> Result<Self> {
         if args.threshold.is_zero() {
             user_bail!("--threshold must be above zero (e.g. 500us)");
         }
@@ -107,11 +119,11 @@ impl Options {
             pids,
             requested_pids: args.pids.clone(),
             functions,
-            duration: args.duration,
-            interval: args.interval.filter(|i| !i.is_zero()),
-            top: args.top,
-            json: args.json,
-            plot: args.plot.as_deref().map(PlotFile::check).transpose()?,
+            duration: None,
+            interval: None,
+            top: 0,
+            json: false,
+            plot: None,
         })
     }
 

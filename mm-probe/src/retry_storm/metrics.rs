@@ -516,7 +516,7 @@ impl Snapshot {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::retry_storm::{events::EBUSY, verdict::Level};
 
@@ -524,7 +524,8 @@ mod tests {
         Observability { walks: true, read_begins: true, invalidations: true, ..Observability::default() }
     }
 
-    fn counters(walks: u64, busy: u64, invalidations: u64) -> KernelCounters {
+    /// Kernel counters with the three every rate is made of.
+    pub(crate) fn counters(walks: u64, busy: u64, invalidations: u64) -> KernelCounters {
         let mut c = KernelCounters::default();
         c.0[Counter::Walks as usize] = walks;
         c.0[Counter::WalkBusy as usize] = busy;

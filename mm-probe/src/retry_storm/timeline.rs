@@ -120,16 +120,10 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry_storm::metrics::tests::counters;
 
     const SECOND: u64 = 1_000_000_000;
 
-    fn counters(walks: u64, ebusy: u64, invalidations: u64) -> KernelCounters {
-        let mut c = KernelCounters::default();
-        c.0[Counter::Walks as usize] = walks;
-        c.0[Counter::WalkBusy as usize] = ebusy;
-        c.0[Counter::Invalidations as usize] = invalidations;
-        c
-    }
 
     #[test]
     fn each_period_gets_the_counts_read_in_it() {

@@ -52,8 +52,8 @@ pub const TP_SWITCH_PREV_STATE: &str = "LAT_TP_SWITCH_PREV_STATE";
 pub const TP_SWITCH_NEXT_COMM: &str = "LAT_TP_SWITCH_NEXT_COMM";
 pub const TP_SWITCH_NEXT_PID: &str = "LAT_TP_SWITCH_NEXT_PID";
 pub const TP_SWITCH_NEXT_PRIO: &str = "LAT_TP_SWITCH_NEXT_PRIO";
-pub const TP_SYS_ENTER_ID: &str = "LAT_TP_SYS_ENTER_ID";
-pub const TP_SYS_ENTER_ARGS: &str = "LAT_TP_SYS_ENTER_ARGS";
+/// 1 to read blockers' syscalls from their saved user registers (see [`SyscallState`]).
+pub const SYSCALL_FROM_REGS: &str = "LAT_SYSCALL_FROM_REGS";
 
 /// Maps.
 pub const HIST_MAP: &str = "LAT_HIST";
@@ -111,13 +111,15 @@ pub struct FuncState {
     pub calls: [u64; MAX_FUNCS],
 }
 
-/// The syscall a task is in (value of the per-task syscall map, also copied into spikes).
+/// The syscall a task was in, read from its saved user registers when a spike was recorded.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyscallState {
-    /// Syscall number; -1 when the task is not in a syscall (it returned).
+    /// Syscall number; -1 when the task was not in a syscall (user space, an interrupt or an
+    /// exception such as a page fault, on its way back from one, or a kernel thread).
     pub nr: i64,
-    pub enter_ns: u64,
+    /// 1 when the registers were read; 0 when unknown (not x86-64, kernel before 5.15).
+    pub regs_read: u64,
     /// The first four arguments (madvise: start, len, advice).
     pub args: [u64; 4],
 }

@@ -27,7 +27,10 @@ pub const HMM_RANGE_END: &str = "OFF_HMM_RANGE_END";
 pub const INTERVAL_NOTIFIER_MM: &str = "OFF_INTERVAL_NOTIFIER_MM";
 pub const INTERVAL_NOTIFIER_START: &str = "OFF_INTERVAL_NOTIFIER_START";
 pub const INTERVAL_NOTIFIER_LAST: &str = "OFF_INTERVAL_NOTIFIER_LAST";
-/// x86-64 syscall arguments 1-4 in the saved user registers (the 4th is in r10, not rcx).
+/// x86-64 saved user registers: the syscall number, -ENOSYS while the syscall runs, and
+/// arguments 1-4 (the 4th is in r10, not rcx).
+pub const PT_REGS_ORIG_AX: &str = "OFF_PT_REGS_ORIG_AX";
+pub const PT_REGS_AX: &str = "OFF_PT_REGS_AX";
 pub const PT_REGS_DI: &str = "OFF_PT_REGS_DI";
 pub const PT_REGS_SI: &str = "OFF_PT_REGS_SI";
 pub const PT_REGS_DX: &str = "OFF_PT_REGS_DX";

@@ -17,7 +17,7 @@ use mm_probe_common::latency::{Counter, FuncSpike, FuncState, MAX_FUNCS};
 
 use crate::{
     kernel::{current_pid, current_tgid},
-    sched::{LAT_SYSCALLS, copy_record, count, record, stack_id, stream_spikes, threshold_ns},
+    sched::{count, current_syscall, record, stack_id, stream_spikes, threshold_ns},
 };
 
 /// Each task's traced-function state (LRU: exited tasks age out).
@@ -98,13 +98,7 @@ fn emit_spike<C: StackIdContext>(ctx: &C, slot: usize, pid: u32, entry_ns: u64, 
     spike.duration_ns = duration_ns;
     spike.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     spike.stack_id = stack_id(ctx);
-    match LAT_SYSCALLS.get_ptr(&pid) {
-        Some(syscall) => copy_record(&mut spike.syscall, syscall),
-        None => {
-            spike.syscall.nr = -1;
-            spike.syscall.enter_ns = 0;
-        }
-    }
+    current_syscall(&mut spike.syscall);
     entry.submit(0);
 }
 

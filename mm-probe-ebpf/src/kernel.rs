@@ -100,6 +100,8 @@ pub mod offsets {
         OFF_INTERVAL_NOTIFIER_MM,
         OFF_INTERVAL_NOTIFIER_START,
         OFF_INTERVAL_NOTIFIER_LAST,
+        OFF_PT_REGS_ORIG_AX,
+        OFF_PT_REGS_AX,
         OFF_PT_REGS_DI,
         OFF_PT_REGS_SI,
         OFF_PT_REGS_DX,

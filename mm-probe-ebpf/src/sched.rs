@@ -6,7 +6,8 @@
 //! would add the time to get onto the runqueue). The end is the sched:sched_switch whose
 //! `next_pid` is the task. At that switch the task that switched away (`prev`) is the one that
 //! held the CPU: its kernel stack, its traced-function state and its syscall go into the spike.
-//! raw_syscalls:sys_enter/sys_exit keep each task's current syscall for that purpose.
+//! The syscall is read from the task's saved user registers at that moment (see
+//! `current_syscall`), so no program runs on the syscall path itself.
 //!
 //! Each sched hook has a BTF tracepoint program (task_struct members at BTF offsets; preferred,
 //! see lat_sched_wakeup_btf) and a classic tracepoint fallback, whose record field offsets come
@@ -29,8 +30,8 @@ use crate::{
     kernel::{
         bump, log2_bucket,
         offsets::{
-            OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_R10, OFF_PT_REGS_SI, OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU,
-            OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
+            OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
+            OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_MM, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
         },
         read_at,
     },
@@ -65,10 +66,11 @@ static LAT_TP_SWITCH_NEXT_COMM: Global<u32> = Global::new(40);
 static LAT_TP_SWITCH_NEXT_PID: Global<u32> = Global::new(56);
 #[unsafe(no_mangle)]
 static LAT_TP_SWITCH_NEXT_PRIO: Global<u32> = Global::new(60);
+/// 1 when user space found the pt_regs members and a kernel with bpf_task_pt_regs (5.15+). A
+/// read-only global: with 0 the verifier never visits the helper calls, so older kernels still
+/// load the programs (without syscall attribution).
 #[unsafe(no_mangle)]
-static LAT_TP_SYS_ENTER_ID: Global<u32> = Global::new(8);
-#[unsafe(no_mangle)]
-static LAT_TP_SYS_ENTER_ARGS: Global<u32> = Global::new(16);
+static LAT_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
 
 /// Histograms of every quantity, per CPU.
 #[map]
@@ -78,9 +80,6 @@ pub(crate) static LAT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries
 /// Kernel stacks of spikes only, so a small table suffices.
 #[map]
 pub(crate) static LAT_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
-/// The syscall each task is in (LRU: exited tasks age out).
-#[map]
-pub(crate) static LAT_SYSCALLS: LruHashMap<u32, SyscallState> = LruHashMap::with_max_entries(32768, 0);
 
 /// Pids to measure when the filter is FILTER_PIDS.
 #[map]
@@ -117,12 +116,45 @@ pub(crate) fn clear_funcs(dst: &mut FuncState) {
     }
 }
 
-/// "Not in a syscall", field by field (no memset).
+/// The syscall the current task is in, from the user registers its kernel entry saved.
+///
+/// x86-64's syscall entry stores the number in `orig_ax` and -ENOSYS in `ax` until the syscall
+/// returns (do_syscall_64); an interrupt or exception taken from user space leaves the user's
+/// `ax` there and a vector or error code in `orig_ax`. So "in a syscall" is `orig_ax >= 0` with
+/// `ax == -ENOSYS`, and a task on its way back to user space already counts as out of it. Kernel
+/// threads (no mm) have no user registers.
 #[inline(always)]
-fn clear_syscall(dst: &mut SyscallState) {
+pub(crate) fn current_syscall(dst: &mut SyscallState) {
+    const ENOSYS: i64 = 38;
     dst.nr = -1;
-    dst.enter_ns = 0;
+    dst.regs_read = 0;
     dst.args = [0; 4];
+    if LAT_SYSCALL_FROM_REGS.load() == 0 {
+        return;
+    }
+    let task = unsafe { generated::bpf_get_current_task_btf() };
+    let mm: Option<u64> = read_at(task as u64, OFF_TASK_STRUCT_MM.load());
+    match mm {
+        Some(0) => {
+            dst.regs_read = 1;
+            return;
+        }
+        Some(_) => {}
+        None => return,
+    }
+    let regs = unsafe { generated::bpf_task_pt_regs(task) } as u64;
+    let (Some(orig_ax), Some(ax)) =
+        (read_at::<i64>(regs, OFF_PT_REGS_ORIG_AX.load()), read_at::<i64>(regs, OFF_PT_REGS_AX.load()))
+    else {
+        return;
+    };
+    dst.regs_read = 1;
+    if orig_ax < 0 || ax != -ENOSYS {
+        return;
+    }
+    dst.nr = orig_ax;
+    let arg = |offset: &Global<u32>| read_at::<u64>(regs, offset.load()).unwrap_or(0);
+    dst.args = [arg(&OFF_PT_REGS_DI), arg(&OFF_PT_REGS_SI), arg(&OFF_PT_REGS_DX), arg(&OFF_PT_REGS_R10)];
 }
 
 #[inline(always)]
@@ -196,7 +228,7 @@ struct Switch {
 /// tp_btf/sched_wakeup(struct task_struct *p). BTF tracepoints are preferred: the kernel's
 /// recursion guard for them is per program, while classic tracepoint and kprobe programs share
 /// one per-CPU guard, so a wakeup from an interrupt that lands while any other such program
-/// runs on that CPU (our sys_enter, say) would be skipped.
+/// runs on that CPU (a function probe's kprobe, say) would be skipped.
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn lat_sched_wakeup_btf(ctx: BtfTracePointContext) -> u32 {
     let _ = try_wakeup_btf(&ctx);
@@ -435,68 +467,7 @@ fn emit_spike<C: StackIdContext>(
         Some(funcs) if prev_pid != 0 => copy_record(&mut spike.prev_funcs, funcs),
         _ => clear_funcs(&mut spike.prev_funcs),
     }
-    match LAT_SYSCALLS.get_ptr(&prev_pid) {
-        Some(syscall) if prev_pid != 0 => copy_record(&mut spike.prev_syscall, syscall),
-        _ => clear_syscall(&mut spike.prev_syscall),
-    }
+    // sched_switch runs in the context of the task switching away, so "current" is prev.
+    current_syscall(&mut spike.prev_syscall);
     entry.submit(0);
-}
-
-/// raw_syscalls:sys_enter: remember the syscall and its first arguments.
-#[tracepoint]
-pub fn lat_sys_enter(ctx: TracePointContext) -> u32 {
-    if let (Some(nr), Some(args)) = (field(&ctx, &LAT_TP_SYS_ENTER_ID), field(&ctx, &LAT_TP_SYS_ENTER_ARGS)) {
-        let _ = on_sys_enter(nr, args);
-    }
-    0
-}
-
-/// sys_enter as a BTF tracepoint: (regs, id). Every syscall on the machine passes here, and the
-/// classic tracepoint first copies all six arguments into a trace record; this reads the four
-/// the attribution needs from the saved user registers.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn lat_sys_enter_btf(ctx: BtfTracePointContext) -> u32 {
-    let regs: u64 = ctx.arg(0);
-    let nr: i64 = ctx.arg(1);
-    let arg = |offset: &Global<u32>| read_at::<u64>(regs, offset.load()).unwrap_or(0);
-    let args = [arg(&OFF_PT_REGS_DI), arg(&OFF_PT_REGS_SI), arg(&OFF_PT_REGS_DX), arg(&OFF_PT_REGS_R10)];
-    let _ = on_sys_enter(nr, args);
-    0
-}
-
-/// sys_exit as a BTF tracepoint (the classic one fills a record the program never reads).
-#[btf_tracepoint(function = "sys_exit")]
-pub fn lat_sys_exit_btf(_ctx: BtfTracePointContext) -> u32 {
-    on_sys_exit();
-    0
-}
-
-#[inline(always)]
-fn on_sys_enter(nr: i64, args: [u64; 4]) -> Option<()> {
-    let pid = crate::kernel::current_pid();
-    let state = SyscallState { nr, enter_ns: unsafe { bpf_ktime_get_ns() }, args };
-    // A task's entry is rewritten in place from its second syscall on: an LRU insert takes locks
-    // and a free node on every call, which on a syscall-heavy machine is most of this tool's cost.
-    match LAT_SYSCALLS.get_ptr_mut(&pid) {
-        Some(slot) => {
-            unsafe { *slot = state };
-            Some(())
-        }
-        None => LAT_SYSCALLS.insert(&pid, &state, 0).ok(),
-    }
-}
-
-/// raw_syscalls:sys_exit: the task is back in user space.
-#[tracepoint]
-pub fn lat_sys_exit(_ctx: TracePointContext) -> u32 {
-    on_sys_exit();
-    0
-}
-
-#[inline(always)]
-fn on_sys_exit() {
-    let pid = crate::kernel::current_pid();
-    if let Some(state) = LAT_SYSCALLS.get_ptr_mut(&pid) {
-        unsafe { (*state).nr = -1 };
-    }
 }

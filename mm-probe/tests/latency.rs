@@ -341,8 +341,8 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
         assert!(has_frame(&call["stack"], "cpu_hog_write"), "the caller must be on the stack: {call}");
         assert!(has_frame(&call["stack"], "vfs_write"), "{call}");
         assert_eq!(call["syscall"]["name"], "write", "{call}");
-        // write(fd, buf, count): the arguments come from the syscall hook (the saved user
-        // registers with BTF, the classic tracepoint's record without).
+        // write(fd, buf, count): the arguments come from the writer's saved user registers,
+        // read when the call returned.
         assert_eq!(call["syscall"]["args"][2], HOLD_US.to_string().len(), "write's byte count: {call}");
     }
 

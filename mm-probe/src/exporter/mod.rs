@@ -75,7 +75,7 @@ async fn export(
     // Before attaching: a SIGINT from now on ends the run with everything detached.
     let mut signals = StopSignals::install()?;
     let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
-    let mut ebpf = load_object(kernel, &settings(capabilities, latency_options, thp_check.as_ref()))?;
+    let mut ebpf = load_object(kernel, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
     let sources = attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
     println!("mm-probe exporter: listening on http://{address}/metrics; {}", startup_summary(&sources));
     let object = Rc::new(RefCell::new(Some(ebpf)));
@@ -96,13 +96,14 @@ async fn export(
 
 /// Every chosen capability's globals, with its rings switched off: the exporter reads only maps.
 fn settings(
+    kernel: &Kernel,
     capabilities: &[Capability],
     latency_options: Option<&latency::Options>,
     thp_check: Option<&ThpDecoding>,
 ) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = Vec::new();
     if let Some(options) = latency_options {
-        settings.extend(latency::settings(options));
+        settings.extend(latency::settings(kernel, options));
         settings.push((lat::STREAM_SPIKES, GlobalValue::U32(0)));
     }
     if capabilities.contains(&Capability::RetryStorm) {

@@ -79,6 +79,8 @@ pub const MEMBERS: &[Member] = &[
         paths: &["interval_tree.last"],
         note: "inclusive end of the interval; stable since 5.10",
     },
+    Member { global: names::PT_REGS_ORIG_AX, struct_name: "pt_regs", paths: &["orig_ax"], note: "x86-64; syscall number" },
+    Member { global: names::PT_REGS_AX, struct_name: "pt_regs", paths: &["ax"], note: "x86-64; -ENOSYS until the syscall returns" },
     Member { global: names::PT_REGS_DI, struct_name: "pt_regs", paths: &["di"], note: "x86-64; 1st syscall argument" },
     Member { global: names::PT_REGS_SI, struct_name: "pt_regs", paths: &["si"], note: "x86-64; 2nd syscall argument" },
     Member { global: names::PT_REGS_DX, struct_name: "pt_regs", paths: &["dx"], note: "x86-64; 3rd syscall argument" },

@@ -206,7 +206,7 @@ mod tests {
             prev_funcs: FuncState::default(),
             prev_syscall: Some(decode_syscall(&SyscallState {
                 nr: libc::SYS_madvise,
-                enter_ns: 5 * MS,
+                regs_read: 1,
                 args: [0, 2 << 30, 21, 0],
             })),
         }

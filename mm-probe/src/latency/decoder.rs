@@ -131,7 +131,7 @@ pub struct Wakeup {
     pub prev_state: i64,
     pub prev_stack: Stack,
     pub prev_funcs: FuncState,
-    /// `None` when the syscall hooks saw nothing of it; `Some(None)` when it was in user space.
+    /// `None` when its registers could not be read; `Some(None)` when it was not in a syscall.
     pub prev_syscall: Option<Option<Syscall>>,
 }
 
@@ -175,7 +175,7 @@ impl Decoder<'_> {
             prev_state: raw.prev_state,
             prev_stack: self.stack(raw.prev_stack_id),
             prev_funcs: raw.prev_funcs,
-            prev_syscall: (syscall.enter_ns != 0).then(|| decode_syscall(syscall)),
+            prev_syscall: (syscall.regs_read != 0).then(|| decode_syscall(syscall)),
         }
     }
 
@@ -383,7 +383,7 @@ mod tests {
 
     #[test]
     fn madvise_is_named_with_advice_and_length() {
-        let raw = SyscallState { nr: libc::SYS_madvise, enter_ns: 1, args: [0x7f00_0000_0000, 2 << 30, 21, 0] };
+        let raw = SyscallState { nr: libc::SYS_madvise, regs_read: 1, args: [0x7f00_0000_0000, 2 << 30, 21, 0] };
         let call = decode_syscall(&raw).unwrap();
         assert_eq!(call.summary, "madvise(MADV_PAGEOUT, 2 GiB)");
         assert_eq!(call.advice.as_deref(), Some("MADV_PAGEOUT"));

@@ -171,11 +171,13 @@ pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Globals: threshold, selection, and the tracepoint field offsets of this kernel.
-pub fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
+/// Globals: threshold, selection, syscall reading, and the tracepoint field offsets of this
+/// kernel.
+pub fn settings(kernel: &Kernel, options: &Options) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = vec![
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
+        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscall_attribution(kernel).available))),
     ];
     let Ok(root) = tracefs::root() else { return settings };
     // (category, event, [(field, global)]).
@@ -204,7 +206,6 @@ pub fn settings(options: &Options) -> Vec<(&'static str, GlobalValue)> {
                 ("next_prio", names::TP_SWITCH_NEXT_PRIO),
             ],
         ),
-        ("raw_syscalls", "sys_enter", &[("id", names::TP_SYS_ENTER_ID), ("args", names::TP_SYS_ENTER_ARGS)]),
     ];
     for (category, event, wanted) in fields {
         // sched_wakeup_new shares sched_wakeup's record layout (sched_wakeup_template).
@@ -273,8 +274,8 @@ pub fn select_pids(ebpf: &mut Ebpf, options: &Options) -> Result<()> {
 /// end-to-end tests exercise the fallback with it).
 pub const SCHED_HOOKS_ENV: &str = "MM_PROBE_SCHED_HOOKS";
 
-/// The sched probes for this kernel: the BTF tracepoint programs read task_struct and pt_regs
-/// members, so where BTF lacks one of them only the classic tracepoints are tried.
+/// The sched probes for this kernel: the BTF tracepoint programs read task_struct members, so
+/// where BTF lacks one of them only the classic tracepoints are tried.
 fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
     let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
     let members = [
@@ -282,10 +283,6 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
         layout::TASK_STRUCT_PRIO,
         layout::TASK_STRUCT_COMM,
         layout::TASK_STRUCT_CPU,
-        layout::PT_REGS_DI,
-        layout::PT_REGS_SI,
-        layout::PT_REGS_DX,
-        layout::PT_REGS_R10,
     ];
     let btf_usable = kernel.btf().is_ok_and(|btf| {
         let resolved = Layout::resolve(btf);
@@ -295,6 +292,33 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
         .iter()
         .map(|p| if (btf_usable && !forced_classic) || p.candidates.len() == 1 { *p } else { probes::classic_only(p) })
         .collect()
+}
+
+/// Whether a blocker's syscall can be read from its saved user registers: that needs
+/// bpf_task_pt_regs (5.15) and x86-64's pt_regs members in BTF.
+fn syscall_attribution(kernel: &Kernel) -> Availability {
+    const MEMBERS: [&str; 7] = [
+        layout::TASK_STRUCT_MM,
+        layout::PT_REGS_ORIG_AX,
+        layout::PT_REGS_AX,
+        layout::PT_REGS_DI,
+        layout::PT_REGS_SI,
+        layout::PT_REGS_DX,
+        layout::PT_REGS_R10,
+    ];
+    let unavailable = |reason: String| Availability { available: false, reason: Some(reason) };
+    if !kernel.release.at_least(5, 15) {
+        return unavailable(format!("kernel {} has no bpf_task_pt_regs (5.15+)", kernel.release));
+    }
+    let btf = match kernel.btf() {
+        Ok(btf) => btf,
+        Err(why) => return unavailable(format!("no kernel BTF to find the saved registers in: {why}")),
+    };
+    let resolved = Layout::resolve(btf);
+    match MEMBERS.iter().find(|m| resolved.offset(m).is_none()) {
+        Some(missing) => unavailable(format!("{missing} is not in this kernel's BTF (x86-64 only)")),
+        None => Availability { available: true, reason: None },
+    }
 }
 
 fn function_availability(functions: &[FunctionPlan]) -> Availability {
@@ -326,7 +350,7 @@ struct Collected {
 }
 
 async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
-    let mut ebpf = load_object(kernel, &settings(options))?;
+    let mut ebpf = load_object(kernel, &settings(kernel, options))?;
     select_pids(&mut ebpf, options)?;
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
     // Read the symbols again now that the programs are attached (stacks through fentry pass
@@ -340,10 +364,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         selection: options.selection(),
         pids: options.requested_pids.clone(),
         function_attribution: function_availability(&functions),
-        syscall_attribution: Availability {
-            available: plan.is_attached("sys_enter"),
-            reason: plan.get("sys_enter").filter(|p| !p.attached()).map(|p| p.why_unavailable()),
-        },
+        syscall_attribution: syscall_attribution(kernel),
         functions,
         plan,
     };

@@ -63,38 +63,8 @@ pub fn classic_only(probe: &LogicalProbe) -> LogicalProbe {
     LogicalProbe { candidates: &probe.candidates[probe.candidates.len() - 1..], ..*probe }
 }
 
-pub const SYS_ENTER: LogicalProbe = LogicalProbe {
-    name: "sys_enter",
-    purpose: "which syscall the blocker was in (for madvise: advice and length)",
-    candidates: &[
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: "lat_sys_enter_btf" }],
-            targets: &[Target { name: "sys_enter", kernels: "x86-64 with BTF (arguments read from pt_regs)" }],
-        },
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_enter" }],
-            targets: &[Target { name: "raw_syscalls:sys_enter", kernels: "all" }],
-        },
-    ],
-};
-
-pub const SYS_EXIT: LogicalProbe = LogicalProbe {
-    name: "sys_exit",
-    purpose: "whether the blocker had returned from its syscall",
-    candidates: &[
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: "lat_sys_exit_btf" }],
-            targets: &[Target { name: "sys_exit", kernels: "BTF" }],
-        },
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "lat_sys_exit" }],
-            targets: &[Target { name: "raw_syscalls:sys_exit", kernels: "all" }],
-        },
-    ],
-};
-
 /// The probes that do not depend on the command line.
-pub const SCHED_PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, SYS_ENTER, SYS_EXIT];
+pub const SCHED_PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH];
 
 macro_rules! slot_hooks {
     ($($slot:literal),*) => {
@@ -130,7 +100,7 @@ pub const DEFAULT_FUNCTION_PROBE: LogicalProbe = LogicalProbe {
 };
 
 /// What `doctor` tries for this capability.
-pub const PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, SYS_ENTER, SYS_EXIT, DEFAULT_FUNCTION_PROBE];
+pub const PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, DEFAULT_FUNCTION_PROBE];
 
 /// The probe for function `name` in slot `slot` (< MAX_FUNCS). The catalog vocabulary is
 /// `'static` because it is normally a table; a `--func` name is leaked once per run to join it.

@@ -63,6 +63,8 @@ pub const STACKS_MAP: &str = "LAT_STACKS";
 pub const WAKEUP_SPIKES_RING: &str = "LAT_WAKEUP_SPIKES";
 pub const FUNC_SPIKES_RING: &str = "LAT_FUNC_SPIKES";
 pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
+/// Slot 0 set to 1 once a function probe is attached.
+pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
 
 /// Slots of the per-CPU counter array [`COUNTERS_MAP`].
 #[repr(u32)]
@@ -145,7 +147,9 @@ pub struct WakeupStart {
     /// The CPU sched_wakeup fired on: another CPU than `target_cpu` means the woken task
     /// could only run once that CPU took a reschedule IPI (or a TTWU_QUEUE'd wakeup).
     pub waker_cpu: u32,
-    pub _pad: u32,
+    /// 1 when `blocker_funcs` was copied; 0 when the blocker had no function state (never in
+    /// a traced function), and `blocker_funcs` holds stale bytes that mean "all zero".
+    pub blocker_funcs_valid: u32,
     /// The task running on `target_cpu` when the wakeup happened.
     pub blocker: CpuCurrent,
     /// The blocker's function state at the wakeup.
@@ -179,7 +183,8 @@ pub struct WakeupSpike {
     pub run_cpu: u32,
     /// The CPU the wakeup happened on.
     pub waker_cpu: u32,
-    pub _pad: u32,
+    /// As in [`WakeupStart`]: 0 means `blocker_funcs` is all zero.
+    pub blocker_funcs_valid: u32,
     /// Who ran on `target_cpu` at the wakeup.
     pub blocker: CpuCurrent,
     pub blocker_funcs: FuncState,

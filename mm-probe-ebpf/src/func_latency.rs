@@ -26,8 +26,22 @@ pub(crate) static LAT_FUNC_STATE: LruHashMap<u32, FuncState> = LruHashMap::with_
 /// One all-zero FuncState to insert from (too big for the stack next to everything else).
 #[map]
 pub(crate) static LAT_FUNC_ZERO: Array<FuncState> = Array::with_max_entries(1, 0);
+/// Slot 0 is 1 once user space attached a function probe: until then no task has function
+/// state, and the sched programs skip looking for it (an array lookup is inlined; a hash lookup
+/// is not).
+#[map]
+pub(crate) static LAT_FUNCS_TRACED: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static LAT_FUNC_SPIKES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// The function state of task `pid`, if a traced function ever ran in it.
+#[inline(always)]
+pub(crate) fn function_state(pid: u32) -> Option<*const FuncState> {
+    if pid == 0 || LAT_FUNCS_TRACED.get(0).copied().unwrap_or(0) == 0 {
+        return None;
+    }
+    LAT_FUNC_STATE.get_ptr(&pid)
+}
 
 #[inline(always)]
 fn func_entry(slot: usize) -> u32 {

@@ -14,6 +14,28 @@ pub fn read_at<T>(base: u64, offset: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
 }
 
+/// Reads a `T` at `base + offset` with a plain load, for `base` the verifier knows as a BTF
+/// pointer (a tp_btf or fentry argument). The offset comes from a frozen read-only global, so
+/// the verifier sees a constant, checks the access against the kernel's BTF, and the JIT emits a
+/// fault-tolerant load: a few cycles where `read_at` costs a helper call. `None` when the
+/// member does not exist on this kernel (the verifier drops that branch as dead).
+#[inline(always)]
+pub fn btf_read<T: Copy>(base: u64, offset: u32) -> Option<T> {
+    if offset == OFFSET_UNKNOWN {
+        return None;
+    }
+    let addr = (base as *const u8).wrapping_add((offset & 0xffff) as usize);
+    Some(unsafe { core::ptr::read_volatile(addr.cast::<T>()) })
+}
+
+/// A 16-byte `comm` read with [`btf_read`] as two 8-byte loads (a byte array would load byte
+/// by byte).
+#[inline(always)]
+pub fn btf_read_comm(base: u64, offset: u32) -> Option<[u8; 16]> {
+    let words: [u64; 2] = [btf_read(base, offset)?, btf_read(base, offset.wrapping_add(8))?];
+    Some(unsafe { core::mem::transmute::<[u64; 2], [u8; 16]>(words) })
+}
+
 /// The calling thread group (process) id.
 #[inline(always)]
 pub fn current_tgid() -> u32 {

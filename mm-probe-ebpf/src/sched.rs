@@ -26,14 +26,14 @@ use mm_probe_common::latency::{
 };
 
 use crate::{
-    func_latency::{LAT_FUNC_STATE, LAT_FUNC_ZERO},
+    func_latency::{LAT_FUNC_ZERO, function_state},
     kernel::{
         bump, log2_bucket,
         offsets::{
             OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
             OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_MM, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
         },
-        read_at,
+        btf_read, btf_read_comm, read_at,
     },
 };
 
@@ -243,9 +243,9 @@ pub fn lat_sched_wakeup_new_btf(ctx: BtfTracePointContext) -> u32 {
 
 fn try_wakeup_btf(ctx: &BtfTracePointContext) -> Option<()> {
     let task: u64 = ctx.arg(0);
-    let pid: u32 = read_at(task, OFF_TASK_STRUCT_PID.load())?;
-    let prio: i32 = read_at(task, OFF_TASK_STRUCT_PRIO.load())?;
-    let target_cpu: u32 = read_at(task, OFF_TASK_STRUCT_CPU.load())?;
+    let pid: u32 = btf_read(task, OFF_TASK_STRUCT_PID.load())?;
+    let prio: i32 = btf_read(task, OFF_TASK_STRUCT_PRIO.load())?;
+    let target_cpu: u32 = btf_read(task, OFF_TASK_STRUCT_CPU.load())?;
     on_wakeup(pid, prio, target_cpu)
 }
 
@@ -288,16 +288,18 @@ fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
     start.target_cpu = target_cpu;
     start.waker_cpu = unsafe { bpf_get_smp_processor_id() };
     start.prio = prio;
-    match LAT_CPU_CURRENT.get_ptr(target_cpu) {
-        Some(current) => copy_record(&mut start.blocker, current),
+    match LAT_CPU_CURRENT.get(target_cpu) {
+        Some(current) => start.blocker = *current,
         None => {
             start.blocker.pid = 0;
             start.blocker.since_ns = 0;
         }
     }
-    match LAT_FUNC_STATE.get_ptr(&start.blocker.pid) {
-        Some(funcs) if start.blocker.pid != 0 => copy_record(&mut start.blocker_funcs, funcs),
-        _ => clear_funcs(&mut start.blocker_funcs),
+    // Most blockers were never in a traced function: flag that instead of zeroing 192 bytes.
+    start.blocker_funcs_valid = 0;
+    if let Some(funcs) = function_state(start.blocker.pid) {
+        copy_record(&mut start.blocker_funcs, funcs);
+        start.blocker_funcs_valid = 1;
     }
     if LAT_WAKEUPS.insert(&pid, &*start, 0).is_err() {
         count(Counter::LostWakeups);
@@ -320,13 +322,13 @@ fn try_switch_btf(ctx: &BtfTracePointContext) -> Option<()> {
     let next: u64 = ctx.arg(2);
     let state: u64 = ctx.arg(3);
     let switch = Switch {
-        prev_pid: read_at(prev, OFF_TASK_STRUCT_PID.load())?,
-        prev_prio: read_at(prev, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
-        prev_comm: read_at(prev, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
+        prev_pid: btf_read(prev, OFF_TASK_STRUCT_PID.load())?,
+        prev_prio: btf_read(prev, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
+        prev_comm: btf_read_comm(prev, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
         prev_state: report_state(preempt & 1 != 0, state as u32),
-        next_pid: read_at(next, OFF_TASK_STRUCT_PID.load())?,
-        next_prio: read_at(next, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
-        next_comm: read_at(next, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
+        next_pid: btf_read(next, OFF_TASK_STRUCT_PID.load())?,
+        next_prio: btf_read(next, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
+        next_comm: btf_read_comm(next, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
     };
     on_switch(ctx, &switch)
 }
@@ -429,6 +431,8 @@ fn account_task(switch: &Switch, prio: i32, latency_ns: u64, over: bool) {
         task.over_threshold += 1;
     }
     task.prio = prio;
+    // The latest name: a task first seen before its exec would keep its parent's.
+    task.comm = switch.next_comm;
 }
 
 #[inline(always)]
@@ -455,6 +459,7 @@ fn emit_spike<C: StackIdContext>(
     spike.run_cpu = cpu;
     spike.waker_cpu = start.waker_cpu;
     copy_record(&mut spike.blocker, &start.blocker);
+    spike.blocker_funcs_valid = start.blocker_funcs_valid;
     copy_record(&mut spike.blocker_funcs, &start.blocker_funcs);
     spike.prev.pid = prev_pid;
     spike.prev.prio = switch.prev_prio;
@@ -463,9 +468,9 @@ fn emit_spike<C: StackIdContext>(
     spike.prev_state = switch.prev_state;
     // The stack of the task switching away: this tracepoint runs in its context.
     spike.prev_stack_id = stack_id(ctx);
-    match LAT_FUNC_STATE.get_ptr(&prev_pid) {
-        Some(funcs) if prev_pid != 0 => copy_record(&mut spike.prev_funcs, funcs),
-        _ => clear_funcs(&mut spike.prev_funcs),
+    match function_state(prev_pid) {
+        Some(funcs) => copy_record(&mut spike.prev_funcs, funcs),
+        None => clear_funcs(&mut spike.prev_funcs),
     }
     // sched_switch runs in the context of the task switching away, so "current" is prev.
     current_syscall(&mut spike.prev_syscall);

@@ -170,7 +170,7 @@ impl Decoder<'_> {
             run_cpu: raw.run_cpu,
             waker_cpu: raw.waker_cpu,
             blocker: on_cpu(&raw.blocker),
-            blocker_funcs: raw.blocker_funcs,
+            blocker_funcs: if raw.blocker_funcs_valid != 0 { raw.blocker_funcs } else { FuncState::default() },
             prev: on_cpu(&raw.prev),
             prev_state: raw.prev_state,
             prev_stack: self.stack(raw.prev_stack_id),

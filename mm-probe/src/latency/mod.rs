@@ -254,7 +254,23 @@ pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Pl
         });
         plan.probes.push(probe);
     }
+    if functions.iter().any(|f| f.attached) {
+        mark_functions_traced(ebpf);
+    }
     (plan, functions)
+}
+
+/// Lets the sched programs look for function state (they skip the lookup until then). Should
+/// the map be unwritable, attribution to functions is lost, not the measurement: say so.
+fn mark_functions_traced(ebpf: &mut Ebpf) {
+    let written = ebpf
+        .map_mut(names::FUNCS_TRACED_MAP)
+        .context("map missing")
+        .and_then(|map| Ok(aya::maps::Array::<_, u32>::try_from(map)?))
+        .and_then(|mut flag| Ok(flag.set(0, 1, 0)?));
+    if let Err(e) = written {
+        eprintln!("mm-probe: warning: spikes will not be attributed to functions ({}: {e:#})", names::FUNCS_TRACED_MAP);
+    }
 }
 
 /// Tells the kernel side which threads `-p` selected.

@@ -153,6 +153,15 @@ pub enum Capability {
 }
 
 impl Capability {
+    /// The maps this capability's programs use.
+    pub fn map_family(self) -> crate::probes::MapFamily {
+        match self {
+            Capability::Latency => crate::probes::MapFamily::Latency,
+            Capability::RetryStorm => crate::probes::MapFamily::RetryStorm,
+            Capability::Thp => crate::probes::MapFamily::Thp,
+        }
+    }
+
     /// The `capability` label value: the command's name.
     pub fn name(self) -> &'static str {
         match self {

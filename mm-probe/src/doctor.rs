@@ -9,7 +9,7 @@ use crate::{
     cli::DoctorArgs,
     kernel::{Kernel, btf::VMLINUX_BTF, layout::Layout, privileges, tracefs},
     latency,
-    probes::{LogicalProbe, Outcome, Plan, Planner, load_object},
+    probes::{LogicalProbe, MapFamily, Outcome, Plan, Planner, load_object},
     report::json,
     retry_storm,
     selftest::{self, TypeCheck},
@@ -89,7 +89,7 @@ pub fn examine() -> Result<Report> {
     let mut capabilities = Vec::new();
     for (name, probes) in CAPABILITIES {
         // A fresh object per capability: the plan is what that capability would get alone.
-        let mut ebpf = load_object(&kernel, &[])?;
+        let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
         capabilities.push((name.to_string(), planner.attach_all(&mut ebpf, probes)));
     }
     Ok(Report { kernel: facts, program_types, capabilities })

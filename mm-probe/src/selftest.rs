@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::{
     kernel::Kernel,
-    probes::{Candidate, GlobalValue, Hook, LogicalProbe, Mechanism, Planner, ProbePlan, Target, load_object},
+    probes::{Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target, load_object},
 };
 
 const FSYNC_FUNCTION: &[Target] = &[Target { name: names::FUNCTION, kernels: "all" }];
@@ -67,7 +67,7 @@ pub fn check_program_types(kernel: &Kernel, calls: u64) -> Result<Vec<TypeCheck>
         (names::TARGET_TGID, GlobalValue::U32(std::process::id())),
         (names::FSYNC_NR, GlobalValue::U64(libc::SYS_fsync as u64)),
     ];
-    let mut ebpf = load_object(kernel, &settings)?;
+    let mut ebpf = load_object(kernel, &[MapFamily::Selftest], &settings)?;
     let planner = Planner::new(kernel);
     let plans: Vec<(Slot, ProbePlan)> =
         PROBES.iter().map(|(slot, probe)| (*slot, planner.attach(&mut ebpf, probe))).collect();
@@ -129,7 +129,7 @@ const DRAIN_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 /// drains what is left and reports. Used by `cargo xtask bench` through a hidden subcommand.
 pub async fn check_ring(kernel: &Kernel, tgid: u32, on_attached: impl FnOnce(), stop: impl std::future::Future<Output = ()>) -> Result<RingCheck> {
     let settings = [(names::TARGET_TGID, GlobalValue::U32(tgid))];
-    let mut ebpf = load_object(kernel, &settings)?;
+    let mut ebpf = load_object(kernel, &[MapFamily::Selftest], &settings)?;
     let plan = Planner::new(kernel).attach(&mut ebpf, &RING_PROBE);
     if !plan.attached() {
         anyhow::bail!("the ring-buffer check cannot attach: {}", plan.why_unavailable());

@@ -140,7 +140,7 @@ fn leftover_detector_sees_our_programs_while_attached_and_none_after_drop() {
     require_root();
     let kernel = Kernel::running().unwrap();
     let before = common::our_programs();
-    let mut ebpf = mm_probe::probes::load_object(&kernel, &[]).unwrap();
+    let mut ebpf = mm_probe::probes::load_object(&kernel, mm_probe::probes::MapFamily::ALL, &[]).unwrap();
     let planner = mm_probe::probes::Planner::new(&kernel);
     let (_, tracepoint) = &mm_probe::selftest::PROBES[0];
     assert!(planner.attach(&mut ebpf, tracepoint).attached());

@@ -241,7 +241,7 @@ fn kernel_facts() -> &'static KernelFacts {
         let allow_check_in_btf = from_btf.is_some();
         let allow_check = from_btf.unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
         let split_disable_bits = matches!(btf.map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
-        let mut ebpf = load_object(&kernel, &[]).unwrap();
+        let mut ebpf = load_object(&kernel, mm_probe::probes::MapFamily::ALL, &[]).unwrap();
         let plan = Planner::new(&kernel).attach(&mut ebpf, &probes::ALLOW_CHECK);
         let allow_check_unavailable = (!plan.attached()).then(|| plan.why_unavailable());
         let thp_built_in = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").is_dir();

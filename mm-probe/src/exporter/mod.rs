@@ -27,7 +27,7 @@ use crate::{
     collect::StopSignals,
     kernel::{Kernel, layout::ThpDisableBits, privileges},
     latency,
-    probes::{GlobalValue, LogicalProbe, Plan, Planner, ProbePlan, detach_all, load_object},
+    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, ProbePlan, detach_all, load_object},
     retry_storm,
     thp_why::{self, checks::AllowCheck, reasons::DisableMode},
 };
@@ -75,7 +75,8 @@ async fn export(
     // Before attaching: a SIGINT from now on ends the run with everything detached.
     let mut signals = StopSignals::install()?;
     let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
-    let mut ebpf = load_object(kernel, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
+    let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
+    let mut ebpf = load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
     let sources = attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
     println!("mm-probe exporter: listening on http://{address}/metrics; {}", startup_summary(&sources));
     let object = Rc::new(RefCell::new(Some(ebpf)));

@@ -44,7 +44,7 @@ use crate::{
     },
     error::UserError,
     kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
-    probes::{GlobalValue, LogicalProbe, Plan, Planner, detach_all, load_object},
+    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, detach_all, load_object},
     report::{
         json,
         plot::{PlotFile, histogram_svg},
@@ -366,7 +366,7 @@ struct Collected {
 }
 
 async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
-    let mut ebpf = load_object(kernel, &settings(kernel, options))?;
+    let mut ebpf = load_object(kernel, &[MapFamily::Latency], &settings(kernel, options))?;
     select_pids(&mut ebpf, options)?;
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
     // Read the symbols again now that the programs are attached (stacks through fentry pass

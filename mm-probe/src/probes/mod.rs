@@ -10,5 +10,5 @@ pub mod object;
 pub mod planner;
 
 pub use catalog::{Candidate, Hook, LogicalProbe, Mechanism, Target};
-pub use object::{GlobalValue, load_object};
+pub use object::{GlobalValue, MapFamily, load_object};
 pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan, detach_all};

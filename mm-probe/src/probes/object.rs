@@ -15,13 +15,49 @@ pub enum GlobalValue {
     U64(u64),
 }
 
+/// The maps of one capability, known by the prefix its kernel side gives their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapFamily {
+    Latency,
+    RetryStorm,
+    Thp,
+    Selftest,
+}
+
+impl MapFamily {
+    pub const ALL: &'static [MapFamily] = &[Self::Latency, Self::RetryStorm, Self::Thp, Self::Selftest];
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Latency => "LAT_",
+            Self::RetryStorm => "HMM_",
+            Self::Thp => "THP_",
+            Self::Selftest => "SELFTEST_",
+        }
+    }
+
+    fn of(map_name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|family| map_name.starts_with(family.prefix()))
+    }
+}
+
 /// Loads the object (creating its maps; programs load later, when the planner attaches them),
 /// with struct offsets from this kernel's BTF and the given settings. Without BTF every offset is
 /// unknown and the programs that need one stay silent; the plan says so.
-pub fn load_object(kernel: &Kernel, settings: &[(&'static str, GlobalValue)]) -> Result<Ebpf> {
-    let layout = kernel.btf().map(Layout::resolve).unwrap_or_else(|_| Layout::unknown());
+///
+/// Every map of the object is created, but only `families` are used: the others are created at
+/// their smallest size, because preallocating tables and rings nobody reads was most of the
+/// start-up time (about 70 of 110 ms on the host).
+pub fn load_object(kernel: &Kernel, families: &[MapFamily], settings: &[(&'static str, GlobalValue)]) -> Result<Ebpf> {
+    // EbpfLoader::new() parses the kernel's BTF for CO-RE relocations (Rust eBPF has none),
+    // and mm-probe parses it again for struct offsets: the two parses (about 20 ms each on the
+    // host) run side by side.
+    let (mut loader, layout) = std::thread::scope(|scope| {
+        let loader = scope.spawn(EbpfLoader::new);
+        let layout = kernel.btf().map(Layout::resolve).unwrap_or_else(|_| Layout::unknown());
+        (loader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), layout)
+    });
     let offsets = layout.values();
-    let mut loader = EbpfLoader::new();
     layout.apply(&mut loader, &offsets);
     for (name, value) in settings {
         match value {
@@ -29,5 +65,59 @@ pub fn load_object(kernel: &Kernel, settings: &[(&'static str, GlobalValue)]) ->
             GlobalValue::U64(v) => loader.override_global(name, v, true),
         };
     }
+    let unused = unused_map_sizes(families)?;
+    for (name, entries) in &unused {
+        loader.map_max_entries(name, *entries);
+    }
     loader.load(OBJECT).context("loading mm-probe's eBPF object (creating its maps)")
+}
+
+/// The smallest size of every map outside `families`.
+fn unused_map_sizes(families: &[MapFamily]) -> Result<Vec<(String, u32)>> {
+    if MapFamily::ALL.iter().all(|f| families.contains(f)) {
+        return Ok(Vec::new());
+    }
+    let object = aya_obj::Object::parse(OBJECT).context("reading the embedded eBPF object")?;
+    Ok(object
+        .maps
+        .iter()
+        .filter(|(name, _)| MapFamily::of(name).is_some_and(|family| !families.contains(&family)))
+        .map(|(name, map)| (name.clone(), smallest_size(map.map_type())))
+        .collect())
+}
+
+/// A ring buffer's size is bytes, a power-of-2 number of pages; every other map holds one entry.
+fn smallest_size(map_type: u32) -> u32 {
+    const BPF_MAP_TYPE_RINGBUF: u32 = 27;
+    if map_type == BPF_MAP_TYPE_RINGBUF { page_size() } else { 1 }
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no memory effects.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(size).ok().filter(|s| s.is_power_of_two()).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_map_of_the_object_belongs_to_a_family_or_is_a_global_section() {
+        let object = aya_obj::Object::parse(OBJECT).unwrap();
+        for name in object.maps.keys() {
+            let global = name.starts_with('.') || name == "aya_global" || name.is_empty();
+            assert!(global || MapFamily::of(name).is_some(), "map {name} has no family prefix: it would never shrink");
+        }
+    }
+
+    #[test]
+    fn only_other_families_shrink_and_rings_keep_a_page() {
+        let sizes = unused_map_sizes(&[MapFamily::Latency]).unwrap();
+        assert!(sizes.iter().all(|(name, _)| !name.starts_with("LAT_")), "{sizes:?}");
+        let size_of = |wanted: &str| sizes.iter().find(|(name, _)| name == wanted).map(|(_, size)| *size);
+        assert_eq!(size_of(mm_probe_common::thp::FAULTS_MAP), Some(1));
+        assert_eq!(size_of(mm_probe_common::hmm::WALK_EVENTS_MAP), Some(page_size()));
+        assert!(unused_map_sizes(MapFamily::ALL).unwrap().is_empty());
+    }
 }

@@ -336,7 +336,7 @@ mod tests {
             return;
         }
         let kernel = Kernel::running().unwrap();
-        let mut ebpf = crate::probes::load_object(&kernel, &[]).unwrap();
+        let mut ebpf = crate::probes::load_object(&kernel, crate::probes::MapFamily::ALL, &[]).unwrap();
         let plan = Planner::new(&kernel).attach_all(&mut ebpf, crate::latency::probes::SCHED_PROBES);
         assert!(plan.probes.iter().any(ProbePlan::attached), "nothing attached: {:?}", plan.probes);
         tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(detach_all(&mut ebpf));

@@ -38,7 +38,7 @@ use crate::{
     collect::{RingReader, counters::percpu_sums, wait_for_stop},
     error::UserError,
     kernel::{Kernel, privileges},
-    probes::{GlobalValue, Plan, Planner, detach_all, load_object},
+    probes::{GlobalValue, MapFamily, Plan, Planner, detach_all, load_object},
     report::{
         json,
         plot::{PlotFile, rates_over_time_svg},
@@ -69,7 +69,7 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         }
     }
     let kernel = Kernel::running()?;
-    let mut ebpf = load_object(&kernel, &settings(&args.pids))?;
+    let mut ebpf = load_object(&kernel, &[MapFamily::RetryStorm], &settings(&args.pids))?;
     select_processes(&mut ebpf, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     let seen = observability(&kernel, &plan);

@@ -15,7 +15,7 @@ use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
-    probes::{GlobalValue, LogicalProbe, Plan, Planner, load_object},
+    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, load_object},
 };
 
 /// What the kernel programs counted, summed over CPUs.
@@ -115,7 +115,7 @@ impl Live {
         mm_flags_mask: u64,
         catalog: &[LogicalProbe],
     ) -> Result<Self> {
-        let mut ebpf = load_object(kernel, &settings(target_tgid, allow_check, mm_flags_mask))?;
+        let mut ebpf = load_object(kernel, &[MapFamily::Thp], &settings(target_tgid, allow_check, mm_flags_mask))?;
         let plan = Planner::new(kernel).attach_all(&mut ebpf, catalog);
         let prctl = if plan.is_attached(probes::PRCTL.name) {
             let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;

@@ -537,20 +537,28 @@ fn fault_checks(vma: &Value) -> (u64, u64) {
     (c["checks"].as_u64().unwrap_or(0), c["denied"].as_u64().unwrap_or(0))
 }
 
+/// Guests only: one round of the workload `spawn` starts, traced live under THP policy `mode`
+/// (set before the workload maps anything), as (report, round, workload). `None` where the
+/// allow-check cannot be attached: then there is nothing to check.
+fn traced_round(mode: &str, spawn: impl FnOnce() -> (Workload, Value)) -> Option<(Value, Value, Workload)> {
+    if !allow_check_attachable() {
+        return None;
+    }
+    let _policy = EnabledGuard::set(mode);
+    let (mut workload, _) = spawn();
+    let mut round = Value::Null;
+    let report = thp_why_live(workload.target(), || {
+        workload.command("round");
+        round = workload.next();
+    });
+    assert!(allow_check_observed(&report), "{}", report["live"]);
+    Some((report, round, workload))
+}
+
 #[test]
 fn guest_allow_check_counts_match_the_workload() {
     require_root();
-    if !allow_check_attachable() {
-        return;
-    }
-    let _policy = EnabledGuard::set("always");
-    let (mut w, _) = Workload::regions(&[]);
-    let mut round = Value::Null;
-    let report = thp_why_live(w.target(), || {
-        w.command("round");
-        round = w.next();
-    });
-    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let Some((report, round, _)) = traced_round("always", || Workload::regions(&[])) else { return };
     let check = kernel_allow_check();
     let live = &report["live"];
     assert_eq!(live["unexplained"], 0, "{live}");
@@ -602,17 +610,7 @@ fn guest_allow_check_counts_match_the_workload() {
 #[test]
 fn guest_prctl_denials_are_counted_and_attributed() {
     require_root();
-    if !allow_check_attachable() {
-        return;
-    }
-    let _policy = EnabledGuard::set("always");
-    let (mut tree, _) = Workload::tree(&[]);
-    let mut round = Value::Null;
-    let report = thp_why_live(tree.target(), || {
-        tree.command("round");
-        round = tree.next();
-    });
-    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let Some((report, round, tree)) = traced_round("always", || Workload::tree(&[])) else { return };
     let check = kernel_allow_check();
     let mut fault_checks_total = 0;
     for r in round["regions"].as_array().unwrap() {
@@ -649,17 +647,7 @@ fn guest_prctl_denials_are_counted_and_attributed() {
 #[test]
 fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
     require_root();
-    if !allow_check_attachable() {
-        return;
-    }
-    let _policy = EnabledGuard::set("madvise");
-    let (mut w, _) = Workload::regions(&[]);
-    let mut round = Value::Null;
-    let report = thp_why_live(w.target(), || {
-        w.command("round");
-        round = w.next();
-    });
-    assert!(allow_check_observed(&report), "{}", report["live"]);
+    let Some((report, round, _)) = traced_round("madvise", || Workload::regions(&[])) else { return };
     let check = kernel_allow_check();
     let plain = vma(&report, &start_of(region(&round, "plain")));
     let (checks, denied) = fault_checks(plain);

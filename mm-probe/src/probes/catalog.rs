@@ -53,6 +53,18 @@ pub struct Target {
     pub kernels: &'static str,
 }
 
+/// A [`Candidate`] written as its targets and `Mechanism "program"` pairs, for the catalogs:
+/// `candidate!(TARGETS; Fentry "walk_entry", Fexit "walk_exit")`.
+#[macro_export]
+macro_rules! candidate {
+    ($targets:expr; $($mechanism:ident $program:literal),+ $(,)?) => {
+        $crate::probes::Candidate {
+            hooks: &[$($crate::probes::Hook { mechanism: $crate::probes::Mechanism::$mechanism, program: $program }),+],
+            targets: $targets,
+        }
+    };
+}
+
 /// One way to implement a logical probe: every hook attaches to the same target.
 #[derive(Clone, Copy, Debug)]
 pub struct Candidate {

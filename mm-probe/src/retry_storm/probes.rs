@@ -3,7 +3,10 @@
 //! fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own tracepoints add the
 //! secondary-MMU view where kvm is loaded.
 
-use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
+use crate::{
+    candidate,
+    probes::{Candidate, Hook, LogicalProbe, Mechanism, Target},
+};
 
 const HMM_RANGE_FAULT: &[Target] = &[Target { name: "hmm_range_fault", kernels: "5.8+, CONFIG_HMM_MIRROR" }];
 const READ_BEGIN: &[Target] = &[Target { name: "mmu_interval_read_begin", kernels: "5.10+, CONFIG_MMU_NOTIFIER" }];
@@ -31,20 +34,8 @@ pub const WALK: LogicalProbe = LogicalProbe {
     candidates: &[
         // fexit first: a kretprobe misses returns once more than maxactive callers sleep in
         // the walk at once (hmm_range_fault faults pages and sleeps).
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Fentry, program: "hmm_fault_entry" },
-                Hook { mechanism: Mechanism::Fexit, program: "hmm_fault_exit" },
-            ],
-            targets: HMM_RANGE_FAULT,
-        },
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Kprobe, program: "hmm_fault_kprobe" },
-                Hook { mechanism: Mechanism::Kretprobe, program: "hmm_fault_kretprobe" },
-            ],
-            targets: HMM_RANGE_FAULT,
-        },
+        candidate!(HMM_RANGE_FAULT; Fentry "hmm_fault_entry", Fexit "hmm_fault_exit"),
+        candidate!(HMM_RANGE_FAULT; Kprobe "hmm_fault_kprobe", Kretprobe "hmm_fault_kretprobe"),
     ],
 };
 
@@ -52,8 +43,8 @@ pub const READ_BEGINS: LogicalProbe = LogicalProbe {
     name: READ_BEGIN_PROBE,
     purpose: "sequence starts per notifier and process (storms stay visible where the retry moves inside the kernel), and the start of each walk's invalidation window",
     candidates: &[
-        Candidate { hooks: &[Hook { mechanism: Mechanism::Fentry, program: "read_begin_fentry" }], targets: READ_BEGIN },
-        Candidate { hooks: &[Hook { mechanism: Mechanism::Kprobe, program: "read_begin_kprobe" }], targets: READ_BEGIN },
+        candidate!(READ_BEGIN; Fentry "read_begin_fentry"),
+        candidate!(READ_BEGIN; Kprobe "read_begin_kprobe"),
     ],
 };
 
@@ -61,14 +52,8 @@ pub const REMOVES: LogicalProbe = LogicalProbe {
     name: REMOVE_PROBE,
     purpose: "a driver dropping a notifier: a retry loop still failing at that point gave up",
     candidates: &[
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Fentry, program: "notifier_remove_fentry" }],
-            targets: NOTIFIER_REMOVE,
-        },
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Kprobe, program: "notifier_remove_kprobe" }],
-            targets: NOTIFIER_REMOVE,
-        },
+        candidate!(NOTIFIER_REMOVE; Fentry "notifier_remove_fentry"),
+        candidate!(NOTIFIER_REMOVE; Kprobe "notifier_remove_kprobe"),
     ],
 };
 
@@ -76,20 +61,8 @@ pub const INVALIDATE_START: LogicalProbe = LogicalProbe {
     name: INVALIDATE_START_PROBE,
     purpose: "every invalidation of a mirrored mm: range, event (UNMAP, CLEAR, …), who invalidated, time in the invalidate callbacks",
     candidates: &[
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Fentry, program: "invalidate_start_fentry" },
-                Hook { mechanism: Mechanism::Fexit, program: "invalidate_start_fexit" },
-            ],
-            targets: RANGE_START,
-        },
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Kprobe, program: "invalidate_start_kprobe" },
-                Hook { mechanism: Mechanism::Kretprobe, program: "invalidate_start_kretprobe" },
-            ],
-            targets: RANGE_START,
-        },
+        candidate!(RANGE_START; Fentry "invalidate_start_fentry", Fexit "invalidate_start_fexit"),
+        candidate!(RANGE_START; Kprobe "invalidate_start_kprobe", Kretprobe "invalidate_start_kretprobe"),
     ],
 };
 
@@ -97,14 +70,8 @@ pub const INVALIDATE_END: LogicalProbe = LogicalProbe {
     name: INVALIDATE_END_PROBE,
     purpose: "how long each invalidation held its range (read_begin on it waits that long)",
     candidates: &[
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Fentry, program: "invalidate_end_fentry" }],
-            targets: RANGE_END,
-        },
-        Candidate {
-            hooks: &[Hook { mechanism: Mechanism::Kprobe, program: "invalidate_end_kprobe" }],
-            targets: RANGE_END,
-        },
+        candidate!(RANGE_END; Fentry "invalidate_end_fentry"),
+        candidate!(RANGE_END; Kprobe "invalidate_end_kprobe"),
     ],
 };
 

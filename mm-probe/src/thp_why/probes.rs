@@ -1,6 +1,9 @@
 //! The kernel hooks thp-why uses, best first.
 
-use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
+use crate::{
+    candidate,
+    probes::{Candidate, Hook, LogicalProbe, Mechanism, Target},
+};
 
 /// The THP allow-check: `hugepage_vma_check` (6.0–6.7), `__thp_vma_allowable_orders` (6.8+).
 const ALLOW_CHECK_FUNCTIONS: &[Target] = &[
@@ -12,14 +15,8 @@ pub const ALLOW_CHECK: LogicalProbe = LogicalProbe {
     name: "THP allow-check",
     purpose: "live count of THP checks on the target's memory and the reason for each denial",
     candidates: &[
-        Candidate { hooks: &[Hook { mechanism: Mechanism::Fexit, program: "thp_allowable_exit" }], targets: ALLOW_CHECK_FUNCTIONS },
-        Candidate {
-            hooks: &[
-                Hook { mechanism: Mechanism::Kprobe, program: "thp_allowable_entry" },
-                Hook { mechanism: Mechanism::Kretprobe, program: "thp_allowable_return" },
-            ],
-            targets: ALLOW_CHECK_FUNCTIONS,
-        },
+        candidate!(ALLOW_CHECK_FUNCTIONS; Fexit "thp_allowable_exit"),
+        candidate!(ALLOW_CHECK_FUNCTIONS; Kprobe "thp_allowable_entry", Kretprobe "thp_allowable_return"),
     ],
 };
 

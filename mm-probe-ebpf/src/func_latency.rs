@@ -40,21 +40,21 @@ pub(crate) fn function_state(pid: u32) -> Option<*const FuncState> {
     if pid == 0 || LAT_FUNCS_TRACED.get(0).copied().unwrap_or(0) == 0 {
         return None;
     }
-    LAT_FUNC_STATE.get_ptr(&pid)
+    LAT_FUNC_STATE.get_ptr(pid)
 }
 
 #[inline(always)]
 fn func_entry(slot: usize) -> u32 {
     let pid = current_pid();
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = match LAT_FUNC_STATE.get_ptr_mut(&pid) {
+    let state = match LAT_FUNC_STATE.get_ptr_mut(pid) {
         Some(state) => state,
         None => {
             let inserted = match LAT_FUNC_ZERO.get(0) {
-                Some(zero) => LAT_FUNC_STATE.insert(&pid, zero, 0).is_ok(),
+                Some(zero) => LAT_FUNC_STATE.insert(pid, zero, 0).is_ok(),
                 None => false,
             };
-            match LAT_FUNC_STATE.get_ptr_mut(&pid) {
+            match LAT_FUNC_STATE.get_ptr_mut(pid) {
                 Some(state) if inserted => state,
                 _ => {
                     count(Counter::LostFuncEntries);
@@ -73,7 +73,7 @@ fn func_entry(slot: usize) -> u32 {
 fn func_exit<C: StackIdContext>(ctx: &C, slot: usize) -> u32 {
     let pid = current_pid();
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(state) = LAT_FUNC_STATE.get_ptr_mut(&pid) else { return 0 };
+    let Some(state) = LAT_FUNC_STATE.get_ptr_mut(pid) else { return 0 };
     let state = unsafe { &mut *state };
     let (Some(entry), Some(total), Some(calls)) =
         (state.entry_ns.get_mut(slot), state.total_ns.get_mut(slot), state.calls.get_mut(slot))

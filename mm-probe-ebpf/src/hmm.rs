@@ -48,7 +48,7 @@ static HMM_SEQ_BEGIN: LruHashMap<u32, SeqBegin> = LruHashMap::with_max_entries(T
 /// Whether `tgid` is one of the processes the user asked about (all when no -p was given).
 #[inline(always)]
 pub fn watched(tgid: u32) -> bool {
-    HMM_FILTER_TGIDS.load() == 0 || unsafe { HMM_TARGET_TGIDS.get(&tgid) }.is_some()
+    HMM_FILTER_TGIDS.load() == 0 || unsafe { HMM_TARGET_TGIDS.get(tgid) }.is_some()
 }
 
 #[inline(always)]
@@ -65,14 +65,14 @@ pub fn count_ns(counter: Counter, ns: u64) {
 /// Remembers that `mm` is mirrored, so its invalidations are streamed.
 #[inline(always)]
 fn mark_mirrored(mm: u64, tgid: u32) {
-    if mm != 0 && unsafe { HMM_MIRRORED_MMS.get(&mm) }.is_none() {
-        let _ = HMM_MIRRORED_MMS.insert(&mm, &tgid, 0);
+    if mm != 0 && unsafe { HMM_MIRRORED_MMS.get(mm) }.is_none() {
+        let _ = HMM_MIRRORED_MMS.insert(mm, tgid, 0);
     }
 }
 
 #[inline(always)]
 pub fn is_mirrored(mm: u64) -> bool {
-    mm != 0 && unsafe { HMM_MIRRORED_MMS.get(&mm) }.is_some()
+    mm != 0 && unsafe { HMM_MIRRORED_MMS.get(mm) }.is_some()
 }
 
 /// Reserves and fills one event in the ring for its kind; a full ring is counted, never hidden.
@@ -121,7 +121,7 @@ fn walk_enter(range: u64) -> u32 {
         return 0;
     }
     let stash = Stash { ts_ns: unsafe { bpf_ktime_get_ns() }, arg: range };
-    let _ = HMM_WALK_STASH.insert(&current_pid(), &stash, 0);
+    let _ = HMM_WALK_STASH.insert(current_pid(), stash, 0);
     0
 }
 
@@ -133,8 +133,8 @@ fn walk_return(range: u64, ret: i32) -> u32 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
-    let stash = unsafe { HMM_WALK_STASH.get(&pid) }.copied();
-    let _ = HMM_WALK_STASH.remove(&pid);
+    let stash = unsafe { HMM_WALK_STASH.get(pid) }.copied();
+    let _ = HMM_WALK_STASH.remove(pid);
     count(Counter::Walks);
     if ret == -EBUSY {
         count(Counter::WalkBusy);
@@ -161,11 +161,10 @@ fn walk_return(range: u64, ret: i32) -> u32 {
     event.mm = read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0);
     event.interval_start = read_at(notifier, OFF_INTERVAL_NOTIFIER_START.load()).unwrap_or(0);
     event.interval_last = read_at(notifier, OFF_INTERVAL_NOTIFIER_LAST.load()).unwrap_or(0);
-    if let Some(begin) = unsafe { HMM_SEQ_BEGIN.get(&pid) } {
-        if begin.notifier == notifier {
+    if let Some(begin) = unsafe { HMM_SEQ_BEGIN.get(pid) }
+        && begin.notifier == notifier {
             event.seq_begin_ns = begin.ts_ns;
         }
-    }
     mark_mirrored(event.mm, tgid);
     emit(event);
     0
@@ -179,14 +178,14 @@ fn read_begin(notifier: u64) -> u32 {
     }
     count(Counter::ReadBegins);
     let key = ReadBeginKey { notifier, tgid, _pad: 0 };
-    match HMM_READ_BEGINS.get_ptr_mut(&key) {
+    match HMM_READ_BEGINS.get_ptr_mut(key) {
         Some(calls) => unsafe { *calls += 1 },
         None => {
-            let _ = HMM_READ_BEGINS.insert(&key, &1, 0);
+            let _ = HMM_READ_BEGINS.insert(key, 1, 0);
         }
     }
     let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
-    let _ = HMM_SEQ_BEGIN.insert(&current_pid(), &begin, 0);
+    let _ = HMM_SEQ_BEGIN.insert(current_pid(), begin, 0);
     mark_mirrored(read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0), tgid);
     0
 }

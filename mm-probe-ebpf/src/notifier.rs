@@ -45,7 +45,7 @@ fn invalidate_start(range: u64) -> u32 {
     }
     count(Counter::Invalidations);
     let now = unsafe { bpf_ktime_get_ns() };
-    let _ = HMM_INVALIDATE_STASH.insert(&current_pid(), &Stash { ts_ns: now, arg: range }, 0);
+    let _ = HMM_INVALIDATE_STASH.insert(current_pid(), Stash { ts_ns: now, arg: range }, 0);
     let mut event = blank_event(EventKind::Invalidate, now);
     event.mm = mm;
     event.start = read_at(range, OFF_NOTIFIER_RANGE_START.load()).unwrap_or(0);
@@ -61,7 +61,7 @@ fn invalidate_start(range: u64) -> u32 {
 /// The subscribers' callbacks ran inside invalidate_range_start: its duration is theirs.
 #[inline(always)]
 fn invalidate_start_return() -> u32 {
-    if let Some(stash) = unsafe { HMM_INVALIDATE_STASH.get(&current_pid()) } {
+    if let Some(stash) = unsafe { HMM_INVALIDATE_STASH.get(current_pid()) } {
         let elapsed = unsafe { bpf_ktime_get_ns() } - stash.ts_ns;
         bump(&HMM_CALLBACK_NS, log2_bucket(elapsed, LOG2_BUCKETS), 1);
         count_ns(Counter::CallbackNs, elapsed);
@@ -72,11 +72,11 @@ fn invalidate_start_return() -> u32 {
 #[inline(always)]
 fn invalidate_end(range: u64) -> u32 {
     let pid = current_pid();
-    let Some(stash) = (unsafe { HMM_INVALIDATE_STASH.get(&pid) }).copied() else { return 0 };
+    let Some(stash) = (unsafe { HMM_INVALIDATE_STASH.get(pid) }).copied() else { return 0 };
     if stash.arg != range {
         return 0;
     }
-    let _ = HMM_INVALIDATE_STASH.remove(&pid);
+    let _ = HMM_INVALIDATE_STASH.remove(pid);
     count(Counter::InvalidateEnds);
     let elapsed = unsafe { bpf_ktime_get_ns() } - stash.ts_ns;
     bump(&HMM_WINDOW_NS, log2_bucket(elapsed, LOG2_BUCKETS), 1);

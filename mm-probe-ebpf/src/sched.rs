@@ -273,7 +273,7 @@ fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
 fn wanted(pid: u32, prio: i32) -> bool {
     match LAT_FILTER_MODE.load() {
         FILTER_ALL => true,
-        FILTER_PIDS => unsafe { LAT_PIDS.get(&pid) }.is_some(),
+        FILTER_PIDS => unsafe { LAT_PIDS.get(pid) }.is_some(),
         _ => prio < 100,
     }
 }
@@ -301,7 +301,10 @@ fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
         copy_record(&mut start.blocker_funcs, funcs);
         start.blocker_funcs_valid = 1;
     }
-    if LAT_WAKEUPS.insert(&pid, &*start, 0).is_err() {
+    // By reference: by value would copy the 248-byte record onto the 512-byte BPF stack.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    let inserted = LAT_WAKEUPS.insert(pid, &*start, 0);
+    if inserted.is_err() {
         count(Counter::LostWakeups);
     }
     Some(())
@@ -387,13 +390,13 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
     // Looked up first: a lookup takes no lock, a delete takes the bucket's, and on almost every
     // switch there is nothing to forget.
-    if prev_pid != 0 && unsafe { LAT_WAKEUPS.get(&prev_pid) }.is_some() {
-        let _ = LAT_WAKEUPS.remove(&prev_pid);
+    if prev_pid != 0 && unsafe { LAT_WAKEUPS.get(prev_pid) }.is_some() {
+        let _ = LAT_WAKEUPS.remove(prev_pid);
     }
     if next_pid == 0 {
         return None;
     }
-    let start = unsafe { LAT_WAKEUPS.get(&next_pid)? };
+    let start = unsafe { LAT_WAKEUPS.get(next_pid)? };
     let latency_ns = now.saturating_sub(start.wakeup_ns);
     let over = latency_ns > threshold_ns();
     record(QUANTITY_WAKEUP, latency_ns, over);
@@ -401,21 +404,21 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     if over && stream_spikes() {
         emit_spike(ctx, switch, start, now, cpu, prev_since_ns);
     }
-    let _ = LAT_WAKEUPS.remove(&next_pid);
+    let _ = LAT_WAKEUPS.remove(next_pid);
     Some(())
 }
 
 #[inline(always)]
 fn account_task(switch: &Switch, prio: i32, latency_ns: u64, over: bool) {
     let pid = switch.next_pid;
-    let task = match LAT_TASKS.get_ptr_mut(&pid) {
+    let task = match LAT_TASKS.get_ptr_mut(pid) {
         Some(task) => task,
         None => {
             let fresh = TaskWakeups { prio, comm: switch.next_comm, ..TaskWakeups::default() };
-            if LAT_TASKS.insert(&pid, &fresh, 0).is_err() {
+            if LAT_TASKS.insert(pid, fresh, 0).is_err() {
                 return;
             }
-            match LAT_TASKS.get_ptr_mut(&pid) {
+            match LAT_TASKS.get_ptr_mut(pid) {
                 Some(task) => task,
                 None => return,
             }

@@ -122,7 +122,7 @@ fn add_one<K>(map: &PerCpuHashMap<K, u64>, key: &K, full: Counter) {
     match map.get_ptr_mut(key) {
         Some(value) => unsafe { *value += 1 },
         None => {
-            if map.insert(key, &1, 0).is_err() {
+            if map.insert(key, 1, 0).is_err() {
                 count(full);
             }
         }
@@ -222,18 +222,18 @@ pub fn thp_allowable_entry(ctx: ProbeContext) -> u32 {
         call_args: kprobe_call_args(&ctx),
         _pad: 0,
     };
-    let _ = THP_PENDING.insert(&bpf_get_current_pid_tgid(), &pending, 0);
+    let _ = THP_PENDING.insert(bpf_get_current_pid_tgid(), pending, 0);
     0
 }
 
 #[kretprobe]
 pub fn thp_allowable_return(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let Some(pending) = (unsafe { THP_PENDING.get(&id) }).copied() else {
+    let Some(pending) = (unsafe { THP_PENDING.get(id) }).copied() else {
         count(Counter::ReturnWithoutEntry);
         return 0;
     };
-    let _ = THP_PENDING.remove(&id);
+    let _ = THP_PENDING.remove(id);
     record_check(pending.vma, pending.vm_flags, pending.call_args, ctx.ret::<u64>());
     0
 }

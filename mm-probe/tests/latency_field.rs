@@ -24,6 +24,7 @@ fn a_fifo_waker_beside_an_madvise_pageout_storm() {
     require_root();
     let threshold_ns: u64 = 1_000_000;
     let kernel = vm_kernel().unwrap_or_else(|| "host".into());
+    let _swap = guest_swap();
     let us = |v: &Value| v.as_u64().map_or("-".to_string(), |n| format!("{}", n / 1000));
     let pressure: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
     let pageout: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "pageout"];

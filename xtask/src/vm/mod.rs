@@ -149,13 +149,10 @@ fn run_lines(matrix: &Matrix<'_>, lines: &[&'static KernelLine], jobs: usize) ->
                 while let Some(&line) = lines.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let kernel_start = Instant::now();
                     let mut run = run_kernel_once(line, matrix);
-                    if !run.run_failures.is_empty() && !reached_tests(matrix, line) {
-                        // The emulated kernel died while booting, before any test ran (seen
-                        // once: an int3 Oops in early jump-label patching under TCG). That is
-                        // the emulator, not mm-probe: boot once more, and say so.
+                    if let Some(why) = emulator_failure(&run, &console(matrix, line)) {
                         let first = run.run_failures.join("; ");
                         run = run_kernel_once(line, matrix);
-                        run.notes.push(format!("booted twice: the first boot failed before any test ran ({first})"));
+                        run.notes.push(format!("booted twice: {why} ({first})"));
                     }
                     run.elapsed = kernel_start.elapsed();
                     eprint!("{}", report::render_kernel(&run));
@@ -180,11 +177,30 @@ fn run_kernel_once(line: &'static KernelLine, matrix: &Matrix<'_>) -> KernelRun 
     })
 }
 
-/// Whether the guest of `line` got as far as running its test script (the console says which
-/// kernel came up just before the tests start).
-fn reached_tests(matrix: &Matrix<'_>, line: &KernelLine) -> bool {
-    let console = fs::read_to_string(matrix.work_root.join(line.name).join("console.log")).unwrap_or_default();
-    console.contains(&format!("{} kernel ", initramfs::MARKER))
+fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
+    fs::read_to_string(matrix.work_root.join(line.name).join("console.log")).unwrap_or_default()
+}
+
+/// Why a failed run is the emulator's failure rather than mm-probe's, so that the kernel is
+/// booted once more (said in the report); `None` for every other failure.
+///
+/// Two cases: the guest died before any test ran (seen: an int3 Oops in early jump-label
+/// patching), and the kernel took an int3 Oops while tests ran with no test failed so far.
+/// Attaching a tracepoint rewrites kernel text through int3 breakpoints; under TCG another vCPU
+/// can still execute a breakpoint the patching already removed, which real CPUs (and KVM)
+/// exclude with the serializing IPIs text_poke_bp sends. A run with a failed test is never
+/// repeated: that failure stands.
+fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
+    if run.run_failures.is_empty() {
+        return None;
+    }
+    let reached_tests = console.contains(&format!("{} kernel ", initramfs::MARKER));
+    if !reached_tests {
+        return Some("the first boot failed before any test ran");
+    }
+    let a_test_failed = run.binaries.iter().flat_map(|b| &b.tests).any(|t| t.verdict == report::Verdict::Failed);
+    (console.contains("Oops: int3") && !a_test_failed)
+        .then_some("the first kernel died of an int3 Oops at a text-patching site (TCG) with no test failed; every test ran again")
 }
 
 /// The requested lines in matrix order; all of them when none is named.
@@ -367,5 +383,44 @@ mod tests {
         assert_eq!(names, ["6.1", "6.12-rt"]);
         assert_eq!(select_lines(&[]).unwrap().len(), 4);
         assert!(select_lines(&["6.6".into()]).is_err());
+    }
+
+    fn run_with(failures: &[&str], verdicts: &[report::Verdict]) -> KernelRun {
+        let tests = verdicts
+            .iter()
+            .enumerate()
+            .map(|(i, &verdict)| report::TestResult { name: format!("t{i}"), verdict })
+            .collect();
+        let binary = report::BinaryRun {
+            binary: "latency".into(),
+            tests,
+            status: None,
+            elapsed: None,
+            failure_details: String::new(),
+        };
+        KernelRun {
+            line: "6.12-rt".into(),
+            description: String::new(),
+            notes: Vec::new(),
+            binaries: vec![binary],
+            run_failures: failures.iter().map(|f| f.to_string()).collect(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn only_emulator_deaths_with_no_failed_test_boot_again() {
+        use report::Verdict::{Failed, Passed, Unfinished};
+        let tests_started = format!("{} kernel 6.12 up 4s\n[ 98.4] Oops: int3: 0000 [#1] PREEMPT_RT SMP", initramfs::MARKER);
+        let panic = "the kernel reported: Oops: int3";
+        assert!(emulator_failure(&run_with(&[], &[Passed]), &tests_started).is_none(), "a green run stands");
+        assert!(emulator_failure(&run_with(&[panic], &[Passed, Unfinished]), &tests_started).is_some());
+        assert!(
+            emulator_failure(&run_with(&[panic], &[Failed, Unfinished]), &tests_started).is_none(),
+            "a failed test is never run again"
+        );
+        let other_death = format!("{} kernel 6.12 up 4s\n[ 98.4] BUG: kernel NULL pointer dereference", initramfs::MARKER);
+        assert!(emulator_failure(&run_with(&["panic"], &[Passed, Unfinished]), &other_death).is_none());
+        assert!(emulator_failure(&run_with(&["timeout"], &[]), "[ 1.0] Oops: int3 in early boot").is_some(), "died before the tests");
     }
 }

@@ -366,39 +366,6 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     assert_eq!(only(&lines, "lost_events")["wakeup_spikes"], 0);
 }
 
-/// The field case's attribution, in the guests: a SCHED_FIFO waker shares CPU 1 with a
-/// MADV_PAGEOUT storm that really swaps (zram) while another process keeps memory hot; its waits
-/// over 1 ms are blamed on madvise_cold_or_pageout_pte_range, with the blocker's stack through
-/// the walk and its madvise(MADV_PAGEOUT, 64 MiB) call named.
-#[test]
-fn waits_behind_a_swapping_pageout_storm_are_blamed_on_the_walk() {
-    require_root();
-    let Some(_swap) = guest_swap() else {
-        eprintln!("guests only: the host's swap is not the tests' to change, and its function probes cannot attach");
-        return;
-    };
-    let storm: &[&str] = &["--bytes", "64M", "--duration-ms", "3500", "--cpu", "1", "--advice", "pageout"];
-    let pressure: &[&str] = &["--threads", "0", "--pressure-bytes", "256M", "--duration-ms", "3500"];
-    let (lines, waker, storms, traced) = trace_waker("500", "1ms", &[storm, pressure]);
-    assert!(traced, "every guest kernel can time the walk");
-    assert!(storms[0]["swap_total_kib"].as_u64().unwrap() > 0, "{}", storms[0]);
-    let waits = spikes(&lines, "wakeup");
-    let blamed: Vec<&&Value> = waits.iter().filter(|s| s["cause"] == "madvise_cold_or_pageout_pte_range").collect();
-    eprintln!("{} of {} waits over 1 ms blamed on the walk", blamed.len(), waits.len());
-    assert!(!blamed.is_empty(), "no wait of rt_waker was blamed on the walk: {waits:#?}");
-    for spike in blamed {
-        assert_eq!(spike["pid"], waker.pid, "{spike}");
-        assert!(has_frame(&spike["stack"], "madvise_cold_or_pageout_pte_range"), "{spike}");
-        assert_eq!(spike["syscall"]["name"], "madvise", "{spike}");
-        assert_eq!(spike["syscall"]["advice"], "MADV_PAGEOUT", "{spike}");
-        let explanation = spike["explanation"].as_str().unwrap();
-        assert!(
-            explanation.contains("madvise(MADV_PAGEOUT, 64 MiB) → madvise_cold_or_pageout_pte_range for"),
-            "{explanation}"
-        );
-    }
-}
-
 #[test]
 fn an_madvise_pageout_storm_is_timed_call_by_call() {
     require_root();

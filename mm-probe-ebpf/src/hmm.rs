@@ -162,9 +162,10 @@ fn walk_return(range: u64, ret: i32) -> u32 {
     event.interval_start = read_at(notifier, OFF_INTERVAL_NOTIFIER_START.load()).unwrap_or(0);
     event.interval_last = read_at(notifier, OFF_INTERVAL_NOTIFIER_LAST.load()).unwrap_or(0);
     if let Some(begin) = unsafe { HMM_SEQ_BEGIN.get(pid) }
-        && begin.notifier == notifier {
-            event.seq_begin_ns = begin.ts_ns;
-        }
+        && begin.notifier == notifier
+    {
+        event.seq_begin_ns = begin.ts_ns;
+    }
     mark_mirrored(event.mm, tgid);
     emit(event);
     0

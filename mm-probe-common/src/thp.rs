@@ -31,6 +31,8 @@ pub const MMAP_LOCK_MM_OFFSET: &str = "THP_MMAP_LOCK_MM_OFFSET";
 pub const CHECKS_MAP: &str = "THP_CHECKS";
 /// Hash map (fault address >> FAULT_RANGE_SHIFT) → page faults of the target there.
 pub const FAULTS_MAP: &str = "THP_FAULTS";
+/// Per-CPU array of one [`FaultRun`]: faults counted but not yet added to `THP_FAULTS`.
+pub const FAULT_RUN_MAP: &str = "THP_FAULT_RUN";
 /// Array of [`MmSeen`], indexed by [`MmSlot`].
 pub const MM_MAP: &str = "THP_MM";
 /// Ring buffer of [`PrctlEvent`].
@@ -62,6 +64,19 @@ pub struct ThpCheckKey {
     /// Low byte of arguments 2..=5 where `CALL_ARG_MASK` marks them, else 0.
     pub call_args: [u8; 4],
     pub _pad: u32,
+}
+
+/// The target's latest faults on one CPU, all in one range: a page-by-page toucher faults 16
+/// times in a row per 64 KiB, and counting those here costs a per-CPU array slot instead of a
+/// hash update per fault. The run is added to `THP_FAULTS` (and the `Faults` counter) when a
+/// fault lands in another range; user space adds the runs still open when it reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultRun {
+    /// `address >> FAULT_RANGE_SHIFT` of the run's faults.
+    pub range: u64,
+    /// Faults in the run; 0 = no run open.
+    pub faults: u64,
 }
 
 /// A process's mm as a kernel program saw it.
@@ -105,7 +120,7 @@ pub struct PrctlEvent {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Page faults of the target.
+    /// Page faults of the target, of runs already closed (see [`FaultRun`]).
     Faults = 0,
     /// Faults not added to `THP_FAULTS` because the map was full.
     FaultMapFull = 1,
@@ -138,4 +153,4 @@ pub struct PendingCheck {
     pub _pad: u32,
 }
 
-crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent);
+crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent, FaultRun);

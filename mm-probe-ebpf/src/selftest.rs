@@ -57,6 +57,14 @@ pub fn selftest_btf_tracepoint(ctx: BtfTracePointContext) -> u32 {
     count_fsync_syscall(Slot::BtfTracepoint, ctx.arg::<u64>(1))
 }
 
+/// Returns at once. Attached where a capability's programs attach, it measures what the hook
+/// itself costs the traced workload (the kernel's dispatch to any program there): the floor under
+/// every tracer's overhead in `cargo xtask bench`.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn selftest_noop_btf(_ctx: BtfTracePointContext) -> u32 {
+    0
+}
+
 #[kprobe]
 pub fn selftest_kprobe(_ctx: ProbeContext) -> u32 {
     count(Slot::Kprobe)

@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::thp::{
-    COUNTER_COUNT, Counter, FAULT_RANGE_SHIFT, MM_SLOT_COUNT, MmSeen, MmSlot, PR_SET_THP_DISABLE, PendingCheck,
-    PrctlEvent, ThpCheckKey,
+    COUNTER_COUNT, Counter, FAULT_RANGE_SHIFT, FaultRun, MM_SLOT_COUNT, MmSeen, MmSlot, PR_SET_THP_DISABLE,
+    PendingCheck, PrctlEvent, ThpCheckKey,
 };
 
 use crate::kernel::{
@@ -61,6 +61,8 @@ static THP_CHECKS: PerCpuHashMap<ThpCheckKey, u64> = PerCpuHashMap::with_max_ent
 #[map]
 static THP_FAULTS: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(65536, 0);
 #[map]
+static THP_FAULT_RUN: PerCpuArray<FaultRun> = PerCpuArray::with_max_entries(1, 0);
+#[map]
 static THP_MM: Array<MmSeen> = Array::with_max_entries(MM_SLOT_COUNT, 0);
 #[map]
 static THP_PRCTL_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
@@ -72,7 +74,12 @@ static THP_PENDING: HashMap<u64, PendingCheck> = HashMap::with_max_entries(4096,
 
 #[inline(always)]
 fn count(counter: Counter) {
-    bump(&THP_COUNTERS, counter as u32, 1);
+    count_n(counter, 1);
+}
+
+#[inline(always)]
+fn count_n(counter: Counter, n: u64) {
+    bump(&THP_COUNTERS, counter as u32, n);
 }
 
 /// The calling task's mm (0 for kernel threads such as khugepaged).
@@ -116,14 +123,15 @@ fn target_mm() -> u64 {
     THP_MM.get(MmSlot::Target as u32).map(|s| s.mm).unwrap_or(0)
 }
 
-/// Adds one to this CPU's `map[key]`, inserting it when absent; counts a full map in `full`.
+/// Adds `n` to this CPU's `map[key]`, inserting it when absent; adds `n` to `full` when the map
+/// is full.
 #[inline(always)]
-fn add_one<K>(map: &PerCpuHashMap<K, u64>, key: &K, full: Counter) {
+fn add<K>(map: &PerCpuHashMap<K, u64>, key: &K, n: u64, full: Counter) {
     match map.get_ptr_mut(key) {
-        Some(value) => unsafe { *value += 1 },
+        Some(value) => unsafe { *value += n },
         None => {
-            if map.insert(key, 1, 0).is_err() {
-                count(full);
+            if map.insert(key, n, 0).is_err() {
+                count_n(full, n);
             }
         }
     }
@@ -173,7 +181,7 @@ fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
         call_args,
         _pad: 0,
     };
-    add_one(&THP_CHECKS, &key, Counter::CheckMapFull);
+    add(&THP_CHECKS, &key, 1, Counter::CheckMapFull);
 }
 
 /// Low bytes of the call-type arguments 2..=5 of a traced function (fexit: BTF-typed context).
@@ -246,13 +254,14 @@ pub fn thp_page_fault_user_btf(ctx: BtfTracePointContext) -> u32 {
     if current_tgid() != THP_TARGET_TGID.load() {
         return 0;
     }
-    // current->mm and mm->flags with plain loads (BTF pointers): two helper calls fewer on
-    // each of the target's faults than `learn_target_mm`.
-    let task = unsafe { bpf_get_current_task_btf() } as u64;
-    if let Some(mm) = btf_read::<u64>(task, OFF_TASK_STRUCT_MM.load()).filter(|&mm| mm != 0) {
-        record_mm(MmSlot::Target, mm, btf_read::<u64>(mm, OFF_MM_STRUCT_FLAGS.load()).unwrap_or(0));
+    if count_target_fault(ctx.arg::<u64>(0)) == Run::Opened {
+        // current->mm and mm->flags with plain loads (BTF pointers): two helper calls fewer
+        // than `learn_target_mm`.
+        let task = unsafe { bpf_get_current_task_btf() } as u64;
+        if let Some(mm) = btf_read::<u64>(task, OFF_TASK_STRUCT_MM.load()).filter(|&mm| mm != 0) {
+            record_mm(MmSlot::Target, mm, btf_read::<u64>(mm, OFF_MM_STRUCT_FLAGS.load()).unwrap_or(0));
+        }
     }
-    count_target_fault(ctx.arg::<u64>(0));
     0
 }
 
@@ -263,24 +272,46 @@ pub fn thp_page_fault_user(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let offset = (THP_FAULT_ADDRESS_OFFSET.load() & 0xff) as usize;
-    if let Ok(address) = unsafe { ctx.read_at::<u64>(offset) } {
-        on_target_fault(address);
+    if let Ok(address) = unsafe { ctx.read_at::<u64>(offset) }
+        && count_target_fault(address) == Run::Opened
+    {
+        learn_target_mm();
     }
     0
 }
 
-/// Learns the target's mm and counts one of its faults.
-#[inline(always)]
-fn on_target_fault(address: u64) {
-    learn_target_mm();
-    count_target_fault(address);
+#[derive(PartialEq, Eq)]
+enum Run {
+    Extended,
+    Opened,
 }
 
-/// Counts one of the target's faults per 64 KiB of address space.
+/// Counts one of the target's faults in this CPU's run (see `FaultRun`), closing the run into
+/// THP_FAULTS when the fault is in another 64 KiB range. The caller learns the target's mm only
+/// when a run opens: the mm changes at exec, and the new image's faults open runs of their own.
 #[inline(always)]
-fn count_target_fault(address: u64) {
-    count(Counter::Faults);
-    add_one(&THP_FAULTS, &(address >> FAULT_RANGE_SHIFT), Counter::FaultMapFull);
+fn count_target_fault(address: u64) -> Run {
+    let range = address >> FAULT_RANGE_SHIFT;
+    let Some(run) = THP_FAULT_RUN.get_ptr_mut(0) else { return Run::Extended };
+    // SAFETY: a per-CPU slot; tracing programs do not nest on one CPU (the kernel's recursion
+    // guard skips a program that would run inside another).
+    let run = unsafe { &mut *run };
+    if run.faults != 0 && run.range == range {
+        run.faults += 1;
+        return Run::Extended;
+    }
+    close_run(run);
+    *run = FaultRun { range, faults: 1 };
+    Run::Opened
+}
+
+#[inline(always)]
+fn close_run(run: &FaultRun) {
+    if run.faults == 0 {
+        return;
+    }
+    count_n(Counter::Faults, run.faults);
+    add(&THP_FAULTS, &run.range, run.faults, Counter::FaultMapFull);
 }
 
 /// syscalls:sys_enter_prctl: every PR_SET_THP_DISABLE call, from any process.

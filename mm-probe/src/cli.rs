@@ -31,6 +31,13 @@ pub enum Command {
     BenchRing {
         pid: u32,
     },
+    /// Benchmark hook (cargo xtask bench): a program that returns at once on each named BTF
+    /// tracepoint, until SIGINT: what the hooks alone cost a workload.
+    #[command(hide = true)]
+    BenchHooks {
+        #[arg(long = "btf-tracepoint", value_name = "NAME", required = true)]
+        tracepoints: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

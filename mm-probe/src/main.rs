@@ -19,6 +19,7 @@ fn main() {
         Command::RetryStorm(args) => retry_storm::run(&args),
         Command::Exporter(args) => exporter::run(&args),
         Command::BenchRing { pid } => selftest::run_ring_check(pid),
+        Command::BenchHooks { tracepoints } => selftest::hold_noop_programs(&tracepoints),
     };
     if let Err(err) = result {
         eprintln!("mm-probe: {err:#}");

@@ -182,3 +182,29 @@ pub fn run_ring_check(tgid: u32) -> Result<()> {
     println!("{}", crate::report::json::line(crate::report::json::Line::BenchRingCheck, &check));
     Ok(())
 }
+
+const NOOP_HOOK: Hook = Hook { mechanism: Mechanism::BtfTracepoint, program: "selftest_noop_btf" };
+
+/// `mm-probe bench-hooks --btf-tracepoint NAME…`: attaches a program that returns at once to
+/// each named BTF tracepoint (one object each: a program attaches to one tracepoint), prints
+/// `attached`, and holds them until SIGINT or SIGTERM.
+pub fn hold_noop_programs(tracepoints: &[String]) -> Result<()> {
+    crate::kernel::privileges::require_tracing()?;
+    let kernel = Kernel::running()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut signals = crate::collect::StopSignals::install()?;
+        let planner = Planner::new(&kernel);
+        let mut held = Vec::new();
+        for tracepoint in tracepoints {
+            let mut ebpf = load_object(&kernel, &[MapFamily::Selftest], &[])?;
+            planner
+                .attach_hook(&mut ebpf, &NOOP_HOOK, tracepoint)
+                .map_err(|why| anyhow::anyhow!("cannot attach to {tracepoint}: {why}"))?;
+            held.push(ebpf);
+        }
+        println!("attached");
+        signals.wait(None).await;
+        Ok(())
+    })
+}

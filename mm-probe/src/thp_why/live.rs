@@ -7,15 +7,15 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{Array, MapData, PerCpuHashMap},
+    maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
 };
-use mm_probe_common::thp::{self as names, Counter, MmSeen, MmSlot, PrctlEvent, ThpCheckKey};
+use mm_probe_common::thp::{self as names, Counter, FaultRun, MmSeen, MmSlot, PrctlEvent, ThpCheckKey};
 
 use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
-    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, load_object},
+    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, detach_all, load_object},
 };
 
 /// What the kernel programs counted, summed over CPUs.
@@ -69,7 +69,9 @@ pub fn settings(target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) 
     settings
 }
 
-/// What the kernel programs of a loaded object counted so far, summed over CPUs.
+/// What the kernel programs of a loaded object counted so far, summed over CPUs. Faults of the
+/// runs still open on each CPU are included; the sum is exact once the fault program is
+/// detached (while it runs, a run closing between the reads could be counted twice).
 pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     let checks_map: PerCpuHashMap<&MapData, ThpCheckKey, u64> =
         PerCpuHashMap::try_from(ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
@@ -77,12 +79,13 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
         checks_map.iter().filter_map(Result::ok).map(|(key, values)| (key, values.iter().sum())).collect();
     let faults_map: PerCpuHashMap<&MapData, u64, u64> =
         PerCpuHashMap::try_from(ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
-    let mut fault_ranges: Vec<(u64, u64)> =
+    let mut per_range: BTreeMap<u64, u64> =
         faults_map.iter().filter_map(Result::ok).map(|(range, values)| (range, values.iter().sum())).collect();
-    fault_ranges.sort_unstable();
+    let open_faults = add_open_runs(&mut per_range, &open_fault_runs(ebpf)?);
+    let fault_ranges = per_range.into_iter().collect();
     let sums = percpu_sums(ebpf, names::COUNTERS_MAP)?;
     let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
-    let counters = [
+    let mut counters = [
         ("faults", Counter::Faults),
         ("fault_map_full", Counter::FaultMapFull),
         ("target_checks", Counter::TargetChecks),
@@ -95,8 +98,24 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     ]
     .into_iter()
     .map(|(name, c)| (name, counter(c)))
-    .collect();
+    .collect::<BTreeMap<_, _>>();
+    *counters.entry("faults").or_default() += open_faults;
     Ok(Counts { checks, fault_ranges, counters })
+}
+
+/// Adds each CPU's open run to its range's count; returns the faults added.
+fn add_open_runs(per_range: &mut BTreeMap<u64, u64>, runs: &[FaultRun]) -> u64 {
+    for run in runs {
+        *per_range.entry(run.range).or_default() += run.faults;
+    }
+    runs.iter().map(|run| run.faults).sum()
+}
+
+/// Each CPU's run of faults not yet added to the fault map (see `FaultRun`).
+fn open_fault_runs(ebpf: &Ebpf) -> Result<Vec<FaultRun>> {
+    let runs: PerCpuArray<&MapData, FaultRun> =
+        PerCpuArray::try_from(ebpf.map(names::FAULT_RUN_MAP).context("fault run map missing")?)?;
+    Ok(runs.get(&0, 0)?.iter().copied().filter(|run| run.faults != 0).collect())
 }
 
 impl Live {
@@ -178,7 +197,27 @@ impl Live {
         }
     }
 
+    /// Detaches every program, so that the counts read afterwards are final and exact.
+    pub async fn detach(&mut self) {
+        detach_all(&mut self.ebpf).await;
+    }
+
     pub fn counts(&self) -> Result<Counts> {
         read_counts(&self.ebpf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two CPUs left runs open: one in a range the map already holds, one in a range it does
+    /// not (a region touched only on that CPU since its last run closed).
+    #[test]
+    fn open_runs_join_the_closed_counts() {
+        let mut per_range = BTreeMap::from([(0x7f00, 16), (0x7f01, 16)]);
+        let runs = [FaultRun { range: 0x7f01, faults: 5 }, FaultRun { range: 0x7f02, faults: 3 }];
+        assert_eq!(add_open_runs(&mut per_range, &runs), 8);
+        assert_eq!(per_range, BTreeMap::from([(0x7f00, 16), (0x7f01, 21), (0x7f02, 3)]));
     }
 }

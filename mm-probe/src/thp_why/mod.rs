@@ -172,6 +172,9 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
     let vmstat_end = procfs::read_vmstat_thp();
 
     if let Some(l) = live.as_mut() {
+        // Nothing is counted past this point, so the counts read below are exact (each CPU's
+        // open run of faults included).
+        runtime.block_on(l.detach());
         l.drain_prctl(&mut prctl_events);
     }
     let status = target.proc.status().ok();

@@ -1,6 +1,8 @@
 //! Overhead: a workload's run time with a tracer attached to it ÷ without, for mm-probe and for
-//! the bpftrace script that counts the same events. Rounds rotate the order of the three runs so
-//! drift (thermal, page cache) does not favour one of them.
+//! the bpftrace script that counts the same events, and, where mm-probe hooks BTF tracepoints,
+//! for programs that return at once on those same hooks: what the kernel's dispatch alone costs,
+//! the floor under any tracer there. Rounds rotate the order of the runs so drift (thermal, page
+//! cache) does not favour one of them.
 
 use std::{fmt::Write as _, process::Command, time::Duration};
 
@@ -18,11 +20,28 @@ struct Scenario {
     /// mm-probe arguments; `{pid}` is replaced by the workload's pid.
     mm_probe_args: &'static [&'static str],
     /// How to tell mm-probe has attached: NDJSON commands print their `probe_plan` line then;
-    /// thp-why prints one object at the end, so it gets a settle time.
+    /// thp-why says on stderr that it is watching.
     mm_probe_ready: Ready,
     /// The equivalent bpftrace program; `{pid}` as above.
     bpftrace: &'static str,
+    /// The BTF tracepoints mm-probe's programs run on for this workload (the hooks-alone run);
+    /// empty where its hooks are of other kinds.
+    hooks: &'static [&'static str],
+    /// What the workload's result line measures, each a row of the table.
+    metrics: &'static [Metric],
 }
+
+/// One number the workload prints, and how the table names it.
+struct Metric {
+    key: &'static str,
+    label: &'static str,
+}
+
+const WHOLE_RUN: Metric = Metric { key: "elapsed_ns", label: "" };
+/// fault_storm's steadiest measure: the run's fastest segment (mm_probe_workloads::FastestSegment).
+/// (The ping-pong has none: its round trips run at two speeds, both threads on one CPU or on two,
+/// and its fastest segments show only the first.)
+const FASTEST_FAULTS: Metric = Metric { key: "fastest_segment_ns", label: " · the run's fastest 4 MiB (1024 faults)" };
 
 /// Where the overhead is measured: the host (tracepoints only: no kprobes, fentry refused) or a
 /// real-kernel guest, where `latency` also times madvise_cold_or_pageout_pte_range call by call.
@@ -51,6 +70,8 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \
                    kretprobe:hmm_range_fault /@entry[tid]/ { @returns[retval] = count(); @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); } \
                    kprobe:__mmu_notifier_invalidate_range_start { @invalidations = count(); }",
+        hooks: &[],
+        metrics: &[WHOLE_RUN],
     },
     Scenario {
         name: "madvise(MADV_PAGEOUT) loop (64 MiB × 8) — latency, walk timed by fentry/fexit",
@@ -63,6 +84,8 @@ const GUEST_SCENARIOS: &[Scenario] = &[
             " kprobe:madvise_cold_or_pageout_pte_range { @entry[tid] = nsecs; } \
              kretprobe:madvise_cold_or_pageout_pte_range /@entry[tid]/ { @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); }"
         ),
+        hooks: &[],
+        metrics: &[WHOLE_RUN],
     },
     Scenario {
         name: "pipe ping-pong (2k round trips) — latency --all-tasks",
@@ -71,8 +94,13 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
         bpftrace: bpftrace_wakeup_latency!(),
+        hooks: &[],
+        metrics: &[WHOLE_RUN],
     },
 ];
+
+/// The BTF tracepoints `latency` runs on at the host (its function probes need fentry).
+const SCHED_HOOKS: &[&str] = &["sched_wakeup", "sched_wakeup_new", "sched_switch"];
 
 const HOST_SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -80,8 +108,10 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "fault_storm",
         workload_args: &["256", "8"],
         mm_probe_args: &["thp-why", "{pid}", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::After(Duration::from_secs(3)),
+        mm_probe_ready: Ready::Line("watching pid", Duration::ZERO),
         bpftrace: "tracepoint:exceptions:page_fault_user /pid == {pid}/ { @faults = count(); }",
+        hooks: &["page_fault_user"],
+        metrics: &[WHOLE_RUN, FASTEST_FAULTS],
     },
     Scenario {
         name: "madvise(MADV_PAGEOUT) loop (256 MiB × 8) — latency",
@@ -90,6 +120,8 @@ const HOST_SCENARIOS: &[Scenario] = &[
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
         bpftrace: bpftrace_wakeup_latency!(),
+        hooks: SCHED_HOOKS,
+        metrics: &[WHOLE_RUN],
     },
     Scenario {
         name: "pipe ping-pong (100k round trips) — latency --all-tasks",
@@ -98,6 +130,8 @@ const HOST_SCENARIOS: &[Scenario] = &[
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
         bpftrace: bpftrace_wakeup_latency!(),
+        hooks: SCHED_HOOKS,
+        metrics: &[WHOLE_RUN],
     },
     // The default selection: every switch still runs the program, but only real-time tasks'
     // wakeups are timed (the ping-pong's tasks are not real-time, as most of a machine is not).
@@ -109,6 +143,8 @@ const HOST_SCENARIOS: &[Scenario] = &[
         mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
         bpftrace: "tracepoint:sched:sched_wakeup /args->prio < 100/ { @ts[args->pid] = nsecs; } \
                    tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
+        hooks: SCHED_HOOKS,
+        metrics: &[WHOLE_RUN],
     },
 ];
 
@@ -117,6 +153,8 @@ enum Variant {
     Baseline,
     MmProbe,
     Bpftrace,
+    /// Programs that return at once on the scenario's hooks.
+    Hooks,
 }
 
 impl Variant {
@@ -125,11 +163,16 @@ impl Variant {
             Variant::Baseline => "baseline",
             Variant::MmProbe => "mm-probe",
             Variant::Bpftrace => "bpftrace",
+            Variant::Hooks => "hooks alone",
         }
     }
-}
 
-const VARIANTS: [Variant; 3] = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace];
+    /// The variants a scenario runs: the hooks-alone run only where it names its hooks.
+    fn of(scenario: &Scenario) -> Vec<Variant> {
+        let all = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace, Variant::Hooks];
+        all.into_iter().filter(|v| *v != Variant::Hooks || !scenario.hooks.is_empty()).collect()
+    }
+}
 
 /// bpftrace prints `Attaching` before it attaches; give it this long to finish.
 const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
@@ -143,35 +186,65 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
         }
     };
     let mut out = title;
-    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) |\n|---|---|---|---|\n";
+    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) |\n|---|---|---|---|---|\n";
     for scenario in scenarios {
-        let mut times: [Vec<f64>; 3] = Default::default();
-        for round in 0..rounds {
-            for i in 0..VARIANTS.len() {
-                let variant = VARIANTS[(i + round) % VARIANTS.len()];
-                let index = VARIANTS.iter().position(|v| *v == variant).unwrap_or(0);
-                let elapsed_ns = run_once(bins, scenario, variant)?;
-                eprintln!("xtask bench: {} round {}: {} {:.1} ms", scenario.workload, round + 1, variant.name(), elapsed_ns / 1e6);
-                times[index].push(elapsed_ns);
-            }
+        let results = measure(bins, scenario, rounds)?;
+        for metric in scenario.metrics {
+            out += &table_row(scenario, metric, &results)?;
         }
-        let baseline = median_and_range(&mut times[0].clone()).0;
-        let cell = |samples: &[f64]| -> String {
-            let mut ratios: Vec<f64> = samples.iter().map(|t| t / baseline).collect();
-            let (median, low, high) = median_and_range(&mut ratios);
-            format!("{median:.3}× ({low:.3}–{high:.3})")
-        };
-        let _ = writeln!(
-            out,
-            "| {} | {:.1} ms | {} | {} |",
-            scenario.name,
-            baseline / 1e6,
-            cell(&times[1]),
-            cell(&times[2])
-        );
     }
-    let _ = writeln!(out, "\n{rounds} rounds; ratios are each run's time over the baseline median.\n");
+    let _ = writeln!(
+        out,
+        "\n{rounds} rounds; ratios are each run's time over the baseline median. Hooks alone: a program that \
+         returns at once on each BTF tracepoint mm-probe uses for that workload, the kernel's cost of calling any \
+         program there (— where mm-probe's hooks are of other kinds).\n"
+    );
     Ok(out)
+}
+
+/// Every variant's result lines over `rounds` rounds, the order rotating each round.
+fn measure(bins: &Binaries, scenario: &Scenario, rounds: usize) -> Result<Vec<(Variant, Vec<serde_json::Value>)>> {
+    let variants = Variant::of(scenario);
+    let mut results: Vec<(Variant, Vec<serde_json::Value>)> = variants.iter().map(|v| (*v, Vec::new())).collect();
+    for round in 0..rounds {
+        for i in 0..variants.len() {
+            let slot = (i + round) % variants.len();
+            let result = run_once(bins, scenario, variants[slot])?;
+            let elapsed_ms = result["elapsed_ns"].as_f64().unwrap_or(f64::NAN) / 1e6;
+            eprintln!("xtask bench: {} round {}: {} {elapsed_ms:.1} ms", scenario.workload, round + 1, variants[slot].name());
+            results[slot].1.push(result);
+        }
+    }
+    Ok(results)
+}
+
+/// One line of the table: `metric` of each variant over the baseline's median.
+fn table_row(scenario: &Scenario, metric: &Metric, results: &[(Variant, Vec<serde_json::Value>)]) -> Result<String> {
+    let samples = |variant: Variant| -> Result<Vec<f64>> {
+        let Some((_, lines)) = results.iter().find(|(v, _)| *v == variant) else { return Ok(Vec::new()) };
+        lines
+            .iter()
+            .map(|line| line[metric.key].as_f64().ok_or_else(|| anyhow::anyhow!("workload printed no {}: {line}", metric.key)))
+            .collect()
+    };
+    let baseline = median_and_range(&mut samples(Variant::Baseline)?).0;
+    let cell = |variant: Variant| -> Result<String> {
+        let mut ratios: Vec<f64> = samples(variant)?.iter().map(|t| t / baseline).collect();
+        if ratios.is_empty() {
+            return Ok("—".to_owned());
+        }
+        let (median, low, high) = median_and_range(&mut ratios);
+        Ok(format!("{median:.3}× ({low:.3}–{high:.3})"))
+    };
+    Ok(format!(
+        "| {}{} | {:.1} ms | {} | {} | {} |\n",
+        scenario.name,
+        metric.label,
+        baseline / 1e6,
+        cell(Variant::MmProbe)?,
+        cell(Variant::Bpftrace)?,
+        cell(Variant::Hooks)?
+    ))
 }
 
 /// Loads one of the project's test modules (built by the vm harness for this kernel, named by
@@ -190,8 +263,8 @@ fn guest_kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_owned()).unwrap_or_default()
 }
 
-/// One timed run of the workload; returns its elapsed nanoseconds.
-fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<f64> {
+/// One timed run of the workload; returns its result line.
+fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<serde_json::Value> {
     let args: Vec<String> = scenario.workload_args.iter().map(|s| s.to_string()).collect();
     let workload = WaitingWorkload::start(&bins.workload(scenario.workload), &args)?;
     let pid = workload.pid.to_string();
@@ -207,10 +280,18 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<f6
             command.arg("-e").arg(scenario.bpftrace.replace("{pid}", &pid));
             Some(Tracer::start(command, Ready::Line("Attaching", BPFTRACE_ATTACH_SETTLE), Duration::from_secs(60))?)
         }
+        Variant::Hooks => {
+            let mut command = Command::new(&bins.mm_probe);
+            command.arg("bench-hooks");
+            for hook in scenario.hooks {
+                command.args(["--btf-tracepoint", hook]);
+            }
+            Some(Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?)
+        }
     };
     let result = workload.go()?;
     if let Some(tracer) = tracer {
         tracer.stop()?;
     }
-    result["elapsed_ns"].as_f64().ok_or_else(|| anyhow::anyhow!("workload printed no elapsed_ns: {result}"))
+    Ok(result)
 }

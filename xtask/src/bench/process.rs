@@ -54,8 +54,6 @@ pub enum Ready {
     /// A line of its output (stdout or stderr) contains this text; then wait the given time
     /// (bpftrace prints `Attaching N probes...` before it attaches).
     Line(&'static str, Duration),
-    /// It prints nothing when attached: wait this long after it starts.
-    After(Duration),
 }
 
 /// A running tracer (mm-probe or bpftrace) and everything it printed.
@@ -101,23 +99,16 @@ impl Tracer {
     }
 
     fn wait_ready(&mut self, ready: Ready, timeout: Duration) -> Result<()> {
-        match ready {
-            Ready::After(delay) => {
-                std::thread::sleep(delay);
-                self.ready_after = self.started.elapsed();
-            }
-            Ready::Line(marker, settle) => {
-                loop {
-                    let left = timeout.checked_sub(self.started.elapsed()).context("tracer did not attach in time")?;
-                    let line = self.lines.recv_timeout(left).context("tracer did not attach in time")?;
-                    if line.contains(marker) {
-                        break;
-                    }
-                }
-                self.ready_after = self.started.elapsed();
-                std::thread::sleep(settle);
+        let Ready::Line(marker, settle) = ready;
+        loop {
+            let left = timeout.checked_sub(self.started.elapsed()).context("tracer did not attach in time")?;
+            let line = self.lines.recv_timeout(left).context("tracer did not attach in time")?;
+            if line.contains(marker) {
+                break;
             }
         }
+        self.ready_after = self.started.elapsed();
+        std::thread::sleep(settle);
         if let Some(status) = self.child.try_wait()? {
             let output: Vec<String> = self.lines.try_iter().collect();
             bail!("tracer exited early with {status}: {}", output.join("\n"));

@@ -113,14 +113,18 @@ pub struct FuncState {
     pub calls: [u64; MAX_FUNCS],
 }
 
-/// The syscall a task was in, read from its saved user registers when a spike was recorded.
+/// A task's saved user registers, read when a spike was recorded: user space judges from them
+/// whether, and in which syscall, the task was (`decoder::decode_syscall`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyscallState {
-    /// Syscall number; -1 when the task was not in a syscall (user space, an interrupt or an
-    /// exception such as a page fault, on its way back from one, or a kernel thread).
-    pub nr: i64,
-    /// 1 when the registers were read; 0 when unknown (not x86-64, kernel before 5.15).
+    /// `orig_ax`: the syscall number during a syscall; a vector or error code after an
+    /// interrupt or exception; 0 for a kernel thread (its saved registers are zeroed).
+    pub orig_ax: i64,
+    /// `ax`: -ENOSYS while a syscall runs; its result, or the user's value, otherwise.
+    pub ax: i64,
+    /// 1 when the registers were read; 0 when unknown (not x86-64, kernel without
+    /// bpf_task_pt_regs).
     pub regs_read: u64,
     /// The first four arguments (madvise: start, len, advice).
     pub args: [u64; 4],

@@ -31,7 +31,7 @@ use crate::{
         bump, log2_bucket,
         offsets::{
             OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
-            OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_MM, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
+            OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
         },
         btf_read, btf_read_comm, read_at,
     },
@@ -116,45 +116,28 @@ pub(crate) fn clear_funcs(dst: &mut FuncState) {
     }
 }
 
-/// The syscall the current task is in, from the user registers its kernel entry saved.
-///
-/// x86-64's syscall entry stores the number in `orig_ax` and -ENOSYS in `ax` until the syscall
-/// returns (do_syscall_64); an interrupt or exception taken from user space leaves the user's
-/// `ax` there and a vector or error code in `orig_ax`. So "in a syscall" is `orig_ax >= 0` with
-/// `ax == -ENOSYS`, and a task on its way back to user space already counts as out of it. Kernel
-/// threads (no mm) have no user registers.
+/// The current task's saved user registers: the syscall number and result slots and the first
+/// four arguments. Whether that was a syscall is judged in user space (`decode_syscall`).
 #[inline(always)]
 pub(crate) fn current_syscall(dst: &mut SyscallState) {
-    const ENOSYS: i64 = 38;
-    dst.nr = -1;
-    dst.regs_read = 0;
-    dst.args = [0; 4];
+    *dst = SyscallState::default();
     if LAT_SYSCALL_FROM_REGS.load() == 0 {
         return;
     }
     let task = unsafe { generated::bpf_get_current_task_btf() };
-    let mm: Option<u64> = read_at(task as u64, OFF_TASK_STRUCT_MM.load());
-    match mm {
-        Some(0) => {
-            dst.regs_read = 1;
-            return;
-        }
-        Some(_) => {}
-        None => return,
-    }
     let regs = unsafe { generated::bpf_task_pt_regs(task) } as u64;
     let (Some(orig_ax), Some(ax)) =
         (read_at::<i64>(regs, OFF_PT_REGS_ORIG_AX.load()), read_at::<i64>(regs, OFF_PT_REGS_AX.load()))
     else {
         return;
     };
-    dst.regs_read = 1;
-    if orig_ax < 0 || ax != -ENOSYS {
-        return;
-    }
-    dst.nr = orig_ax;
     let arg = |offset: &Global<u32>| read_at::<u64>(regs, offset.load()).unwrap_or(0);
-    dst.args = [arg(&OFF_PT_REGS_DI), arg(&OFF_PT_REGS_SI), arg(&OFF_PT_REGS_DX), arg(&OFF_PT_REGS_R10)];
+    *dst = SyscallState {
+        orig_ax,
+        ax,
+        regs_read: 1,
+        args: [arg(&OFF_PT_REGS_DI), arg(&OFF_PT_REGS_SI), arg(&OFF_PT_REGS_DX), arg(&OFF_PT_REGS_R10)],
+    };
 }
 
 #[inline(always)]

@@ -104,7 +104,7 @@ fn settings(
 ) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = Vec::new();
     if let Some(options) = latency_options {
-        settings.extend(latency::settings(kernel, options));
+        settings.extend(latency::settings(options, &latency::syscall_attribution(kernel)));
         settings.push((lat::STREAM_SPIKES, GlobalValue::U32(0)));
     }
     if capabilities.contains(&Capability::RetryStorm) {

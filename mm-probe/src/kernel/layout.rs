@@ -102,6 +102,12 @@ impl Layout {
         Self { resolved }
     }
 
+    /// One member's offset, found by its global's name, without resolving the whole table.
+    pub fn offset_in(btf: &KernelBtf, global: &str) -> Option<u32> {
+        let member = MEMBERS.iter().find(|m| m.global == global)?;
+        member.paths.iter().find_map(|path| btf.member_offset(member.struct_name, path))
+    }
+
     /// A layout in which nothing is known: programs that need members stay silent.
     pub fn unknown() -> Self {
         Self { resolved: MEMBERS.iter().map(|m| (m, None)).collect() }

@@ -205,7 +205,8 @@ mod tests {
             prev_stack: Stack::default(),
             prev_funcs: FuncState::default(),
             prev_syscall: Some(decode_syscall(&SyscallState {
-                nr: libc::SYS_madvise,
+                orig_ax: libc::SYS_madvise,
+                ax: -i64::from(libc::ENOSYS),
                 regs_read: 1,
                 args: [0, 2 << 30, 21, 0],
             })),

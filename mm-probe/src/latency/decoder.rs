@@ -256,12 +256,19 @@ fn on_cpu(raw: &CpuCurrent) -> OnCpu {
     }
 }
 
-/// `None` when the task was not in a syscall (nr -1).
+/// The syscall a task was in, from its saved user registers; `None` when it was not in one.
+///
+/// x86-64's syscall entry stores the number in `orig_ax` and -ENOSYS in `ax` until the syscall
+/// returns (do_syscall_64); an interrupt or exception taken from user space leaves the user's
+/// `ax` there and a vector or error code in `orig_ax`, and a kernel thread's saved registers are
+/// all zero. So "in a syscall" is `orig_ax >= 0` with `ax == -ENOSYS`; a task on its way back to
+/// user space already counts as out of it.
 pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
-    if raw.nr < 0 {
+    if raw.orig_ax < 0 || raw.ax != -i64::from(libc::ENOSYS) {
         return None;
     }
-    let name = syscall_name(raw.nr);
+    let nr = raw.orig_ax;
+    let name = syscall_name(nr);
     let [a0, a1, a2, a3] = raw.args;
     let (summary, advice, length_bytes) = match name {
         Some("madvise") => {
@@ -278,10 +285,10 @@ pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
         Some("mmap") => (format!("mmap({})", format_bytes(a1)), None, Some(a1)),
         Some("mremap") => (format!("mremap({} -> {})", format_bytes(a1), format_bytes(a2)), None, Some(a2)),
         Some(call) => (format!("{call}()"), None, None),
-        None => (format!("syscall {}()", raw.nr), None, None),
+        None => (format!("syscall {nr}()"), None, None),
     };
     let _ = a0;
-    Some(Syscall { nr: raw.nr, name, args: raw.args, summary, advice, length_bytes })
+    Some(Syscall { nr, name, args: raw.args, summary, advice, length_bytes })
 }
 
 /// Syscalls worth naming in a latency report (the mm ones, and the common blocking ones).
@@ -383,15 +390,31 @@ mod tests {
 
     #[test]
     fn madvise_is_named_with_advice_and_length() {
-        let raw = SyscallState { nr: libc::SYS_madvise, regs_read: 1, args: [0x7f00_0000_0000, 2 << 30, 21, 0] };
+        let raw = SyscallState {
+            orig_ax: libc::SYS_madvise,
+            ax: -i64::from(libc::ENOSYS),
+            regs_read: 1,
+            args: [0x7f00_0000_0000, 2 << 30, 21, 0],
+        };
         let call = decode_syscall(&raw).unwrap();
         assert_eq!(call.summary, "madvise(MADV_PAGEOUT, 2 GiB)");
         assert_eq!(call.advice.as_deref(), Some("MADV_PAGEOUT"));
         assert_eq!(call.length_bytes, Some(2 << 30));
         let cold = SyscallState { args: [0, 4096, 20, 0], ..raw };
         assert_eq!(decode_syscall(&cold).unwrap().summary, "madvise(MADV_COLD, 4 KiB)");
-        assert!(decode_syscall(&SyscallState { nr: -1, ..raw }).is_none(), "-1: back in user space");
-        assert_eq!(decode_syscall(&SyscallState { nr: 99999, ..raw }).unwrap().summary, "syscall 99999()");
+        assert_eq!(decode_syscall(&SyscallState { orig_ax: 99999, ..raw }).unwrap().summary, "syscall 99999()");
+    }
+
+    #[test]
+    fn only_a_syscall_still_running_counts() {
+        let running = SyscallState { orig_ax: libc::SYS_write, ax: -i64::from(libc::ENOSYS), regs_read: 1, args: [1, 0, 8, 0] };
+        assert_eq!(decode_syscall(&running).unwrap().summary, "write()");
+        // Returned (ax holds the result), on its way back to user space.
+        assert!(decode_syscall(&SyscallState { ax: 8, ..running }).is_none());
+        // An exception or interrupt from user space: orig_ax holds -1 or an error code.
+        assert!(decode_syscall(&SyscallState { orig_ax: -1, ax: 0x7f00, ..running }).is_none());
+        // A kernel thread: its saved registers are zero.
+        assert!(decode_syscall(&SyscallState { regs_read: 1, ..SyscallState::default() }).is_none());
     }
 
     #[test]

@@ -171,13 +171,13 @@ pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Globals: threshold, selection, syscall reading, and the tracepoint field offsets of this
-/// kernel.
-pub fn settings(kernel: &Kernel, options: &Options) -> Vec<(&'static str, GlobalValue)> {
+/// Globals: threshold, selection, syscall reading (`syscall_attribution`), and the tracepoint
+/// field offsets of this kernel.
+pub fn settings(options: &Options, syscalls: &Availability) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = vec![
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
-        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscall_attribution(kernel).available))),
+        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscalls.available))),
     ];
     let Ok(root) = tracefs::root() else { return settings };
     // (category, event, [(field, global)]).
@@ -300,21 +300,17 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
         layout::TASK_STRUCT_COMM,
         layout::TASK_STRUCT_CPU,
     ];
-    let btf_usable = kernel.btf().is_ok_and(|btf| {
-        let resolved = Layout::resolve(btf);
-        members.iter().all(|m| resolved.offset(m).is_some())
-    });
+    let btf_usable = kernel.btf().is_ok_and(|btf| members.iter().all(|m| Layout::offset_in(btf, m).is_some()));
     probes::SCHED_PROBES
         .iter()
         .map(|p| if (btf_usable && !forced_classic) || p.candidates.len() == 1 { *p } else { probes::classic_only(p) })
         .collect()
 }
 
-/// Whether a blocker's syscall can be read from its saved user registers: that needs
-/// bpf_task_pt_regs (5.15) and x86-64's pt_regs members in BTF.
-fn syscall_attribution(kernel: &Kernel) -> Availability {
-    const MEMBERS: [&str; 7] = [
-        layout::TASK_STRUCT_MM,
+/// Whether a blocker's syscall can be read from its saved user registers: that needs the
+/// bpf_task_pt_regs helper (5.15+) and x86-64's pt_regs members, both learned from BTF.
+pub fn syscall_attribution(kernel: &Kernel) -> Availability {
+    const MEMBERS: [&str; 6] = [
         layout::PT_REGS_ORIG_AX,
         layout::PT_REGS_AX,
         layout::PT_REGS_DI,
@@ -323,15 +319,14 @@ fn syscall_attribution(kernel: &Kernel) -> Availability {
         layout::PT_REGS_R10,
     ];
     let unavailable = |reason: String| Availability { available: false, reason: Some(reason) };
-    if !kernel.release.at_least(5, 15) {
-        return unavailable(format!("kernel {} has no bpf_task_pt_regs (5.15+)", kernel.release));
-    }
     let btf = match kernel.btf() {
         Ok(btf) => btf,
         Err(why) => return unavailable(format!("no kernel BTF to find the saved registers in: {why}")),
     };
-    let resolved = Layout::resolve(btf);
-    match MEMBERS.iter().find(|m| resolved.offset(m).is_none()) {
+    if btf.enumerator("BPF_FUNC_task_pt_regs").is_none() {
+        return unavailable(format!("kernel {} has no bpf_task_pt_regs helper (5.15+)", kernel.release));
+    }
+    match MEMBERS.iter().find(|m| Layout::offset_in(btf, m).is_none()) {
         Some(missing) => unavailable(format!("{missing} is not in this kernel's BTF (x86-64 only)")),
         None => Availability { available: true, reason: None },
     }
@@ -366,7 +361,8 @@ struct Collected {
 }
 
 async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
-    let mut ebpf = load_object(kernel, &[MapFamily::Latency], &settings(kernel, options))?;
+    let syscalls = syscall_attribution(kernel);
+    let mut ebpf = load_object(kernel, &[MapFamily::Latency], &settings(options, &syscalls))?;
     select_pids(&mut ebpf, options)?;
     let (plan, functions) = attach(kernel, &mut ebpf, options)?;
     // Read the symbols again now that the programs are attached (stacks through fentry pass
@@ -380,7 +376,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
         selection: options.selection(),
         pids: options.requested_pids.clone(),
         function_attribution: function_availability(&functions),
-        syscall_attribution: syscall_attribution(kernel),
+        syscall_attribution: syscalls,
         functions,
         plan,
     };

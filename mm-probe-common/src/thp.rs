@@ -29,7 +29,8 @@ pub const MMAP_LOCK_MM_OFFSET: &str = "THP_MMAP_LOCK_MM_OFFSET";
 
 /// Hash map [`ThpCheckKey`] → number of allow-checks with exactly those facts.
 pub const CHECKS_MAP: &str = "THP_CHECKS";
-/// Hash map (fault address >> FAULT_RANGE_SHIFT) → page faults of the target there.
+/// Hash map (fault address >> FAULT_BLOCK_SHIFT) → [`FaultBlock`]: the target's page faults in
+/// each 64 KiB of that 2 MiB.
 pub const FAULTS_MAP: &str = "THP_FAULTS";
 /// Per-CPU array of one [`FaultRun`]: faults counted but not yet added to `THP_FAULTS`.
 pub const FAULT_RUN_MAP: &str = "THP_FAULT_RUN";
@@ -44,9 +45,12 @@ pub const COUNTERS_MAP: &str = "THP_COUNTERS";
 pub const PR_SET_THP_DISABLE: u64 = 41;
 
 /// Faults are counted per 64 KiB (`address >> FAULT_RANGE_SHIFT`): fine enough to credit them to
-/// the right VMA (VMAs are page-aligned, rarely smaller), coarse enough that the 65536-entry map
-/// covers 4 GiB of touched memory.
+/// the right VMA (VMAs are page-aligned, rarely smaller).
 pub const FAULT_RANGE_SHIFT: u32 = 16;
+/// ... and kept per 2 MiB block of those ranges (`address >> FAULT_BLOCK_SHIFT`), so that the
+/// fault map is updated once per block touched.
+pub const FAULT_BLOCK_SHIFT: u32 = 21;
+pub const RANGES_PER_BLOCK: usize = 1 << (FAULT_BLOCK_SHIFT - FAULT_RANGE_SHIFT);
 
 /// One kind of allow-check: every field is a raw value the kernel had, masked by user space's
 /// globals. Explicit padding keeps the key's bytes fully defined (hash keys compare bytes).
@@ -66,17 +70,26 @@ pub struct ThpCheckKey {
     pub _pad: u32,
 }
 
-/// The target's latest faults on one CPU, all in one range: a page-by-page toucher faults 16
-/// times in a row per 64 KiB, and counting those here costs a per-CPU array slot instead of a
-/// hash update per fault. The run is added to `THP_FAULTS` (and the `Faults` counter) when a
-/// fault lands in another range; user space adds the runs still open when it reads.
+/// Faults in one 2 MiB block, per 64 KiB range (index: `(address >> FAULT_RANGE_SHIFT) % 32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultBlock {
+    pub faults: [u64; RANGES_PER_BLOCK],
+}
+
+/// The target's latest faults on one CPU, all in one 2 MiB block: a page-by-page toucher faults
+/// 512 times in a row per block, and counting those here costs a per-CPU array slot instead of a
+/// hash update per fault (the hash update, missing the caches, cost more than the rest of the
+/// program). The run is added to `THP_FAULTS` (and the `Faults` counter) when a fault lands in
+/// another block; user space adds the runs still open when it reads.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultRun {
-    /// `address >> FAULT_RANGE_SHIFT` of the run's faults.
-    pub range: u64,
+    /// `address >> FAULT_BLOCK_SHIFT` of the run's faults.
+    pub block: u64,
     /// Faults in the run; 0 = no run open.
     pub faults: u64,
+    pub ranges: FaultBlock,
 }
 
 /// A process's mm as a kernel program saw it.
@@ -153,4 +166,4 @@ pub struct PendingCheck {
     pub _pad: u32,
 }
 
-crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent, FaultRun);
+crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent, FaultBlock, FaultRun);

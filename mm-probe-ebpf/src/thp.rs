@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::thp::{
-    COUNTER_COUNT, Counter, FAULT_RANGE_SHIFT, FaultRun, MM_SLOT_COUNT, MmSeen, MmSlot, PR_SET_THP_DISABLE,
-    PendingCheck, PrctlEvent, ThpCheckKey,
+    COUNTER_COUNT, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun, MM_SLOT_COUNT, MmSeen,
+    MmSlot, PR_SET_THP_DISABLE, PendingCheck, PrctlEvent, RANGES_PER_BLOCK, ThpCheckKey,
 };
 
 use crate::kernel::{
@@ -58,8 +58,10 @@ static THP_MMAP_LOCK_MM_OFFSET: Global<u32> = Global::new(8);
 /// Per-CPU values: no atomics needed (the BPF target has no fetch-add), user space sums them.
 #[map]
 static THP_CHECKS: PerCpuHashMap<ThpCheckKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
+/// 2048 blocks: 4 GiB of touched address space, 512 KiB per CPU preallocated. (Preallocated:
+/// tracing programs may use other hash maps only since 6.1.)
 #[map]
-static THP_FAULTS: PerCpuHashMap<u64, u64> = PerCpuHashMap::with_max_entries(65536, 0);
+static THP_FAULTS: PerCpuHashMap<u64, FaultBlock> = PerCpuHashMap::with_max_entries(2048, 0);
 #[map]
 static THP_FAULT_RUN: PerCpuArray<FaultRun> = PerCpuArray::with_max_entries(1, 0);
 #[map]
@@ -287,31 +289,51 @@ enum Run {
 }
 
 /// Counts one of the target's faults in this CPU's run (see `FaultRun`), closing the run into
-/// THP_FAULTS when the fault is in another 64 KiB range. The caller learns the target's mm only
+/// THP_FAULTS when the fault is in another 2 MiB block. The caller learns the target's mm only
 /// when a run opens: the mm changes at exec, and the new image's faults open runs of their own.
 #[inline(always)]
 fn count_target_fault(address: u64) -> Run {
-    let range = address >> FAULT_RANGE_SHIFT;
     let Some(run) = THP_FAULT_RUN.get_ptr_mut(0) else { return Run::Extended };
     // SAFETY: a per-CPU slot; tracing programs do not nest on one CPU (the kernel's recursion
     // guard skips a program that would run inside another).
     let run = unsafe { &mut *run };
-    if run.faults != 0 && run.range == range {
-        run.faults += 1;
-        return Run::Extended;
+    let block = address >> FAULT_BLOCK_SHIFT;
+    let opened = run.faults == 0 || run.block != block;
+    if opened {
+        close_run(run);
+        run.block = block;
+        run.faults = 0;
+        run.ranges.faults = [0; RANGES_PER_BLOCK];
     }
-    close_run(run);
-    *run = FaultRun { range, faults: 1 };
-    Run::Opened
+    run.faults += 1;
+    let range = (address >> FAULT_RANGE_SHIFT) as usize % RANGES_PER_BLOCK;
+    run.ranges.faults[range] += 1;
+    if opened { Run::Opened } else { Run::Extended }
 }
 
+/// Adds a run's faults to THP_FAULTS (inserting its block, straight from the run, when new).
 #[inline(always)]
 fn close_run(run: &FaultRun) {
     if run.faults == 0 {
         return;
     }
     count_n(Counter::Faults, run.faults);
-    add(&THP_FAULTS, &run.range, run.faults, Counter::FaultMapFull);
+    match THP_FAULTS.get_ptr_mut(run.block) {
+        Some(block) => {
+            let block = unsafe { &mut *block };
+            for (total, added) in block.faults.iter_mut().zip(run.ranges.faults.iter()) {
+                *total += *added;
+            }
+        }
+        None => {
+            // By reference: the 256-byte counts go to the kernel straight from the run's map
+            // value, not through a copy on the 512-byte BPF stack.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            if THP_FAULTS.insert(run.block, &run.ranges, 0).is_err() {
+                count_n(Counter::FaultMapFull, run.faults);
+            }
+        }
+    }
 }
 
 /// syscalls:sys_enter_prctl: every PR_SET_THP_DISABLE call, from any process.

@@ -9,7 +9,10 @@ use aya::{
     Ebpf,
     maps::{Array, MapData, PerCpuArray, PerCpuHashMap},
 };
-use mm_probe_common::thp::{self as names, Counter, FaultRun, MmSeen, MmSlot, PrctlEvent, ThpCheckKey};
+use mm_probe_common::thp::{
+    self as names, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun, MmSeen, MmSlot, PrctlEvent,
+    ThpCheckKey,
+};
 
 use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
 use crate::{
@@ -77,11 +80,19 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
         PerCpuHashMap::try_from(ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
     let checks =
         checks_map.iter().filter_map(Result::ok).map(|(key, values)| (key, values.iter().sum())).collect();
-    let faults_map: PerCpuHashMap<&MapData, u64, u64> =
+    let faults_map: PerCpuHashMap<&MapData, u64, FaultBlock> =
         PerCpuHashMap::try_from(ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
-    let mut per_range: BTreeMap<u64, u64> =
-        faults_map.iter().filter_map(Result::ok).map(|(range, values)| (range, values.iter().sum())).collect();
-    let open_faults = add_open_runs(&mut per_range, &open_fault_runs(ebpf)?);
+    let mut per_range = BTreeMap::new();
+    for (block, per_cpu) in faults_map.iter().filter_map(Result::ok) {
+        for counts in per_cpu.iter() {
+            add_block(&mut per_range, block, counts);
+        }
+    }
+    let open_runs = open_fault_runs(ebpf)?;
+    for run in &open_runs {
+        add_block(&mut per_range, run.block, &run.ranges);
+    }
+    let open_faults: u64 = open_runs.iter().map(|run| run.faults).sum();
     let fault_ranges = per_range.into_iter().collect();
     let sums = percpu_sums(ebpf, names::COUNTERS_MAP)?;
     let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
@@ -103,12 +114,13 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     Ok(Counts { checks, fault_ranges, counters })
 }
 
-/// Adds each CPU's open run to its range's count; returns the faults added.
-fn add_open_runs(per_range: &mut BTreeMap<u64, u64>, runs: &[FaultRun]) -> u64 {
-    for run in runs {
-        *per_range.entry(run.range).or_default() += run.faults;
+/// Adds one CPU's counts for a 2 MiB block to the per-64 KiB totals (ranges with no fault stay
+/// out).
+fn add_block(per_range: &mut BTreeMap<u64, u64>, block: u64, counts: &FaultBlock) {
+    let first_range = block << (FAULT_BLOCK_SHIFT - FAULT_RANGE_SHIFT);
+    for (offset, &faults) in counts.faults.iter().enumerate().filter(|(_, faults)| **faults != 0) {
+        *per_range.entry(first_range + offset as u64).or_default() += faults;
     }
-    runs.iter().map(|run| run.faults).sum()
 }
 
 /// Each CPU's run of faults not yet added to the fault map (see `FaultRun`).
@@ -211,13 +223,23 @@ impl Live {
 mod tests {
     use super::*;
 
-    /// Two CPUs left runs open: one in a range the map already holds, one in a range it does
-    /// not (a region touched only on that CPU since its last run closed).
+    /// Two CPUs counted faults in one block (summed), a third CPU's open run adds to a range
+    /// of it, and ranges without faults stay out.
     #[test]
-    fn open_runs_join_the_closed_counts() {
-        let mut per_range = BTreeMap::from([(0x7f00, 16), (0x7f01, 16)]);
-        let runs = [FaultRun { range: 0x7f01, faults: 5 }, FaultRun { range: 0x7f02, faults: 3 }];
-        assert_eq!(add_open_runs(&mut per_range, &runs), 8);
-        assert_eq!(per_range, BTreeMap::from([(0x7f00, 16), (0x7f01, 21), (0x7f02, 3)]));
+    fn blocks_become_per_64k_ranges_summed_over_cpus() {
+        let block = 0x7f00_0000_0000u64 >> FAULT_BLOCK_SHIFT;
+        let first = block << (FAULT_BLOCK_SHIFT - FAULT_RANGE_SHIFT);
+        let counts = |pairs: &[(usize, u64)]| {
+            let mut b = FaultBlock::default();
+            for &(i, n) in pairs {
+                b.faults[i] = n;
+            }
+            b
+        };
+        let mut per_range = BTreeMap::new();
+        add_block(&mut per_range, block, &counts(&[(0, 16), (1, 16)]));
+        add_block(&mut per_range, block, &counts(&[(1, 4)]));
+        add_block(&mut per_range, block, &counts(&[(31, 3)]));
+        assert_eq!(per_range, BTreeMap::from([(first, 16), (first + 1, 20), (first + 31, 3)]));
     }
 }

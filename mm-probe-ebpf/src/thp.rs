@@ -125,15 +125,14 @@ fn target_mm() -> u64 {
     THP_MM.get(MmSlot::Target as u32).map(|s| s.mm).unwrap_or(0)
 }
 
-/// Adds `n` to this CPU's `map[key]`, inserting it when absent; adds `n` to `full` when the map
-/// is full.
+/// Adds one to this CPU's `map[key]`, inserting it when absent; counts a full map in `full`.
 #[inline(always)]
-fn add<K>(map: &PerCpuHashMap<K, u64>, key: &K, n: u64, full: Counter) {
+fn add_one<K>(map: &PerCpuHashMap<K, u64>, key: &K, full: Counter) {
     match map.get_ptr_mut(key) {
-        Some(value) => unsafe { *value += n },
+        Some(value) => unsafe { *value += 1 },
         None => {
-            if map.insert(key, n, 0).is_err() {
-                count_n(full, n);
+            if map.insert(key, 1, 0).is_err() {
+                count(full);
             }
         }
     }
@@ -183,7 +182,7 @@ fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
         call_args,
         _pad: 0,
     };
-    add(&THP_CHECKS, &key, 1, Counter::CheckMapFull);
+    add_one(&THP_CHECKS, &key, Counter::CheckMapFull);
 }
 
 /// Low bytes of the call-type arguments 2..=5 of a traced function (fexit: BTF-typed context).

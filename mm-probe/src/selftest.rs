@@ -108,8 +108,11 @@ pub struct RingCheck {
     pub received: u64,
     pub lost: u64,
     pub malformed: u64,
+    /// CPU time from the moment the program was attached: the cost of reading.
     pub cpu_user_ns: u64,
     pub cpu_system_ns: u64,
+    /// CPU time until attached.
+    pub startup_cpu_ns: u64,
     pub max_rss_bytes: u64,
 }
 
@@ -138,6 +141,9 @@ pub async fn check_ring(kernel: &Kernel, tgid: u32, on_attached: impl FnOnce(), 
         ebpf.take_map(names::RING_MAP).context("ring map missing")?,
     )?;
     let mut received = 0u64;
+    // getrusage counts in microseconds: finer than a rate-0 run measured apart, whose start-up
+    // cost varies by more than what reading 100k records/s costs.
+    let at_attach = self_usage();
     on_attached();
     tokio::pin!(stop);
     loop {
@@ -148,8 +154,16 @@ pub async fn check_ring(kernel: &Kernel, tgid: u32, on_attached: impl FnOnce(), 
     }
     reader.drain_now(|_| received += 1);
     let lost = crate::collect::counters::percpu_sum(&ebpf, names::RING_LOST_MAP, 0)?;
-    let usage = self_usage();
-    Ok(RingCheck { received, lost, malformed: reader.malformed, ..usage })
+    let at_end = self_usage();
+    Ok(RingCheck {
+        received,
+        lost,
+        malformed: reader.malformed,
+        cpu_user_ns: at_end.cpu_user_ns - at_attach.cpu_user_ns,
+        cpu_system_ns: at_end.cpu_system_ns - at_attach.cpu_system_ns,
+        startup_cpu_ns: at_attach.cpu_user_ns + at_attach.cpu_system_ns,
+        max_rss_bytes: at_end.max_rss_bytes,
+    })
 }
 
 /// CPU time and peak RSS of this process so far.

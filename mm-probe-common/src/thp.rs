@@ -80,15 +80,13 @@ pub struct FaultBlock {
 /// The target's latest faults on one CPU, all in one 2 MiB block: a page-by-page toucher faults
 /// 512 times in a row per block, and counting those here costs a per-CPU array slot instead of a
 /// hash update per fault (the hash update, missing the caches, cost more than the rest of the
-/// program). The run is added to `THP_FAULTS` (and the `Faults` counter) when a fault lands in
-/// another block; user space adds the runs still open when it reads.
+/// program). The run is added to `THP_FAULTS` when a fault lands in another block; user space
+/// adds the runs still open when it reads. A run with no faults counted is no run.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultRun {
     /// `address >> FAULT_BLOCK_SHIFT` of the run's faults.
     pub block: u64,
-    /// Faults in the run; 0 = no run open.
-    pub faults: u64,
     pub ranges: FaultBlock,
 }
 
@@ -133,28 +131,27 @@ pub struct PrctlEvent {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Page faults of the target, of runs already closed (see [`FaultRun`]).
-    Faults = 0,
-    /// Faults not added to `THP_FAULTS` because the map was full.
-    FaultMapFull = 1,
+    /// Faults not added to `THP_FAULTS` because the map was full (the target's faults are the
+    /// map's sum plus these).
+    FaultMapFull = 0,
     /// Allow-checks on the target's mm (made by any task, khugepaged included); with
     /// [`EVERY_MM`], on every mm.
-    TargetChecks = 2,
+    TargetChecks = 1,
     /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
-    OwnChecks = 3,
+    OwnChecks = 2,
     /// Checks not added to `THP_CHECKS` because the map was full.
-    CheckMapFull = 4,
+    CheckMapFull = 3,
     /// prctl events lost because the ring buffer was full.
-    PrctlLost = 5,
+    PrctlLost = 4,
     /// kretprobe runs without the matching kprobe entry (entry missed): not counted.
-    ReturnWithoutEntry = 6,
+    ReturnWithoutEntry = 5,
     /// Allow-checks on any mm: proves the probe fires at all.
-    AllChecks = 7,
+    AllChecks = 6,
     /// Allow-checks made before the target's mm was known: not attributable.
-    MmUnknown = 8,
+    MmUnknown = 7,
 }
 
-pub const COUNTER_COUNT: u32 = 9;
+pub const COUNTER_COUNT: u32 = 8;
 
 /// Arguments the kprobe saves at entry for its kretprobe (the kprobe+kretprobe fallback).
 #[repr(C)]

@@ -297,14 +297,12 @@ fn count_target_fault(address: u64) -> Run {
     // guard skips a program that would run inside another).
     let run = unsafe { &mut *run };
     let block = address >> FAULT_BLOCK_SHIFT;
-    let opened = run.faults == 0 || run.block != block;
+    let opened = run.block != block;
     if opened {
         close_run(run);
         run.block = block;
-        run.faults = 0;
         run.ranges.faults = [0; RANGES_PER_BLOCK];
     }
-    run.faults += 1;
     let range = (address >> FAULT_RANGE_SHIFT) as usize % RANGES_PER_BLOCK;
     run.ranges.faults[range] += 1;
     if opened { Run::Opened } else { Run::Extended }
@@ -313,10 +311,10 @@ fn count_target_fault(address: u64) -> Run {
 /// Adds a run's faults to THP_FAULTS (inserting its block, straight from the run, when new).
 #[inline(always)]
 fn close_run(run: &FaultRun) {
-    if run.faults == 0 {
+    let faults: u64 = run.ranges.faults.iter().sum();
+    if faults == 0 {
         return;
     }
-    count_n(Counter::Faults, run.faults);
     match THP_FAULTS.get_ptr_mut(run.block) {
         Some(block) => {
             let block = unsafe { &mut *block };
@@ -329,7 +327,7 @@ fn close_run(run: &FaultRun) {
             // value, not through a copy on the 512-byte BPF stack.
             #[allow(clippy::needless_borrows_for_generic_args)]
             if THP_FAULTS.insert(run.block, &run.ranges, 0).is_err() {
-                count_n(Counter::FaultMapFull, run.faults);
+                count_n(Counter::FaultMapFull, faults);
             }
         }
     }

@@ -22,6 +22,13 @@ pub struct Member {
     pub note: &'static str,
 }
 
+impl Member {
+    /// Its offset in this kernel: the first of its paths BTF knows.
+    fn offset_in(&self, btf: &KernelBtf) -> Option<u32> {
+        self.paths.iter().find_map(|path| btf.member_offset(self.struct_name, path))
+    }
+}
+
 pub const MEMBERS: &[Member] = &[
     Member { global: names::TASK_STRUCT_MM, struct_name: "task_struct", paths: &["mm"], note: "all" },
     Member { global: names::TASK_STRUCT_PID, struct_name: "task_struct", paths: &["pid"], note: "all" },
@@ -95,17 +102,12 @@ pub struct Layout {
 
 impl Layout {
     pub fn resolve(btf: &KernelBtf) -> Self {
-        let resolved = MEMBERS
-            .iter()
-            .map(|m| (m, m.paths.iter().find_map(|path| btf.member_offset(m.struct_name, path))))
-            .collect();
-        Self { resolved }
+        Self { resolved: MEMBERS.iter().map(|m| (m, m.offset_in(btf))).collect() }
     }
 
     /// One member's offset, found by its global's name, without resolving the whole table.
     pub fn offset_in(btf: &KernelBtf, global: &str) -> Option<u32> {
-        let member = MEMBERS.iter().find(|m| m.global == global)?;
-        member.paths.iter().find_map(|path| btf.member_offset(member.struct_name, path))
+        MEMBERS.iter().find(|m| m.global == global)?.offset_in(btf)
     }
 
     /// A layout in which nothing is known: programs that need members stay silent.

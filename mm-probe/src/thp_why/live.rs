@@ -88,16 +88,12 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
             add_block(&mut per_range, block, counts);
         }
     }
-    let open_runs = open_fault_runs(ebpf)?;
-    for run in &open_runs {
+    for run in open_fault_runs(ebpf)? {
         add_block(&mut per_range, run.block, &run.ranges);
     }
-    let open_faults: u64 = open_runs.iter().map(|run| run.faults).sum();
-    let fault_ranges = per_range.into_iter().collect();
     let sums = percpu_sums(ebpf, names::COUNTERS_MAP)?;
     let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
     let mut counters = [
-        ("faults", Counter::Faults),
         ("fault_map_full", Counter::FaultMapFull),
         ("target_checks", Counter::TargetChecks),
         ("own_smaps_checks", Counter::OwnChecks),
@@ -110,8 +106,10 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     .into_iter()
     .map(|(name, c)| (name, counter(c)))
     .collect::<BTreeMap<_, _>>();
-    *counters.entry("faults").or_default() += open_faults;
-    Ok(Counts { checks, fault_ranges, counters })
+    // Every fault of the target is in the map, or counted as not fitting.
+    let faults = per_range.values().sum::<u64>() + counter(Counter::FaultMapFull);
+    counters.insert("faults", faults);
+    Ok(Counts { checks, fault_ranges: per_range.into_iter().collect(), counters })
 }
 
 /// Adds one CPU's counts for a 2 MiB block to the per-64 KiB totals (ranges with no fault stay
@@ -127,7 +125,7 @@ fn add_block(per_range: &mut BTreeMap<u64, u64>, block: u64, counts: &FaultBlock
 fn open_fault_runs(ebpf: &Ebpf) -> Result<Vec<FaultRun>> {
     let runs: PerCpuArray<&MapData, FaultRun> =
         PerCpuArray::try_from(ebpf.map(names::FAULT_RUN_MAP).context("fault run map missing")?)?;
-    Ok(runs.get(&0, 0)?.iter().copied().filter(|run| run.faults != 0).collect())
+    Ok(runs.get(&0, 0)?.iter().copied().collect())
 }
 
 impl Live {

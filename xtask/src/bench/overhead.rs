@@ -186,7 +186,7 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
         }
     };
     let mut out = title;
-    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) |\n|---|---|---|---|---|\n";
+    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) | mm-probe ÷ hooks alone |\n|---|---|---|---|---|---|\n";
     for scenario in scenarios {
         let results = measure(bins, scenario, rounds)?;
         for metric in scenario.metrics {
@@ -197,7 +197,8 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
         out,
         "\n{rounds} rounds; ratios are each run's time over the baseline median. Hooks alone: a program that \
          returns at once on each BTF tracepoint mm-probe uses for that workload, the kernel's cost of calling any \
-         program there (— where mm-probe's hooks are of other kinds).\n"
+         program there (— where mm-probe's hooks are of other kinds); mm-probe ÷ hooks alone, the ratio of their \
+         medians, is what mm-probe's own programs add to that.\n"
     );
     Ok(out)
 }
@@ -236,8 +237,12 @@ fn table_row(scenario: &Scenario, metric: &Metric, results: &[(Variant, Vec<serd
         let (median, low, high) = median_and_range(&mut ratios);
         Ok(format!("{median:.3}× ({low:.3}–{high:.3})"))
     };
+    let beyond_hooks = match ratio_of_medians(&mut samples(Variant::MmProbe)?, &mut samples(Variant::Hooks)?) {
+        Some(ratio) => format!("{ratio:.3}×"),
+        None => "—".to_owned(),
+    };
     Ok(format!(
-        "| {}{} | {:.1} ms | {} | {} | {} |\n",
+        "| {}{} | {:.1} ms | {} | {} | {} | {beyond_hooks} |\n",
         scenario.name,
         metric.label,
         baseline / 1e6,
@@ -245,6 +250,14 @@ fn table_row(scenario: &Scenario, metric: &Metric, results: &[(Variant, Vec<serd
         cell(Variant::Bpftrace)?,
         cell(Variant::Hooks)?
     ))
+}
+
+/// The median of `over` divided by the median of `under`; None when either has no samples.
+fn ratio_of_medians(over: &mut [f64], under: &mut [f64]) -> Option<f64> {
+    if over.is_empty() || under.is_empty() {
+        return None;
+    }
+    Some(median_and_range(over).0 / median_and_range(under).0)
 }
 
 /// Loads one of the project's test modules (built by the vm harness for this kernel, named by
@@ -294,4 +307,16 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<se
         tracer.stop()?;
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_mm_probe_adds_beyond_the_hooks_is_a_ratio_of_medians() {
+        let ratio = ratio_of_medians(&mut [106.0, 104.0, 150.0], &mut [103.0, 104.0, 100.0, 130.0]).unwrap();
+        assert!((ratio - 106.0 / 103.5).abs() < 1e-12);
+        assert_eq!(ratio_of_medians(&mut [1.0], &mut []), None);
+    }
 }

@@ -5,22 +5,13 @@ use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
-    let metadata = cargo_metadata::MetadataCommand::new()
-        .no_deps()
-        .exec()
-        .context("cargo metadata")?;
+    let metadata = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
     let ebpf = metadata
         .packages
         .into_iter()
         .find(|package| package.name.as_str() == "mm-probe-ebpf")
         .ok_or_else(|| anyhow!("mm-probe-ebpf is not in the workspace"))?;
-    let root_dir = ebpf
-        .manifest_path
-        .parent()
-        .ok_or_else(|| anyhow!("mm-probe-ebpf has no manifest directory"))?
-        .as_str();
-    aya_build::build_ebpf(
-        [Package { name: ebpf.name.as_str(), root_dir, ..Default::default() }],
-        Toolchain::default(),
-    )
+    let root_dir =
+        ebpf.manifest_path.parent().ok_or_else(|| anyhow!("mm-probe-ebpf has no manifest directory"))?.as_str();
+    aya_build::build_ebpf([Package { name: ebpf.name.as_str(), root_dir, ..Default::default() }], Toolchain::default())
 }

@@ -56,11 +56,7 @@ pub fn wakeup_flags(ring: &aya_ebpf::maps::RingBuf, wake_at_bytes: u64) -> u64 {
     const BPF_RB_AVAIL_DATA: u64 = 0;
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    if ring.query(BPF_RB_AVAIL_DATA) >= wake_at_bytes {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    }
+    if ring.query(BPF_RB_AVAIL_DATA) >= wake_at_bytes { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
 }
 
 /// Adds `delta` to slot `index` of a per-CPU counter array.
@@ -76,12 +72,29 @@ pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {
 #[inline(always)]
 pub fn log2_bucket(mut value: u64, buckets: u32) -> u32 {
     let mut bucket = 0u32;
-    if value >= 1 << 32 { value >>= 32; bucket += 32; }
-    if value >= 1 << 16 { value >>= 16; bucket += 16; }
-    if value >= 1 << 8 { value >>= 8; bucket += 8; }
-    if value >= 1 << 4 { value >>= 4; bucket += 4; }
-    if value >= 1 << 2 { value >>= 2; bucket += 2; }
-    if value >= 1 << 1 { bucket += 1; }
+    if value >= 1 << 32 {
+        value >>= 32;
+        bucket += 32;
+    }
+    if value >= 1 << 16 {
+        value >>= 16;
+        bucket += 16;
+    }
+    if value >= 1 << 8 {
+        value >>= 8;
+        bucket += 8;
+    }
+    if value >= 1 << 4 {
+        value >>= 4;
+        bucket += 4;
+    }
+    if value >= 1 << 2 {
+        value >>= 2;
+        bucket += 2;
+    }
+    if value >= 1 << 1 {
+        bucket += 1;
+    }
     if bucket >= buckets { buckets - 1 } else { bucket }
 }
 

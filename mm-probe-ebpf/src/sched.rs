@@ -28,12 +28,12 @@ use mm_probe_common::latency::{
 use crate::{
     func_latency::{LAT_FUNC_ZERO, function_state},
     kernel::{
-        bump, log2_bucket,
+        btf_read, btf_read_comm, bump, log2_bucket,
         offsets::{
             OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
             OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
         },
-        btf_read, btf_read_comm, read_at,
+        read_at,
     },
 };
 

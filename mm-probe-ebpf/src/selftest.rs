@@ -8,8 +8,8 @@ use aya_ebpf::{
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, tracepoint},
     maps::{PerCpuArray, RingBuf},
     programs::{
-        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
-        RetProbeContext, TracePointContext,
+        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext,
+        TracePointContext,
     },
 };
 use mm_probe_common::selftest::{RING_BYTES, RING_WAKEUP_BYTES, RingRecord, SLOT_COUNT, Slot};

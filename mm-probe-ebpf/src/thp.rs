@@ -22,8 +22,8 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::thp::{
-    COUNTER_COUNT, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun, MM_SLOT_COUNT, MmSeen,
-    MmSlot, PR_SET_THP_DISABLE, PendingCheck, PrctlEvent, RANGES_PER_BLOCK, ThpCheckKey,
+    COUNTER_COUNT, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun, MM_SLOT_COUNT, MmSeen, MmSlot,
+    PR_SET_THP_DISABLE, PendingCheck, PrctlEvent, RANGES_PER_BLOCK, ThpCheckKey,
 };
 
 use crate::kernel::{
@@ -171,7 +171,10 @@ fn record_check(vma: u64, vm_flags: u64, call_args: [u8; 4], ret: u64) {
     let (vm_start, vm_end) = if every_mm {
         (0, 0)
     } else {
-        (read_at::<u64>(vma, OFF_VMA_VM_START.load()).unwrap_or(0), read_at::<u64>(vma, OFF_VMA_VM_END.load()).unwrap_or(0))
+        (
+            read_at::<u64>(vma, OFF_VMA_VM_START.load()).unwrap_or(0),
+            read_at::<u64>(vma, OFF_VMA_VM_END.load()).unwrap_or(0),
+        )
     };
     let key = ThpCheckKey {
         vm_start,
@@ -217,9 +220,7 @@ pub fn thp_allowable_exit(ctx: FExitContext) -> u32 {
 #[inline(always)]
 fn kprobe_call_args(ctx: &ProbeContext) -> [u8; 4] {
     let mask = THP_CALL_ARG_MASK.load();
-    let pick = |n: usize| -> u8 {
-        if mask & (1 << n) != 0 { ctx.arg::<u64>(n).unwrap_or(0) as u8 } else { 0 }
-    };
+    let pick = |n: usize| -> u8 { if mask & (1 << n) != 0 { ctx.arg::<u64>(n).unwrap_or(0) as u8 } else { 0 } };
     [pick(2), pick(3), pick(4), pick(5)]
 }
 

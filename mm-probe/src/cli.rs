@@ -28,9 +28,7 @@ pub enum Command {
     /// Benchmark hook (cargo xtask bench): one ring-buffer record per getppid(2) call of PID,
     /// until SIGINT; prints records received and lost, and this process's CPU time and RSS.
     #[command(hide = true)]
-    BenchRing {
-        pid: u32,
-    },
+    BenchRing { pid: u32 },
     /// Benchmark hook (cargo xtask bench): a program that returns at once on each named BTF
     /// tracepoint, until SIGINT: what the hooks alone cost a workload.
     #[command(hide = true)]

@@ -115,7 +115,8 @@ pub fn render(report: &Report) -> String {
         }
     );
     out += &format!("tracefs     {}\n", k.tracefs.as_ref().unwrap_or_else(|e| e));
-    out += &format!("kprobes     {}\n", if k.kprobes_built_in { "built in" } else { "not built in (CONFIG_KPROBES off)" });
+    out +=
+        &format!("kprobes     {}\n", if k.kprobes_built_in { "built in" } else { "not built in (CONFIG_KPROBES off)" });
     out += "\nprogram types (loaded, attached, and fired by this process's fsync calls):\n";
     for t in &report.program_types {
         let status = if t.works() {

@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use crate::{
     kernel::Kernel,
-    probes::{Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target, load_object},
+    probes::{
+        Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target, load_object,
+    },
 };
 
 const FSYNC_FUNCTION: &[Target] = &[Target { name: names::FUNCTION, kernels: "all" }];
@@ -26,15 +28,23 @@ macro_rules! type_check {
             LogicalProbe {
                 name: $name,
                 purpose: "program type check",
-                candidates: &[Candidate { hooks: &[Hook { mechanism: $mechanism, program: $program }], targets: $targets }],
+                candidates: &[Candidate {
+                    hooks: &[Hook { mechanism: $mechanism, program: $program }],
+                    targets: $targets,
+                }],
             },
         )
     };
 }
 
 pub const PROBES: &[(Slot, LogicalProbe)] = &[
-    type_check!(Slot::Tracepoint, "tracepoint", Mechanism::Tracepoint, "selftest_tracepoint",
-        &[Target { name: "syscalls:sys_enter_fsync", kernels: "CONFIG_FTRACE_SYSCALLS" }]),
+    type_check!(
+        Slot::Tracepoint,
+        "tracepoint",
+        Mechanism::Tracepoint,
+        "selftest_tracepoint",
+        &[Target { name: "syscalls:sys_enter_fsync", kernels: "CONFIG_FTRACE_SYSCALLS" }]
+    ),
     type_check!(Slot::RawTracepoint, "raw_tracepoint", Mechanism::RawTracepoint, "selftest_raw_tracepoint", SYS_ENTER),
     type_check!(Slot::BtfTracepoint, "tp_btf", Mechanism::BtfTracepoint, "selftest_btf_tracepoint", SYS_ENTER),
     type_check!(Slot::Kprobe, "kprobe", Mechanism::Kprobe, "selftest_kprobe", FSYNC_FUNCTION),
@@ -83,7 +93,8 @@ pub fn check_program_types(kernel: &Kernel, calls: u64) -> Result<Vec<TypeCheck>
                 attached: plan.attached(),
                 counted,
                 calls,
-                reason: (!plan.attached()).then(|| plan.failed_attempts.iter().map(|a| a.reason.clone()).collect::<Vec<_>>().join("; ")),
+                reason: (!plan.attached())
+                    .then(|| plan.failed_attempts.iter().map(|a| a.reason.clone()).collect::<Vec<_>>().join("; ")),
             })
         })
         .collect()
@@ -130,7 +141,12 @@ const DRAIN_TICK: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Attaches the ring program for `tgid`, calls `on_attached`, reads until `stop` resolves, then
 /// drains what is left and reports. Used by `cargo xtask bench` through a hidden subcommand.
-pub async fn check_ring(kernel: &Kernel, tgid: u32, on_attached: impl FnOnce(), stop: impl std::future::Future<Output = ()>) -> Result<RingCheck> {
+pub async fn check_ring(
+    kernel: &Kernel,
+    tgid: u32,
+    on_attached: impl FnOnce(),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<RingCheck> {
     let settings = [(names::TARGET_TGID, GlobalValue::U32(tgid))];
     let mut ebpf = load_object(kernel, &[MapFamily::Selftest], &settings)?;
     let plan = Planner::new(kernel).attach(&mut ebpf, &RING_PROBE);

@@ -7,22 +7,19 @@ use crate::error::UserError;
 /// Parses a duration that must carry one of the units ns, us, µs, ms, s.
 pub fn parse_duration(text: &str) -> Result<Duration, UserError> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| UserError::new(format!("{text:?} has no unit: write it as e.g. 500us, 2ms or 1s (units: ns, us, µs, ms, s)")))?;
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(|| {
+        UserError::new(format!("{text:?} has no unit: write it as e.g. 500us, 2ms or 1s (units: ns, us, µs, ms, s)"))
+    })?;
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| UserError::new(format!("{text:?} does not start with a number (e.g. 500us)")))?;
+    let value: f64 =
+        number.parse().map_err(|_| UserError::new(format!("{text:?} does not start with a number (e.g. 500us)")))?;
     let nanos_per_unit = match unit.trim() {
         "ns" => 1.0,
         "us" | "µs" | "μs" => 1e3,
         "ms" => 1e6,
         "s" => 1e9,
         other => {
-            return Err(UserError::new(format!(
-                "unknown unit {other:?} in {text:?}: use ns, us (or µs), ms or s"
-            )));
+            return Err(UserError::new(format!("unknown unit {other:?} in {text:?}: use ns, us (or µs), ms or s")));
         }
     };
     let nanos = value * nanos_per_unit;
@@ -44,11 +41,7 @@ pub fn format_nanos(nanos: u64) -> String {
 }
 
 fn trim(number: String) -> String {
-    if number.contains('.') {
-        number.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        number
-    }
+    if number.contains('.') { number.trim_end_matches('0').trim_end_matches('.').to_string() } else { number }
 }
 
 /// Formats a byte count with binary units: `4 KiB`, `2 MiB`, `1.5 GiB`.

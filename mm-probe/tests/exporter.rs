@@ -65,7 +65,8 @@ fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
     assert!(served_buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{served_buckets:?}");
     assert_eq!(served_buckets.last(), Some(&(f64::INFINITY, count)));
 
-    let attached = value_of(&served, "mm_probe_probe_attached", &[("capability", "latency"), ("probe", "sched_switch")]);
+    let attached =
+        value_of(&served, "mm_probe_probe_attached", &[("capability", "latency"), ("probe", "sched_switch")]);
     assert_eq!(attached, 1.0);
     exporter.stop_and_check_nothing_left(&before);
     held.exit();
@@ -88,8 +89,10 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
     let served = samples(&classic);
 
     for capability in ["latency", "retry-storm", "thp"] {
-        let probes: Vec<&Sample> =
-            served.iter().filter(|s| s.name == "mm_probe_probe_attached" && s.labels["capability"] == capability).collect();
+        let probes: Vec<&Sample> = served
+            .iter()
+            .filter(|s| s.name == "mm_probe_probe_attached" && s.labels["capability"] == capability)
+            .collect();
         assert!(!probes.is_empty(), "{capability} has no mm_probe_probe_attached series:\n{classic}");
         for probe in probes {
             // The startup line and the gauge tell the same story.
@@ -98,10 +101,12 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
             assert!(listed, "{name} is not in the startup line: {}", exporter.startup);
         }
     }
-    let attached = |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
+    let attached =
+        |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
     let has = |family: &str| served.iter().any(|s| s.name == family);
     assert_eq!(has("mm_probe_hmm_range_fault_returns_total"), attached("hmm_range_fault walk"), "{classic}");
-    let thp_never = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|m| m.contains("[never]"));
+    let thp_never =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|m| m.contains("[never]"));
     if attached("THP allow-check") && !thp_never {
         // Every fault on the advised region passed the allow-check: counted system-wide. (With
         // enabled=never the 6.8+ inline wrapper refuses before the probed function runs.)
@@ -167,7 +172,10 @@ impl Exporter {
         let mut startup = String::new();
         stdout.read_line(&mut startup).expect("reading the startup line");
         eprintln!("{startup}");
-        assert!(startup.starts_with(&format!("mm-probe exporter: listening on http://{listen}/metrics; ")), "{startup}");
+        assert!(
+            startup.starts_with(&format!("mm-probe exporter: listening on http://{listen}/metrics; ")),
+            "{startup}"
+        );
         Self { child: Some(child), _stdout: stdout, port, startup }
     }
 
@@ -228,7 +236,9 @@ impl Prometheus {
             .spawn()
             .expect("starting prometheus");
         let prometheus = Self { child, port, dir };
-        prometheus.wait_until("ready", Duration::from_secs(90), || http_get_opt(port, "/-/ready").is_some_and(|(s, _)| s == 200));
+        prometheus.wait_until("ready", Duration::from_secs(90), || {
+            http_get_opt(port, "/-/ready").is_some_and(|(s, _)| s == 200)
+        });
         prometheus
     }
 
@@ -378,7 +388,14 @@ fn touch_advised_memory() {
     const LEN: usize = 16 << 20;
     // SAFETY: a private anonymous mapping, advised, written page by page, then unmapped.
     unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         libc::madvise(p, LEN, libc::MADV_HUGEPAGE);
         for offset in (0..LEN).step_by(4096) {
@@ -408,7 +425,9 @@ fn http_get_opt(port: u16, path: &str) -> Option<(u16, String)> {
 
 fn percent_encode(text: &str) -> String {
     text.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"_.-".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"_.-".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }
+        })
         .collect()
 }
 

@@ -150,7 +150,11 @@ fn the_agent_gets_only_the_capabilities_it_needs_and_listens_for_prometheus() {
     let container = &pod["spec"]["containers"][0];
     let security = &container["securityContext"];
     assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
-    assert_eq!(security["capabilities"]["add"], serde_json::json!(["BPF", "PERFMON"]), "nothing beyond CAP_BPF and CAP_PERFMON");
+    assert_eq!(
+        security["capabilities"]["add"],
+        serde_json::json!(["BPF", "PERFMON"]),
+        "nothing beyond CAP_BPF and CAP_PERFMON"
+    );
     assert_eq!(security["readOnlyRootFilesystem"], true);
     assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_ne!(security["privileged"], true);
@@ -281,7 +285,8 @@ fn dashboard_typescript(dashboard: &Value) -> String {
     for panel in panels(dashboard).into_iter().filter(|p| p["type"] != "row") {
         let (id, kind) = (&panel["id"], panel["type"].as_str().unwrap());
         let plugin = PANEL_TYPES.iter().position(|(k, _)| *k == kind);
-        let plugin = plugin.unwrap_or_else(|| panic!("panel {id}: add the types of panel plugin {kind} to PANEL_TYPES"));
+        let plugin =
+            plugin.unwrap_or_else(|| panic!("panel {id}: add the types of panel plugin {kind} to PANEL_TYPES"));
         ts += &format!("export const options{id}: Json<Plugin{plugin}.Options> = {};\n", panel["options"]);
         let custom = &panel["fieldConfig"]["defaults"]["custom"];
         if !custom.is_null() {
@@ -305,7 +310,10 @@ fn grafana_types_accept(node_modules: &Path, dashboard: &Value) -> bool {
 fn the_dashboard_type_checks_against_grafanas_dashboard_and_panel_types() {
     let Some(node_modules) = node_modules() else { return };
     let dashboard = dashboard();
-    assert!(grafana_types_accept(&node_modules, &dashboard), "deploy/grafana/mm-probe-dashboard.json breaks Grafana's types");
+    assert!(
+        grafana_types_accept(&node_modules, &dashboard),
+        "deploy/grafana/mm-probe-dashboard.json breaks Grafana's types"
+    );
     let mut misspelled = dashboard.clone();
     let stat = misspelled["panels"].as_array_mut().unwrap().iter_mut().find(|p| p["type"] == "stat").unwrap();
     stat["options"]["colorMode"] = "valu".into();
@@ -381,7 +389,10 @@ fn the_dashboard_reads_only_contract_metrics_and_their_labels_and_every_one_of_t
     for (panel, ref_id, expr) in queries(&dashboard()) {
         let metrics: Vec<&Metric> = series_names(&expr)
             .into_iter()
-            .map(|s| contract_metric(s).unwrap_or_else(|| panic!("panel {panel} {ref_id}: {s} is not in the metric contract")))
+            .map(|s| {
+                contract_metric(s)
+                    .unwrap_or_else(|| panic!("panel {panel} {ref_id}: {s} is not in the metric contract"))
+            })
             .collect();
         assert!(!metrics.is_empty(), "panel {panel} {ref_id} reads no mm-probe metric: {expr}");
         for label in label_names(&expr) {
@@ -400,7 +411,9 @@ fn the_dashboard_reads_only_contract_metrics_and_their_labels_and_every_one_of_t
 fn the_dashboard_takes_its_datasource_from_a_variable() {
     let dashboard = dashboard();
     let variables = dashboard["templating"]["list"].as_array().unwrap();
-    assert!(variables.iter().any(|v| v["type"] == "datasource" && v["name"] == "datasource" && v["query"] == "prometheus"));
+    assert!(
+        variables.iter().any(|v| v["type"] == "datasource" && v["name"] == "datasource" && v["query"] == "prometheus")
+    );
     for panel in panels(&dashboard).into_iter().filter(|p| p["type"] != "row") {
         let sources = std::iter::once(&panel["datasource"])
             .chain(panel["targets"].as_array().unwrap().iter().map(|t| &t["datasource"]));

@@ -35,7 +35,12 @@ fn function_probes_work_where_the_kernel_allows_them() {
     for check in checks.iter().filter(|c| ["kprobe", "kretprobe", "fentry", "fexit"].contains(&c.program_type)) {
         if vm_kernel().is_some() {
             // Every Debian kernel of the matrix has kprobes, BTF and trampolines.
-            assert!(check.works(), "{} must attach and count 4 fsyncs on {:?}: {check:?}", check.program_type, vm_kernel());
+            assert!(
+                check.works(),
+                "{} must attach and count 4 fsyncs on {:?}: {check:?}",
+                check.program_type,
+                vm_kernel()
+            );
         } else if check.attached {
             assert_eq!(check.counted, 4, "{check:?}");
         } else {
@@ -132,7 +137,11 @@ fn doctor_leaves_no_program_loaded() {
     let before = common::our_programs();
     let out = run_tool(&["doctor"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(common::leftover_programs(&before), Vec::<String>::new(), "programs left in the kernel after doctor exited");
+    assert_eq!(
+        common::leftover_programs(&before),
+        Vec::<String>::new(),
+        "programs left in the kernel after doctor exited"
+    );
 }
 
 #[test]
@@ -188,17 +197,25 @@ fn every_line_the_code_can_print_has_a_schema_and_no_schema_is_stale() {
 fn every_schema_file_is_embedded_in_the_tests() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
     let Ok(commands) = std::fs::read_dir(&root) else {
-        eprintln!("skipped: {} is not on this machine (a qemu guest); the embedded schemas were checked", root.display());
+        eprintln!(
+            "skipped: {} is not on this machine (a qemu guest); the embedded schemas were checked",
+            root.display()
+        );
         return;
     };
     for entry in commands.map(Result::unwrap).filter(|e| e.path().is_dir()) {
         let command = entry.file_name().to_string_lossy().into_owned();
         for file in std::fs::read_dir(entry.path()).unwrap().map(Result::unwrap) {
             let name = file.file_name().to_string_lossy().into_owned();
-            let kind = name.strip_suffix(".schema.json").unwrap_or_else(|| panic!("{command}/{name}: not a .schema.json"));
+            let kind =
+                name.strip_suffix(".schema.json").unwrap_or_else(|| panic!("{command}/{name}: not a .schema.json"));
             let embedded = LINE_SCHEMAS.iter().find(|(c, k, _)| (*c, *k) == (command.as_str(), kind));
             let on_disk = std::fs::read_to_string(file.path()).unwrap();
-            assert_eq!(embedded.map(|e| e.2), Some(on_disk.as_str()), "schemas/{command}/{name} is not in LINE_SCHEMAS");
+            assert_eq!(
+                embedded.map(|e| e.2),
+                Some(on_disk.as_str()),
+                "schemas/{command}/{name} is not in LINE_SCHEMAS"
+            );
         }
     }
 }

@@ -59,14 +59,18 @@ fn the_plan_says_what_is_observable_and_the_run_exits_0() {
         .filter_map(Value::as_str)
         .find(|s| s.starts_with("hmm_range_fault is not observable"))
         .unwrap_or_else(|| panic!("no statement about hmm_range_fault: {statements:?}"));
-    let has_hmm = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default().lines().any(|l| l.ends_with(" hmm_range_fault"));
+    let has_hmm =
+        std::fs::read_to_string("/proc/kallsyms").unwrap_or_default().lines().any(|l| l.ends_with(" hmm_range_fault"));
     if has_hmm {
         assert!(walk_statement.contains("could not be probed"), "{walk_statement}");
     } else {
         assert!(walk_statement.contains("CONFIG_HMM_MIRROR"), "{walk_statement}");
     }
     assert!(walk_statement.contains("cannot be measured"), "{walk_statement}");
-    assert!(summary["walks"].is_null() && summary["retry_rate"].is_null() && summary["retry_loops"].is_null(), "{summary}");
+    assert!(
+        summary["walks"].is_null() && summary["retry_rate"].is_null() && summary["retry_loops"].is_null(),
+        "{summary}"
+    );
     assert_eq!(summary["verdict"]["overall"], "UNKNOWN", "nothing observed must not read as OK");
 
     let text = run_tool(&["retry-storm", "--duration", "1s"]);
@@ -222,7 +226,10 @@ impl Tool {
                 return found.clone();
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = self.lines.recv_timeout(left).unwrap_or_else(|_| panic!("no {kind} line from mm-probe within {limit:?}"));
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {kind} line from mm-probe within {limit:?}"));
             self.seen.push(common::tool_line(&line));
         }
     }
@@ -268,7 +275,10 @@ fn storm_with_timeout(label: &str, timeout_ms: &str, workload_args: &[&str]) -> 
     assert_eq!(interval_busy, summary["walks"]["ebusy"].as_u64().unwrap(), "{label}: intervals vs summary");
     let callers = summary["read_begins_by_caller"].as_array().expect("read_begin callers");
     let tgid = driver["tgid"].as_u64().unwrap();
-    assert!(callers.iter().all(|c| c["tgid"].as_u64() == Some(tgid)), "{label}: only the mirror calls read_begin: {callers:?}");
+    assert!(
+        callers.iter().all(|c| c["tgid"].as_u64() == Some(tgid)),
+        "{label}: only the mirror calls read_begin: {callers:?}"
+    );
     eprintln!("== {label} ({:?})\ndriver: {driver}\ntool: {summary}", started.elapsed());
     (driver, summary)
 }
@@ -323,7 +333,10 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
             // The host kernel has no HMM: the scenario cannot run here, and the first test
             // checks that the tool says so. State it rather than pass silently.
             eprintln!("retry storms cannot be provoked on this kernel: {}", walk["failed_attempts"]);
-            assert!(!walk["failed_attempts"].as_array().expect("attempts").is_empty(), "an unavailable probe names why");
+            assert!(
+                !walk["failed_attempts"].as_array().expect("attempts").is_empty(),
+                "an unavailable probe names why"
+            );
             return;
         }
     }
@@ -353,7 +366,8 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     // Advice follows the verdict: the tool advises only while walks are really retrying (retry
     // rate at WARN or above, or at least 5 % of walks failing). Emulated guests vary from run to
     // run: when the chunked walks fail too rarely to warrant it, no advice is the right answer.
-    let retrying = metric_level(&chunked, "retry_rate") >= level_rank(&Value::from("WARN")) || per_walk(&chunked) >= 0.05;
+    let retrying =
+        metric_level(&chunked, "retry_rate") >= level_rank(&Value::from("WARN")) || per_walk(&chunked) >= 0.05;
     assert_eq!(
         has_advice(&chunked, "notifier false sharing").is_some(),
         retrying,
@@ -367,7 +381,12 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     assert!(per_walk(&fine) < per_walk(&whole), "retry rate per walk must fall");
     assert!(per_invalidation(&fine) < per_invalidation(&whole), "retry rate per invalidation must fall");
     assert!(metric_level(&fine, "retry_rate") <= metric_level(&whole, "retry_rate"), "{}", fine["verdict"]);
-    assert!(severity(&fine) < severity(&whole), "the verdict must improve: {} vs {}", fine["verdict"], whole["verdict"]);
+    assert!(
+        severity(&fine) < severity(&whole),
+        "the verdict must improve: {} vs {}",
+        fine["verdict"],
+        whole["verdict"]
+    );
     assert!(has_advice(&fine, "large walks").is_none(), "2 MiB walks need no chunking advice: {}", fine["verdict"]);
 
     // Retry loops that give up: with a 1 ms timeout, nearly every loop that meets an -EBUSY

@@ -145,7 +145,12 @@ fn start_of(region: &Value) -> String {
 
 /// The report's VMA at `start` (the JSON carries every VMA).
 fn vma<'a>(report: &'a Value, start: &str) -> &'a Value {
-    report["vmas"].as_array().unwrap().iter().find(|v| v["start"] == start).unwrap_or_else(|| panic!("no VMA at {start}"))
+    report["vmas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["start"] == start)
+        .unwrap_or_else(|| panic!("no VMA at {start}"))
 }
 
 fn reason<'a>(report: &'a Value, code: &str) -> Option<&'a Value> {
@@ -256,7 +261,10 @@ fn thp_built_in() -> bool {
 /// On a kernel without THP the report must say so first, and judge every VMA by it.
 fn assert_no_thp(report: &Value) {
     let verdict = report["verdict"].as_str().unwrap();
-    assert!(verdict.starts_with("THP unavailable for pid") && verdict.contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{verdict}");
+    assert!(
+        verdict.starts_with("THP unavailable for pid") && verdict.contains("CONFIG_TRANSPARENT_HUGEPAGE"),
+        "{verdict}"
+    );
     assert_eq!(report["reasons"][0]["code"], "sysfs_never", "{}", report["reasons"]);
     assert!(report["vmas"].as_array().unwrap().iter().all(|v| v["reason"] == "sysfs_never"));
     assert_eq!(report["system"]["thp_built_in"], false);
@@ -343,7 +351,8 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
     assert_eq!(prctl["set_by"]["pid"], wrapper);
     assert_eq!(prctl["set_by"]["comm"], "thp_tree");
     assert_eq!(report["process"]["thp_disable"], "completely");
-    let chain: Vec<u64> = report["process"]["ancestors"].as_array().unwrap().iter().map(|a| a["pid"].as_u64().unwrap()).collect();
+    let chain: Vec<u64> =
+        report["process"]["ancestors"].as_array().unwrap().iter().map(|a| a["pid"].as_u64().unwrap()).collect();
     assert_eq!(&chain[..3], &[target as u64, relay as u64, wrapper as u64]);
     // The mmap_lock tracepoint reads mm->flags from the kernel wherever tracepoints work.
     assert_eq!(report["process"]["source"], "kernel", "{}", report["process"]);
@@ -428,9 +437,17 @@ fn each_region_gets_its_reason_under_madvise_policy() {
     assert!(codes(nohuge).contains(&"vma_nohugepage"), "{nohuge}");
 
     let small = at("small");
-    assert_eq!((small["reason"].as_str(), small["aligned_2m_window"].as_bool()), (Some("vma_too_small"), Some(false)), "{small}");
+    assert_eq!(
+        (small["reason"].as_str(), small["aligned_2m_window"].as_bool()),
+        (Some("vma_too_small"), Some(false)),
+        "{small}"
+    );
     let unaligned = at("unaligned");
-    assert_eq!((unaligned["reason"].as_str(), unaligned["aligned_2m_window"].as_bool()), (Some("vma_unaligned"), Some(false)), "{unaligned}");
+    assert_eq!(
+        (unaligned["reason"].as_str(), unaligned["aligned_2m_window"].as_bool()),
+        (Some("vma_unaligned"), Some(false)),
+        "{unaligned}"
+    );
 
     // The kernel's own THPeligible agrees with every judgement on these regions.
     for name in ["advised", "plain", "nohuge", "small", "unaligned"] {
@@ -520,8 +537,18 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
         .iter()
         .map(|name| format!("{name} {}", vma(&report, &start_of(region(&round, name)))["live"]["faults"]))
         .collect();
-    eprintln!("{}: round faults: {}; total {}, ~{} in huge pages", vm_kernel().unwrap_or("host".into()), per_region.join(", "), faults["total"], faults["in_huge_pages"]);
-    assert!(report["verdict"].as_str().unwrap().contains("by prctl in the process itself (caught live)"), "{}", report["verdict"]);
+    eprintln!(
+        "{}: round faults: {}; total {}, ~{} in huge pages",
+        vm_kernel().unwrap_or("host".into()),
+        per_region.join(", "),
+        faults["total"],
+        faults["in_huge_pages"]
+    );
+    assert!(
+        report["verdict"].as_str().unwrap().contains("by prctl in the process itself (caught live)"),
+        "{}",
+        report["verdict"]
+    );
 }
 
 /// Guests only: the allow-check counts of a round equal the PMD-level checks its first touches
@@ -577,7 +604,10 @@ fn guest_allow_check_counts_match_the_workload() {
         let v = vma(&report, &start_of(r));
         let pmd_ranges = r["pmd_ranges"].as_u64().unwrap();
         let (checks, denied) = fault_checks(v);
-        eprintln!("{name}: {pmd_ranges} first touches of 2 MiB ranges, {checks} fault-path checks, {denied} denied; {}", v["live"]);
+        eprintln!(
+            "{name}: {pmd_ranges} first touches of 2 MiB ranges, {checks} fault-path checks, {denied} denied; {}",
+            v["live"]
+        );
         assert!(
             checks >= pmd_ranges && checks <= pmd_ranges + pud_tolerance(check, 1),
             "{name}: {checks} fault-path checks for {pmd_ranges} 2 MiB ranges: {v}"
@@ -627,7 +657,10 @@ fn guest_prctl_denials_are_counted_and_attributed() {
         assert_eq!(all, v["live"]["denied"].as_u64().unwrap(), "every denial explained: {v}");
         if r["name"] == "nohuge" {
             assert_eq!(denied_by["vma_nohugepage"], denied, "{v}");
-            assert!(denied_by.as_object().unwrap().keys().all(|k| k == "vma_nohugepage" || k == "prctl_thp_disable"), "{v}");
+            assert!(
+                denied_by.as_object().unwrap().keys().all(|k| k == "vma_nohugepage" || k == "prctl_thp_disable"),
+                "{v}"
+            );
         } else {
             assert_eq!(denied_by["prctl_thp_disable"], v["live"]["denied"], "{}: {v}", r["name"]);
         }
@@ -668,7 +701,10 @@ fn guest_madvise_policy_denials_are_counted_on_6_1_and_derived_on_6_8_plus() {
     assert_eq!(advised["reason"], "none");
     assert!(advised["anon_huge_bytes"].as_u64().unwrap() > 0, "{advised}");
     assert_eq!(fault_checks(advised).1, 0, "{advised}");
-    eprintln!("{}: plain region under madvise: {checks} fault-path checks seen, {denied} denied", vm_kernel().unwrap_or_default());
+    eprintln!(
+        "{}: plain region under madvise: {checks} fault-path checks seen, {denied} denied",
+        vm_kernel().unwrap_or_default()
+    );
 }
 
 #[test]

@@ -62,9 +62,7 @@ fn module_sources() -> Result<BTreeMap<String, Vec<PathBuf>>> {
         if !dir.is_dir() {
             continue;
         }
-        let mut files: Vec<PathBuf> = fs::read_dir(&dir)?
-            .map(|e| e.map(|e| e.path()))
-            .collect::<Result<_, _>>()?;
+        let mut files: Vec<PathBuf> = fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
         files.retain(|f| f.is_file());
         files.sort();
         if !files.iter().any(|f| f.file_name().is_some_and(|n| n == "Makefile" || n == "Kbuild")) {
@@ -87,7 +85,10 @@ fn ensure_headers(release: &str) -> Result<PathBuf> {
     }
     let package = format!("linux-headers-{release}");
     if !cmd::is_root() {
-        bail!("{} is missing and installing {package} needs root: run `sudo apt-get install {package}`", headers.display());
+        bail!(
+            "{} is missing and installing {package} needs root: run `sudo apt-get install {package}`",
+            headers.display()
+        );
     }
     let install = || {
         cmd::run(
@@ -146,9 +147,7 @@ fn build_module(release: &str, headers: &Path, name: &str, build_dir: &Path) -> 
     make.arg("-C").arg(headers).arg(format!("M={}", build_dir.display())).arg(format!("CC={KERNEL_CC}"));
     eprintln!("xtask: building test module {name} for {release}");
     let out = make.output().with_context(|| format!("starting make (is `make` installed?) for module {name}"))?;
-    let mut modules: Vec<PathBuf> = fs::read_dir(build_dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
+    let mut modules: Vec<PathBuf> = fs::read_dir(build_dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;
     modules.retain(|p| p.extension().is_some_and(|e| e == "ko"));
     if !out.status.success() || modules.is_empty() {
         bail!(
@@ -164,4 +163,3 @@ fn build_module(release: &str, headers: &Path, name: &str, build_dir: &Path) -> 
     }
     Ok(modules)
 }
-

@@ -21,7 +21,12 @@ struct Families(Snapshot);
 impl Collector for Families {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.0;
-        gauges(&mut encoder, "mm_probe_build_info", "mm-probe's version and the running kernel (always 1).", &s.build_info)?;
+        gauges(
+            &mut encoder,
+            "mm_probe_build_info",
+            "mm-probe's version and the running kernel (always 1).",
+            &s.build_info,
+        )?;
         gauges(
             &mut encoder,
             "mm_probe_probe_attached",
@@ -137,10 +142,7 @@ fn function_durations(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(
 }
 
 /// The encoder takes each bucket's own count and accumulates them itself.
-fn histogram(
-    mut metric: prometheus_client::encoding::MetricEncoder,
-    h: &Histogram,
-) -> Result<(), std::fmt::Error> {
+fn histogram(mut metric: prometheus_client::encoding::MetricEncoder, h: &Histogram) -> Result<(), std::fmt::Error> {
     let mut previous = 0;
     let buckets: Vec<(f64, u64)> = h
         .buckets
@@ -168,10 +170,8 @@ pub fn openmetrics(snapshot: Snapshot) -> Result<String, std::fmt::Error> {
 /// (`# TYPE x counter`, samples `x_total`) and with it in the classic format, whose parser
 /// would otherwise see untyped `x_total` samples without help; and `# EOF` ends only OpenMetrics.
 pub fn classic(openmetrics: &str) -> String {
-    let counters: Vec<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
+    let counters: Vec<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut text = String::with_capacity(openmetrics.len() + 16 * counters.len());
     for line in openmetrics.lines() {
         if line == "# EOF" {
@@ -220,7 +220,10 @@ mod tests {
     fn openmetrics_has_base_units_cumulative_buckets_and_eof() {
         let text = openmetrics(snapshot()).unwrap();
         assert!(text.contains("# TYPE mm_probe_lost_events counter\n"), "{text}");
-        assert!(text.contains("mm_probe_lost_events_total{capability=\"latency\",kind=\"recursion_guard\"} 0\n"), "{text}");
+        assert!(
+            text.contains("mm_probe_lost_events_total{capability=\"latency\",kind=\"recursion_guard\"} 0\n"),
+            "{text}"
+        );
         assert!(text.contains("mm_probe_wakeup_latency_seconds_bucket{le=\"0.0005\"} 2\n"), "{text}");
         assert!(text.contains("mm_probe_wakeup_latency_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
         assert!(text.contains("mm_probe_wakeup_latency_seconds_count 3\n"), "{text}");

@@ -45,7 +45,9 @@ pub fn parse_listen(text: &str) -> Result<SocketAddr, UserError> {
 pub async fn bind(address: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(address).await.map_err(|e| {
         let why = match e.kind() {
-            io::ErrorKind::AddrInUse => "the port is in use (another exporter?): pick another with --listen".to_string(),
+            io::ErrorKind::AddrInUse => {
+                "the port is in use (another exporter?): pick another with --listen".to_string()
+            }
             io::ErrorKind::AddrNotAvailable => "no interface of this machine has that address".to_string(),
             io::ErrorKind::PermissionDenied => "not permitted (ports below 1024 need CAP_NET_BIND_SERVICE)".to_string(),
             _ => e.to_string(),

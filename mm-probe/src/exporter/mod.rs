@@ -52,8 +52,11 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
 
 /// `--only`, or every capability.
 fn chosen(only: &[Capability]) -> Vec<Capability> {
-    let mut capabilities =
-        if only.is_empty() { vec![Capability::Latency, Capability::RetryStorm, Capability::Thp] } else { only.to_vec() };
+    let mut capabilities = if only.is_empty() {
+        vec![Capability::Latency, Capability::RetryStorm, Capability::Thp]
+    } else {
+        only.to_vec()
+    };
     capabilities.sort_unstable();
     capabilities.dedup();
     capabilities
@@ -76,8 +79,10 @@ async fn export(
     let mut signals = StopSignals::install()?;
     let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
     let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
-    let mut ebpf = load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
-    let sources = attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
+    let mut ebpf =
+        load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
+    let sources =
+        attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
     println!("mm-probe exporter: listening on http://{address}/metrics; {}", startup_summary(&sources));
     let object = Rc::new(RefCell::new(Some(ebpf)));
     let exporter = Rc::new(Exporter { sources, object: object.clone() });
@@ -179,7 +184,8 @@ fn startup_summary(sources: &Sources) -> String {
 
 fn capability_summary(capability: Capability, plan: &Plan) -> String {
     let attached: Vec<&str> = plan.probes.iter().filter(|p| p.attached()).map(|p| p.probe).collect();
-    let unavailable: Vec<String> = plan.unavailable().map(|p: &ProbePlan| format!("{} ({})", p.probe, p.why_unavailable())).collect();
+    let unavailable: Vec<String> =
+        plan.unavailable().map(|p: &ProbePlan| format!("{} ({})", p.probe, p.why_unavailable())).collect();
     let mut text = format!("{}: attached [{}]", capability.name(), attached.join(", "));
     if !unavailable.is_empty() {
         text += &format!(", unavailable [{}]", unavailable.join("; "));

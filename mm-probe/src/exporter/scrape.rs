@@ -195,7 +195,9 @@ fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<
         let (allowed, reason) = system_wide_outcome(&source.allow_check, source.bits, &policy, key);
         *tally.entry((if allowed { "allowed" } else { "denied" }, reason)).or_default() += count;
     }
-    snapshot.thp_checks =
-        tally.into_iter().map(|((verdict, reason), n)| Series::new(&[("verdict", verdict), ("reason", reason)], n)).collect();
+    snapshot.thp_checks = tally
+        .into_iter()
+        .map(|((verdict, reason), n)| Series::new(&[("verdict", verdict), ("reason", reason)], n))
+        .collect();
     Ok(())
 }

@@ -43,15 +43,14 @@ pub struct KernelBtf {
 
 impl KernelBtf {
     pub fn from_sys_fs() -> Result<Self> {
-        let bytes = std::fs::read(VMLINUX_BTF).with_context(|| {
-            format!("reading {VMLINUX_BTF}: this kernel was built without CONFIG_DEBUG_INFO_BTF")
-        })?;
+        let bytes = std::fs::read(VMLINUX_BTF)
+            .with_context(|| format!("reading {VMLINUX_BTF}: this kernel was built without CONFIG_DEBUG_INFO_BTF"))?;
         Self::from_bytes(bytes)
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
-        let aya = aya::Btf::parse(&bytes, aya::Endianness::default())
-            .map_err(|e| anyhow!("parsing kernel BTF: {e}"))?;
+        let aya =
+            aya::Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| anyhow!("parsing kernel BTF: {e}"))?;
         let raw = RawBtf::new(bytes).context("parsing kernel BTF")?;
         Ok(Self { aya, raw })
     }
@@ -139,10 +138,7 @@ impl RawBtf {
     }
 
     fn word(&self, position: usize) -> u32 {
-        self.bytes
-            .get(position..position + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .unwrap_or(0)
+        self.bytes.get(position..position + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).unwrap_or(0)
     }
 
     fn header_at(&self, position: usize) -> Option<TypeHeader> {
@@ -170,7 +166,15 @@ impl RawBtf {
             kind::STRUCT | kind::UNION | kind::DATASEC => 12 * header.vlen,
             kind::ENUM | kind::FUNC_PROTO => 8 * header.vlen,
             kind::ENUM64 => 12 * header.vlen,
-            2 | 7 | kind::TYPEDEF | kind::VOLATILE | kind::CONST | kind::RESTRICT | kind::FUNC | 16 | kind::TYPE_TAG => 0,
+            2
+            | 7
+            | kind::TYPEDEF
+            | kind::VOLATILE
+            | kind::CONST
+            | kind::RESTRICT
+            | kind::FUNC
+            | 16
+            | kind::TYPE_TAG => 0,
             _ => return None,
         })
     }
@@ -186,8 +190,7 @@ impl RawBtf {
     /// The first type named `name` whose kind passes `wanted`.
     fn find(&self, name: &str, wanted: impl Fn(u32) -> bool) -> Option<u32> {
         (1..self.type_starts.len() as u32).find(|&id| {
-            self.header(id)
-                .is_some_and(|h| h.name_off != 0 && wanted(h.kind) && self.string(h.name_off) == Some(name))
+            self.header(id).is_some_and(|h| h.name_off != 0 && wanted(h.kind) && self.string(h.name_off) == Some(name))
         })
     }
 
@@ -195,7 +198,12 @@ impl RawBtf {
     fn strip_modifiers(&self, mut id: u32) -> u32 {
         for _ in 0..32 {
             match self.header(id) {
-                Some(h) if matches!(h.kind, kind::TYPEDEF | kind::VOLATILE | kind::CONST | kind::RESTRICT | kind::TYPE_TAG) => {
+                Some(h)
+                    if matches!(
+                        h.kind,
+                        kind::TYPEDEF | kind::VOLATILE | kind::CONST | kind::RESTRICT | kind::TYPE_TAG
+                    ) =>
+                {
                     id = h.size_or_type;
                 }
                 _ => break,

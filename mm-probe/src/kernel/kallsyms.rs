@@ -175,14 +175,8 @@ ffffffff81008000 t foo_bar
     #[test]
     fn clones_are_found_and_cold_parts_are_not() {
         let k = Kallsyms::parse(SAMPLE);
-        assert_eq!(
-            k.resolve("shrink_folio_list"),
-            Some(SymbolMatch::Clone("shrink_folio_list.constprop.0".into()))
-        );
-        assert_eq!(
-            k.resolve("zap_pte_range"),
-            Some(SymbolMatch::Clone("zap_pte_range.isra.0.part.0".into()))
-        );
+        assert_eq!(k.resolve("shrink_folio_list"), Some(SymbolMatch::Clone("shrink_folio_list.constprop.0".into())));
+        assert_eq!(k.resolve("zap_pte_range"), Some(SymbolMatch::Clone("zap_pte_range.isra.0.part.0".into())));
         assert_eq!(k.resolve("only"), None);
     }
 

@@ -30,17 +30,11 @@ impl Kernel {
 
     /// The kernel's own BTF, or why it is unavailable.
     pub fn btf(&self) -> Result<&KernelBtf, &str> {
-        self.btf
-            .get_or_init(|| KernelBtf::from_sys_fs().map_err(|e| format!("{e:#}")))
-            .as_ref()
-            .map_err(String::as_str)
+        self.btf.get_or_init(|| KernelBtf::from_sys_fs().map_err(|e| format!("{e:#}"))).as_ref().map_err(String::as_str)
     }
 
     /// The kernel's symbol table, or why it is unreadable.
     pub fn kallsyms(&self) -> Result<&Kallsyms, &str> {
-        self.kallsyms
-            .get_or_init(|| Kallsyms::read().map_err(|e| format!("{e:#}")))
-            .as_ref()
-            .map_err(String::as_str)
+        self.kallsyms.get_or_init(|| Kallsyms::read().map_err(|e| format!("{e:#}"))).as_ref().map_err(String::as_str)
     }
 }

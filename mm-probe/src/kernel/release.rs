@@ -15,8 +15,8 @@ pub struct Release {
 
 impl Release {
     pub fn running() -> Result<Self> {
-        let text = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .context("reading /proc/sys/kernel/osrelease")?;
+        let text =
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").context("reading /proc/sys/kernel/osrelease")?;
         let version = std::fs::read_to_string("/proc/version").unwrap_or_default();
         Ok(Self::parse(text.trim(), &version))
     }

@@ -24,9 +24,7 @@ fn mount_tracefs(at: &str) -> Result<()> {
     let target = std::ffi::CString::new(at)?;
     let fstype = c"tracefs";
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-    let rc = unsafe {
-        libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
-    };
+    let rc = unsafe { libc::mount(fstype.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
         bail!(
             "tracefs is not mounted and mounting it at {at} failed ({}); mount it with \
@@ -48,8 +46,7 @@ pub fn event_exists(root: &Path, category: &str, name: &str) -> bool {
 /// sets have added common fields).
 pub fn field_offsets(root: &Path, category: &str, name: &str) -> Result<Vec<(String, u32)>> {
     let path = root.join("events").join(category).join(name).join("format");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
     Ok(parse_format(&text))
 }
 

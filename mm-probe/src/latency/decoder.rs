@@ -407,7 +407,8 @@ mod tests {
 
     #[test]
     fn only_a_syscall_still_running_counts() {
-        let running = SyscallState { orig_ax: libc::SYS_write, ax: -i64::from(libc::ENOSYS), regs_read: 1, args: [1, 0, 8, 0] };
+        let running =
+            SyscallState { orig_ax: libc::SYS_write, ax: -i64::from(libc::ENOSYS), regs_read: 1, args: [1, 0, 8, 0] };
         assert_eq!(decode_syscall(&running).unwrap().summary, "write()");
         // Returned (ax holds the result), on its way back to user space.
         assert!(decode_syscall(&SyscallState { ax: 8, ..running }).is_none());

@@ -294,12 +294,8 @@ pub const SCHED_HOOKS_ENV: &str = "MM_PROBE_SCHED_HOOKS";
 /// where BTF lacks one of them only the classic tracepoints are tried.
 fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
     let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
-    let members = [
-        layout::TASK_STRUCT_PID,
-        layout::TASK_STRUCT_PRIO,
-        layout::TASK_STRUCT_COMM,
-        layout::TASK_STRUCT_CPU,
-    ];
+    let members =
+        [layout::TASK_STRUCT_PID, layout::TASK_STRUCT_PRIO, layout::TASK_STRUCT_COMM, layout::TASK_STRUCT_CPU];
     let btf_usable = kernel.btf().is_ok_and(|btf| members.iter().all(|m| Layout::offset_in(btf, m).is_some()));
     probes::SCHED_PROBES
         .iter()
@@ -586,7 +582,10 @@ fn report(
     if options.json {
         println!("{}", json::line(json::Line::LatencySummary, &summary));
         for (rank, (w, a)) in wakeup_spikes.iter().map(|x| (&x.0, &x.1)).enumerate() {
-            println!("{}", json::line(json::Line::LatencySpike, &render::WakeupSpikeJson::new(rank + 1, w, a, start_ns)));
+            println!(
+                "{}",
+                json::line(json::Line::LatencySpike, &render::WakeupSpikeJson::new(rank + 1, w, a, start_ns))
+            );
         }
         for (rank, call) in function_spikes.iter().enumerate() {
             let spike = render::FunctionSpikeJson {

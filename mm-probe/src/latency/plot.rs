@@ -119,7 +119,11 @@ mod tests {
         assert_eq!(plot.panels.len(), 2);
         let counted: u64 = plot.panels[0].bars.iter().map(|b| b.count).sum();
         assert_eq!(counted, 7, "every wakeup is in a bar");
-        assert!(plot.panels[0].bars.contains(&Bar { low_us: 1920, high_us: 2047, count: 1 }), "{:?}", plot.panels[0].bars);
+        assert!(
+            plot.panels[0].bars.contains(&Bar { low_us: 1920, high_us: 2047, count: 1 }),
+            "{:?}",
+            plot.panels[0].bars
+        );
         assert!(plot.panels[0].summary.starts_with("7 wakeups, P50 "), "{}", plot.panels[0].summary);
         assert!(plot.panels[0].summary.ends_with("2 over 500µs"), "{}", plot.panels[0].summary);
         assert_eq!(plot.panels[1].name, "madvise_cold_or_pageout_pte_range");

@@ -533,8 +533,20 @@ mod tests {
             selection: "pids",
             pids: vec![42],
             functions: vec![
-                FunctionPlan { slot: 0, function: WALK.into(), attached: true, mechanism: Some("fentry+fexit".into()), reason: None },
-                FunctionPlan { slot: 1, function: "gone".into(), attached: false, mechanism: None, reason: Some("not in BTF".into()) },
+                FunctionPlan {
+                    slot: 0,
+                    function: WALK.into(),
+                    attached: true,
+                    mechanism: Some("fentry+fexit".into()),
+                    reason: None,
+                },
+                FunctionPlan {
+                    slot: 1,
+                    function: "gone".into(),
+                    attached: false,
+                    mechanism: None,
+                    reason: Some("not in BTF".into()),
+                },
             ],
             function_attribution: Availability { available: true, reason: Some("gone: not in BTF".into()) },
             syscall_attribution: available.clone(),
@@ -542,7 +554,11 @@ mod tests {
                 probes: vec![ProbePlan {
                     probe: "sched_switch",
                     purpose: "switches",
-                    outcome: Outcome::Attached { mechanism: "tp_btf".into(), target: "sched_switch".into(), caveat: None },
+                    outcome: Outcome::Attached {
+                        mechanism: "tp_btf".into(),
+                        target: "sched_switch".into(),
+                        caveat: None,
+                    },
                     failed_attempts: Vec::new(),
                 }],
             },
@@ -561,11 +577,23 @@ mod tests {
             threshold_ns,
             wakeup: quantity("wakeup", true),
             functions: vec![quantity(WALK, true)],
-            tasks: vec![TaskSummary { pid: 42, comm: "rt_waker".into(), prio: 0, wakeups: 3, mean_ns: 372_000, max_ns: 1_100_000, over_threshold: 1 }],
+            tasks: vec![TaskSummary {
+                pid: 42,
+                comm: "rt_waker".into(),
+                prio: 0,
+                wakeups: 3,
+                mean_ns: 372_000,
+                max_ns: 1_100_000,
+                over_threshold: 1,
+            }],
             wakeup_spikes: 1,
             function_spikes: 1,
             function_attribution: available,
-            verdict: Verdict { level: Level::Warn, text: "one wakeup waited 1.1 ms".into(), causes: vec![(WALK.into(), 1)] },
+            verdict: Verdict {
+                level: Level::Warn,
+                text: "one wakeup waited 1.1 ms".into(),
+                causes: vec![(WALK.into(), 1)],
+            },
         };
         let syscall = Syscall {
             nr: 28,
@@ -597,13 +625,27 @@ mod tests {
         let attribution = Attribution {
             blocker_ran_until_switch: true,
             without_rescheduling: true,
-            functions: vec![FunctionShare { function: WALK.into(), in_wait_ns: 1_000_000, calls: 2, running_call_ns: Some(900_000) }],
+            functions: vec![FunctionShare {
+                function: WALK.into(),
+                in_wait_ns: 1_000_000,
+                calls: 2,
+                running_call_ns: Some(900_000),
+            }],
             cause: WALK.into(),
             explanation: "storm-7 held CPU 1".into(),
         };
-        let call =
-            FunctionCall { slot: 0, task: storm.task, tgid: 7, cpu: 1, entry_ns: 20, duration_ns: 1_000_000, stack, syscall: Some(syscall) };
-        let function_spike = FunctionSpikeJson { kind: "function", rank: 1, function: WALK, entered_at_ns: 20, call: &call };
+        let call = FunctionCall {
+            slot: 0,
+            task: storm.task,
+            tgid: 7,
+            cpu: 1,
+            entry_ns: 20,
+            duration_ns: 1_000_000,
+            stack,
+            syscall: Some(syscall),
+        };
+        let function_spike =
+            FunctionSpikeJson { kind: "function", rank: 1, function: WALK, entered_at_ns: 20, call: &call };
         for line in [
             json::line(Line::LatencyProbePlan, &header),
             json::line(Line::LatencyInterval, &interval),

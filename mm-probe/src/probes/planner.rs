@@ -159,12 +159,7 @@ impl<'k> Planner<'k> {
 
     /// Loads and attaches one program to one target. Public so that capabilities that attach one
     /// program to many user-chosen functions (`latency --func`) use the same checks.
-    pub fn attach_hook(
-        &self,
-        ebpf: &mut Ebpf,
-        hook: &Hook,
-        target: &str,
-    ) -> Result<(String, Option<String>), String> {
+    pub fn attach_hook(&self, ebpf: &mut Ebpf, hook: &Hook, target: &str) -> Result<(String, Option<String>), String> {
         let symbol = self.preflight(hook.mechanism, target)?;
         let program = ebpf
             .program_mut(hook.program)
@@ -180,9 +175,8 @@ impl<'k> Planner<'k> {
         match mechanism {
             Mechanism::Fentry | Mechanism::Fexit => {
                 let btf = self.kernel.btf().map_err(|e| format!("no kernel BTF ({e})"))?;
-                btf.function_params(target).ok_or_else(|| {
-                    format!("{target} is not in this kernel's BTF (absent, renamed or inlined)")
-                })?;
+                btf.function_params(target)
+                    .ok_or_else(|| format!("{target} is not in this kernel's BTF (absent, renamed or inlined)"))?;
                 Ok((target.to_string(), None))
             }
             Mechanism::Kprobe | Mechanism::Kretprobe => {

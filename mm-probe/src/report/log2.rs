@@ -49,11 +49,7 @@ impl Log2Histogram {
             let stars = (count * BAR_WIDTH).div_ceil(peak).min(BAR_WIDTH) as usize;
             let stars = if count == 0 { 0 } else { stars };
             let mark = if marked == Some(k) { " <- threshold" } else { "" };
-            let _ = writeln!(
-                out,
-                "{low:>10} -> {high:<10}: {count:<9}|{:<40}|{mark}",
-                "*".repeat(stars)
-            );
+            let _ = writeln!(out, "{low:>10} -> {high:<10}: {count:<9}|{:<40}|{mark}", "*".repeat(stars));
         }
         out
     }
@@ -83,7 +79,10 @@ mod tests {
         let text = Log2Histogram::new(buckets).render("usecs", Some(500));
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].trim_start().starts_with("usecs : count"), "{text}");
-        assert!(lines[1].contains("8 -> 15") && lines[1].contains("|****************************************|"), "{text}");
+        assert!(
+            lines[1].contains("8 -> 15") && lines[1].contains("|****************************************|"),
+            "{text}"
+        );
         let marked: Vec<&&str> = lines.iter().filter(|l| l.ends_with("<- threshold")).collect();
         assert_eq!(marked.len(), 1, "{text}");
         assert!(marked[0].contains("256 -> 511"), "{text}");

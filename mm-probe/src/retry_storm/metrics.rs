@@ -266,7 +266,12 @@ impl Window {
         let mut top: Vec<Invalidator> = self
             .invalidators
             .iter()
-            .map(|((comm, event), (count, bytes))| Invalidator { comm: comm.clone(), event: *event, count: *count, bytes: *bytes })
+            .map(|((comm, event), (count, bytes))| Invalidator {
+                comm: comm.clone(),
+                event: *event,
+                count: *count,
+                bytes: *bytes,
+            })
             .collect();
         top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.comm.cmp(&b.comm)));
         top.truncate(TOP_INVALIDATORS);

@@ -82,7 +82,8 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
     let numa_balancing = std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
     let mut collector = Collector::new(timeout_ns, seen, thresholds, numa_balancing);
     let plot = plot.map(|file| {
-        collector.timeline = Some(Timeline::new(collector.run_start_ns, PLOT_SAMPLE_PERIOD.as_nanos() as u64, PLOT_MAX_SAMPLES));
+        collector.timeline =
+            Some(Timeline::new(collector.run_start_ns, PLOT_SAMPLE_PERIOD.as_nanos() as u64, PLOT_MAX_SAMPLES));
         PlotRequest { file, kernel: kernel.release.text.clone() }
     });
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -162,7 +163,8 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
                 why(probes::WALK_PROBE)
             )
         };
-        seen.statements.push(format!("{reason}. Retry rates, timeouts, retry loops and walk latency cannot be measured here."));
+        seen.statements
+            .push(format!("{reason}. Retry rates, timeouts, retry loops and walk latency cannot be measured here."));
     }
     if !seen.read_begins && seen.walks {
         seen.statements.push(format!(
@@ -195,7 +197,10 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         ));
     }
     if !seen.kvm_unmap && !seen.kvm_age {
-        seen.statements.push(format!("KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available ({}).", why(probes::KVM_UNMAP_PROBE)));
+        seen.statements.push(format!(
+            "KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available ({}).",
+            why(probes::KVM_UNMAP_PROBE)
+        ));
     }
     seen
 }
@@ -337,7 +342,11 @@ fn read_begins_by_caller(ebpf: &Ebpf) -> Result<Vec<ReadBeginCaller>> {
     let mut callers = Vec::new();
     for entry in map.iter() {
         let (key, per_cpu) = entry?;
-        callers.push(ReadBeginCaller { tgid: key.tgid, notifier: format!("{:#x}", key.notifier), calls: per_cpu.iter().sum() });
+        callers.push(ReadBeginCaller {
+            tgid: key.tgid,
+            notifier: format!("{:#x}", key.notifier),
+            calls: per_cpu.iter().sum(),
+        });
     }
     callers.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.tgid.cmp(&b.tgid)));
     callers.truncate(metrics::TOP_INVALIDATORS);
@@ -362,7 +371,12 @@ fn every(period: Duration) -> tokio::time::Interval {
     tick
 }
 
-async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArgs, plot: Option<PlotRequest>) -> Result<()> {
+async fn collect(
+    ebpf: &mut Ebpf,
+    mut collector: Collector,
+    args: &RetryStormArgs,
+    plot: Option<PlotRequest>,
+) -> Result<()> {
     let mut walk_ring: RingReader<HmmEvent> =
         RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
     let mut invalidate_ring: RingReader<HmmEvent> = RingReader::new(
@@ -371,7 +385,8 @@ async fn collect(ebpf: &mut Ebpf, mut collector: Collector, args: &RetryStormArg
     let stop = wait_for_stop(args.duration);
     tokio::pin!(stop);
     let mut settle_tick = tokio::time::interval(SETTLE_TICK);
-    let mut report_tick = args.interval.map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
+    let mut report_tick =
+        args.interval.map(|period| tokio::time::interval_at(tokio::time::Instant::now() + period, period));
     let mut plot_tick = collector.timeline.is_some().then(|| every(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by = loop {

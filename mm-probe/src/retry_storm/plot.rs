@@ -25,7 +25,11 @@ pub fn rates_plot(run: &RunFacts, samples: &[RateSample], thresholds: &Threshold
             if run.stopped_by == "interrupted" { ", stopped by Ctrl-C" } else { "" }
         ),
         duration_s: run.duration_s,
-        panels: vec![returns_panel(samples, seen), retry_rate_panel(samples, thresholds, seen), invalidations_panel(samples, thresholds, seen)],
+        panels: vec![
+            returns_panel(samples, seen),
+            retry_rate_panel(samples, thresholds, seen),
+            invalidations_panel(samples, thresholds, seen),
+        ],
     }
 }
 
@@ -64,7 +68,8 @@ fn returns_panel(samples: &[RateSample], seen: &Observability) -> RatePanel {
 
 fn retry_rate_panel(samples: &[RateSample], thresholds: &Thresholds, seen: &Observability) -> RatePanel {
     let percent = |fraction: Option<f64>| fraction.map(|f| f * 100.0);
-    let per_invalidation = |s: &RateSample| if seen.invalidations { percent(ratio(s.ebusy, s.invalidations)) } else { None };
+    let per_invalidation =
+        |s: &RateSample| if seen.invalidations { percent(ratio(s.ebusy, s.invalidations)) } else { None };
     RatePanel {
         title: "retry rate (the verdict judges -EBUSY ÷ invalidations)".into(),
         unit: "percent".into(),

@@ -95,5 +95,4 @@ pub const KVM_AGE: LogicalProbe = LogicalProbe {
 
 /// In attach order: the walk and read_begin probes mark mms as mirrored, which the
 /// invalidation probes filter on.
-pub const PROBES: &[LogicalProbe] =
-    &[WALK, READ_BEGINS, REMOVES, INVALIDATE_START, INVALIDATE_END, KVM_UNMAP, KVM_AGE];
+pub const PROBES: &[LogicalProbe] = &[WALK, READ_BEGINS, REMOVES, INVALIDATE_START, INVALIDATE_END, KVM_UNMAP, KVM_AGE];

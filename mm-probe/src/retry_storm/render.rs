@@ -104,7 +104,12 @@ pub fn interval_text(s: &Snapshot) -> String {
                 percent(r.ebusy_per_invalidation)
             );
             if w.latency.count > 0 {
-                let _ = write!(line, " avg {} P99 {}", format_nanos(w.latency.mean_ns as u64), format_nanos(w.latency.p99_ns));
+                let _ = write!(
+                    line,
+                    " avg {} P99 {}",
+                    format_nanos(w.latency.mean_ns as u64),
+                    format_nanos(w.latency.p99_ns)
+                );
             }
         }
         _ => line.push_str(" walks not observable"),
@@ -113,7 +118,12 @@ pub fn interval_text(s: &Snapshot) -> String {
         let _ = write!(line, " | loops ok {} gave up {}", loops.tally.success, loops.timeouts);
     }
     if let Some(i) = &s.invalidations {
-        let _ = write!(line, " | invalidations {} ({}/s)", i.count, i.per_second.map_or("n/a".into(), |f| format!("{f:.0}")));
+        let _ = write!(
+            line,
+            " | invalidations {} ({}/s)",
+            i.count,
+            i.per_second.map_or("n/a".into(), |f| format!("{f:.0}"))
+        );
     }
     let lost = s.lost_events.walk_events + s.lost_events.invalidate_events;
     if lost > 0 {
@@ -162,7 +172,11 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
             w.busy_causes.true_conflict, w.busy_causes.false_sharing, w.busy_causes.unexplained
         );
         let _ = writeln!(out, "\nRetry rate");
-        let _ = writeln!(out, "  -EBUSY ÷ invalidations (the material's retry_rate): {}", percent(r.ebusy_per_invalidation));
+        let _ = writeln!(
+            out,
+            "  -EBUSY ÷ invalidations (the material's retry_rate): {}",
+            percent(r.ebusy_per_invalidation)
+        );
         let _ = writeln!(out, "  -EBUSY ÷ hmm_range_fault calls (walks thrown away): {}", percent(r.ebusy_per_walk));
     }
     if let Some(loops) = &s.retry_loops {
@@ -181,7 +195,11 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
             percent(loops.timeout_rate_per_loop)
         );
         let _ = writeln!(out, "  loop duration: {}", latency_line(&loops.duration));
-        let _ = write!(out, "  walks per loop:\n{}", Log2Histogram::new(loops.length_log2_hist.clone()).render("walks", None));
+        let _ = write!(
+            out,
+            "  walks per loop:\n{}",
+            Log2Histogram::new(loops.length_log2_hist.clone()).render("walks", None)
+        );
     }
     if let Some(i) = &s.invalidations {
         let _ = writeln!(out, "\nInvalidations of mirrored memory (__mmu_notifier_invalidate_range_start)");
@@ -194,9 +212,20 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
         );
         let _ = write!(out, "  size:\n{}", Log2Histogram::new(i.size_bytes_log2_hist.clone()).render("bytes", None));
         if !i.top_invalidators.is_empty() {
-            let _ = writeln!(out, "  top invalidators:\n    {:<16} {:<16} {:>10} {:>12}", "comm", "event", "count", "bytes");
+            let _ = writeln!(
+                out,
+                "  top invalidators:\n    {:<16} {:<16} {:>10} {:>12}",
+                "comm", "event", "count", "bytes"
+            );
             for top in &i.top_invalidators {
-                let _ = writeln!(out, "    {:<16} {:<16} {:>10} {:>12}", top.comm, top.event.name(), top.count, format_bytes(top.bytes));
+                let _ = writeln!(
+                    out,
+                    "    {:<16} {:<16} {:>10} {:>12}",
+                    top.comm,
+                    top.event.name(),
+                    top.count,
+                    format_bytes(top.bytes)
+                );
             }
         }
         let o = &i.overlap_with_walks;
@@ -308,7 +337,12 @@ mod tests {
                 other_mms: 4,
                 per_second: Some(10.0),
                 size_bytes_log2_hist: vec![0, 0, 3],
-                top_invalidators: vec![Invalidator { comm: "madv".into(), event: NotifierEvent::Clear, count: 10, bytes: 655_360 }],
+                top_invalidators: vec![Invalidator {
+                    comm: "madv".into(),
+                    event: NotifierEvent::Clear,
+                    count: 10,
+                    bytes: 655_360,
+                }],
                 overlap_with_walks: OverlapTally { walked_range: 1, ..OverlapTally::default() },
                 callback_ns_log2_hist: vec![0, 2],
                 callback_p99_ns: Some(3),
@@ -322,14 +356,24 @@ mod tests {
     }
 
     fn plan() -> Plan {
-        let failed = Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
+        let failed =
+            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
         let attached = ProbePlan {
             probe: "hmm_range_fault walk",
             purpose: "walks",
-            outcome: Outcome::Attached { mechanism: "kprobe".into(), target: "hmm_range_fault".into(), caveat: Some("clone".into()) },
+            outcome: Outcome::Attached {
+                mechanism: "kprobe".into(),
+                target: "hmm_range_fault".into(),
+                caveat: Some("clone".into()),
+            },
             failed_attempts: vec![failed.clone()],
         };
-        let missing = ProbePlan { probe: "kvm age", purpose: "kvm", outcome: Outcome::Unavailable, failed_attempts: vec![failed] };
+        let missing = ProbePlan {
+            probe: "kvm age",
+            purpose: "kvm",
+            outcome: Outcome::Unavailable,
+            failed_attempts: vec![failed],
+        };
         Plan { probes: vec![attached, missing] }
     }
 
@@ -337,7 +381,13 @@ mod tests {
     fn every_json_line_matches_its_schema_with_every_metric_observed() {
         let snapshot = everything_observed();
         assert!(!snapshot.verdict.advice.is_empty(), "the advice must be in the checked line too");
-        let seen = Observability { walks: true, invalidations: true, kvm_age: true, statements: vec!["…".into()], ..Observability::default() };
+        let seen = Observability {
+            walks: true,
+            invalidations: true,
+            kvm_age: true,
+            statements: vec!["…".into()],
+            ..Observability::default()
+        };
         tool_line(&plan_json("6.12.57", &plan(), &seen, &Thresholds::default(), 1_000_000_000));
         tool_line(&interval_json(&snapshot));
         tool_line(&summary_json(&snapshot, "interrupted", &seen));

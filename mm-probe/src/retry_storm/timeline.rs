@@ -112,7 +112,8 @@ impl Timeline {
 
     fn halve_resolution(&mut self) {
         let pairs = self.samples.chunks(2);
-        self.samples = pairs.map(|pair| pair.iter().copied().reduce(RateSample::merged_with).unwrap_or_default()).collect();
+        self.samples =
+            pairs.map(|pair| pair.iter().copied().reduce(RateSample::merged_with).unwrap_or_default()).collect();
         self.period_ns = self.period_ns.saturating_mul(2);
     }
 }
@@ -123,7 +124,6 @@ mod tests {
     use crate::retry_storm::metrics::tests::counters;
 
     const SECOND: u64 = 1_000_000_000;
-
 
     #[test]
     fn each_period_gets_the_counts_read_in_it() {
@@ -144,7 +144,10 @@ mod tests {
         timeline.record(SECOND / 2, &counters(1, 1, 1));
         assert!(timeline.samples().is_empty());
         timeline.record(SECOND, &counters(3, 2, 5));
-        assert_eq!(timeline.samples(), [RateSample { start_ns: 0, end_ns: SECOND, walks: 3, ebusy: 2, invalidations: 5 }]);
+        assert_eq!(
+            timeline.samples(),
+            [RateSample { start_ns: 0, end_ns: SECOND, walks: 3, ebusy: 2, invalidations: 5 }]
+        );
         timeline.finish(SECOND, &counters(3, 2, 5));
         assert_eq!(timeline.samples().len(), 1, "an empty end adds nothing");
         timeline.finish(SECOND + 1000, &counters(4, 2, 5));

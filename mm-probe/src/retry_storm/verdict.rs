@@ -151,10 +151,28 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
         crit: band.crit,
     };
     let metrics = vec![
-        metric("retry_rate", "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)", "fraction", e.retry_rate, t.retry_rate),
-        metric("timeout_rate", "retry loops that gave up ÷ invalidations of mirrored mms", "fraction", e.timeout_rate, t.timeout_rate),
+        metric(
+            "retry_rate",
+            "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)",
+            "fraction",
+            e.retry_rate,
+            t.retry_rate,
+        ),
+        metric(
+            "timeout_rate",
+            "retry loops that gave up ÷ invalidations of mirrored mms",
+            "fraction",
+            e.timeout_rate,
+            t.timeout_rate,
+        ),
         metric("avg_latency", "mean hmm_range_fault duration", "ns", e.avg_walk_ns, t.avg_latency_ns),
-        metric("invalidate_freq", "invalidations of mirrored mms per second", "per_second", e.invalidate_freq, t.invalidate_freq),
+        metric(
+            "invalidate_freq",
+            "invalidations of mirrored mms per second",
+            "per_second",
+            e.invalidate_freq,
+            t.invalidate_freq,
+        ),
     ];
     let overall = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // A window with walks but no invalidations has no retry_rate; still judge what exists.
@@ -206,7 +224,12 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             action: "register finer interval notifiers (one per 2 MiB is the usual middle ground) so an invalidation fails only the walks of the pages it touches".into(),
         });
     }
-    let reclaim: u64 = e.top_invalidators.iter().filter(|(comm, _, _)| comm.starts_with("kswapd") || comm.starts_with("kcompactd")).map(|(_, _, n)| n).sum();
+    let reclaim: u64 = e
+        .top_invalidators
+        .iter()
+        .filter(|(comm, _, _)| comm.starts_with("kswapd") || comm.starts_with("kcompactd"))
+        .map(|(_, _, n)| n)
+        .sum();
     if reclaim > 0 && ratio(reclaim, e.invalidations).is_some_and(|r| r >= 0.1) {
         advice.push(Advice {
             cause: "reclaim",
@@ -214,7 +237,8 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             action: "the machine is under memory pressure: give the workload more memory, lower other consumers, or pin (mlock) the mirrored buffers".into(),
         });
     }
-    let protection: u64 = e.top_invalidators.iter().filter(|(_, event, _)| *event == "PROTECTION_VMA").map(|(_, _, n)| n).sum();
+    let protection: u64 =
+        e.top_invalidators.iter().filter(|(_, event, _)| *event == "PROTECTION_VMA").map(|(_, _, n)| n).sum();
     if protection > 0 && ratio(protection, e.invalidations).is_some_and(|r| r >= 0.1) {
         advice.push(Advice {
             cause: "NUMA balancing or mprotect",
@@ -351,6 +375,9 @@ mod tests {
             ..Evidence::default()
         };
         let causes: Vec<&str> = judge(&e, &Thresholds::default()).advice.iter().map(|a| a.cause).collect();
-        assert_eq!(causes, ["reclaim", "NUMA balancing or mprotect", "fine-grained unmaps", "slow invalidate callbacks"]);
+        assert_eq!(
+            causes,
+            ["reclaim", "NUMA balancing or mprotect", "fine-grained unmaps", "slow invalidate callbacks"]
+        );
     }
 }

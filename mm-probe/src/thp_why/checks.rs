@@ -97,10 +97,15 @@ impl CallEncoding {
             }
             CallEncoding::TvaType { index, smaps, page_fault, khugepaged, forced_collapse } => {
                 let value = arg(index)?;
-                [(smaps, Call::Smaps), (page_fault, Call::PageFault), (khugepaged, Call::Khugepaged), (forced_collapse, Call::ForcedCollapse)]
-                    .into_iter()
-                    .find(|(v, _)| *v == value)
-                    .map(|(_, call)| call)
+                [
+                    (smaps, Call::Smaps),
+                    (page_fault, Call::PageFault),
+                    (khugepaged, Call::Khugepaged),
+                    (forced_collapse, Call::ForcedCollapse),
+                ]
+                .into_iter()
+                .find(|(v, _)| *v == value)
+                .map(|(_, call)| call)
             }
         }
     }
@@ -233,7 +238,13 @@ impl AllowCheck {
         }
         let params = btf.function_params("hugepage_vma_check")?;
         let encoding = bools(&params)?;
-        Some(Self { function: "hugepage_vma_check", params, encoding, order: HUGEPAGE_VMA_CHECK_ORDER, decided_from: "btf" })
+        Some(Self {
+            function: "hugepage_vma_check",
+            params,
+            encoding,
+            order: HUGEPAGE_VMA_CHECK_ORDER,
+            decided_from: "btf",
+        })
     }
 
     /// Without BTF: the layout each release line is known to have (kernel-facts §1.1; whether
@@ -241,7 +252,8 @@ impl AllowCheck {
     pub fn from_release(release: &Release) -> Self {
         let bools = CallEncoding::Bools { smaps: 2, in_pf: 3, enforce_sysfs: 4 };
         let (function, encoding, order) = if release.at_least(6, 18) {
-            let encoding = CallEncoding::TvaType { index: 2, smaps: 0, page_fault: 1, khugepaged: 2, forced_collapse: 3 };
+            let encoding =
+                CallEncoding::TvaType { index: 2, smaps: 0, page_fault: 1, khugepaged: 2, forced_collapse: 3 };
             ("__thp_vma_allowable_orders", encoding, ALLOWABLE_ORDERS_TVA_TYPE_ORDER)
         } else if release.at_least(6, 10) {
             ("__thp_vma_allowable_orders", CallEncoding::TvaFlags { index: 2 }, ALLOWABLE_ORDERS_ORDER)

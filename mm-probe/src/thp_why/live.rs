@@ -14,7 +14,7 @@ use mm_probe_common::thp::{
     ThpCheckKey,
 };
 
-use super::{checks::AllowCheck, procfs::Proc, probes, reasons::vm_flags};
+use super::{checks::AllowCheck, probes, procfs::Proc, reasons::vm_flags};
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
@@ -78,8 +78,7 @@ pub fn settings(target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) 
 pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     let checks_map: PerCpuHashMap<&MapData, ThpCheckKey, u64> =
         PerCpuHashMap::try_from(ebpf.map(names::CHECKS_MAP).context("checks map missing")?)?;
-    let checks =
-        checks_map.iter().filter_map(Result::ok).map(|(key, values)| (key, values.iter().sum())).collect();
+    let checks = checks_map.iter().filter_map(Result::ok).map(|(key, values)| (key, values.iter().sum())).collect();
     let faults_map: PerCpuHashMap<&MapData, u64, FaultBlock> =
         PerCpuHashMap::try_from(ebpf.map(names::FAULTS_MAP).context("faults map missing")?)?;
     let mut per_range = BTreeMap::new();

@@ -85,7 +85,10 @@ fn validate_target(pid: u32) -> Result<Target> {
     }
     let status = proc.status().map_err(|e| user_error(pid, e))?;
     if status.tgid != 0 && status.tgid != pid {
-        notes.push(format!("pid {pid} is a thread of process {}; examining the process (threads share one mm)", status.tgid));
+        notes.push(format!(
+            "pid {pid} is a thread of process {}; examining the process (threads share one mm)",
+            status.tgid
+        ));
         proc = Proc::new(status.tgid);
     }
     proc.check_smaps_access().map_err(|e| user_error(pid, e))?;
@@ -96,7 +99,9 @@ fn validate_target(pid: u32) -> Result<Target> {
 
 fn user_error(pid: u32, error: ProcError) -> anyhow::Error {
     match error {
-        ProcError::Gone { .. } => UserError::new(format!("no process {pid}: it does not exist (or has already exited)")).into(),
+        ProcError::Gone { .. } => {
+            UserError::new(format!("no process {pid}: it does not exist (or has already exited)")).into()
+        }
         ProcError::Denied { .. } => UserError::new(error.to_string()).into(),
         other => anyhow::Error::new(other),
     }
@@ -178,7 +183,8 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
         l.drain_prctl(&mut prctl_events);
     }
     let status = target.proc.status().ok();
-    let kernel_seen = seen_end.or_else(|| live.as_ref().and_then(|l| l.target_mm().ok()).filter(|s| s.mm != 0)).or(seen_start);
+    let kernel_seen =
+        seen_end.or_else(|| live.as_ref().and_then(|l| l.target_mm().ok()).filter(|s| s.mm != 0)).or(seen_start);
     // Without THP in the kernel THP_enabled prints 0 for every process: it says nothing.
     let status_thp_enabled = status.and_then(|s| s.thp_enabled).filter(|_| policy.thp_built_in);
     let disable = disable_facts(kernel_seen, status_thp_enabled, bits, &allow_check, &policy, &vmas_end, &mounts);
@@ -329,7 +335,12 @@ fn disable_facts(
                 && evaluate(&ctx, checks::Call::Smaps, &facts).allowed()
         });
         if betrayed {
-            return DisableFacts { mode: Some(DisableMode::ExceptAdvised), source: "smaps", mm_flags: None, status_thp_enabled };
+            return DisableFacts {
+                mode: Some(DisableMode::ExceptAdvised),
+                source: "smaps",
+                mm_flags: None,
+                status_thp_enabled,
+            };
         }
     }
     DisableFacts { mode: from_status, source: "status", mm_flags: None, status_thp_enabled }
@@ -349,7 +360,8 @@ mod tests {
         Anonymous: 8192 kB\nAnonHugePages: 0 kB\nTHPeligible: 0\nVmFlags: rd wr mr mw me ac \n";
 
     fn facts(seen: Option<MmSeen>, status: Option<bool>, bits: ThpDisableBits) -> DisableFacts {
-        let tree = sample_tree("[always] madvise never", "always [inherit] madvise never", "always inherit madvise [never]");
+        let tree =
+            sample_tree("[always] madvise never", "always [inherit] madvise never", "always inherit madvise [never]");
         let policy = SystemPolicy::read_from(tree.path());
         let check = AllowCheck::from_release(&Release::parse("6.18.44", ""));
         disable_facts(seen, status, bits, &check, &policy, &parse_smaps(SMAPS), &[])

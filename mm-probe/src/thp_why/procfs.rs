@@ -162,12 +162,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
 
 /// NUL-separated arguments, joined by spaces.
 pub fn parse_cmdline(bytes: &[u8]) -> String {
-    bytes
-        .split(|b| *b == 0)
-        .filter(|arg| !arg.is_empty())
-        .map(String::from_utf8_lossy)
-        .collect::<Vec<_>>()
-        .join(" ")
+    bytes.split(|b| *b == 0).filter(|arg| !arg.is_empty()).map(String::from_utf8_lossy).collect::<Vec<_>>().join(" ")
 }
 
 /// One VMA as /proc/PID/smaps describes it.

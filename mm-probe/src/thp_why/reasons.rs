@@ -57,10 +57,7 @@ impl ReasonCode {
 
     /// Applies to every VMA of the process (or of the system), not to one region.
     pub fn is_process_wide(self) -> bool {
-        matches!(
-            self,
-            ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised | ReasonCode::SysfsNever
-        )
+        matches!(self, ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised | ReasonCode::SysfsNever)
     }
 }
 
@@ -80,7 +77,11 @@ impl DisableMode {
     pub fn from_mm_flags(bits: ThpDisableBits, flags: u64) -> Self {
         match bits {
             ThpDisableBits::Single { disable } => {
-                if flags & (1 << disable) != 0 { DisableMode::Completely } else { DisableMode::None }
+                if flags & (1 << disable) != 0 {
+                    DisableMode::Completely
+                } else {
+                    DisableMode::None
+                }
             }
             ThpDisableBits::Split { completely, except_advised } => {
                 if flags & (1 << completely) != 0 {
@@ -290,7 +291,9 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
     let has_sizes = ctx.order.contains(&Step::WrapperAnonSysfs);
     let mut orders: Vec<u32> = match (vma.is_anonymous() && has_sizes, ctx.past_wrapper) {
         (true, false) => policy.anon_orders(),
-        (true, true) => Some(policy.anon_orders_allowed(vma.vm_hugepage)).filter(|o| !o.is_empty()).unwrap_or(vec![pmd]),
+        (true, true) => {
+            Some(policy.anon_orders_allowed(vma.vm_hugepage)).filter(|o| !o.is_empty()).unwrap_or(vec![pmd])
+        }
         (false, _) => vec![pmd],
     };
     let deny = |eval: &mut Evaluation, code, step, detail: String| {
@@ -306,10 +309,15 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
                 orders.retain(|o| allowed.contains(o));
                 if orders.is_empty() {
                     let (code, why) = sysfs_refusal(policy, vma.vm_hugepage);
-                    deny(&mut eval, code, step, format!(
-                        "{why}; refused in the inline wrapper thp_vma_allowable_orders() before the probed function \
+                    deny(
+                        &mut eval,
+                        code,
+                        step,
+                        format!(
+                            "{why}; refused in the inline wrapper thp_vma_allowable_orders() before the probed function \
                          (derived from sysfs and vm_flags, not seen live)"
-                    ));
+                        ),
+                    );
                     // Later checks are judged for the PMD size, as if sysfs allowed it.
                     orders = vec![pmd];
                 }
@@ -322,27 +330,43 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
             }
             Step::NoHugepageFlag => {
                 if vma.vm_nohugepage {
-                    deny(&mut eval, ReasonCode::VmaNohugepage, step,
-                        "VM_NOHUGEPAGE (madvise(MADV_NOHUGEPAGE), or MAP_STACK on 6.7+)".into());
+                    deny(
+                        &mut eval,
+                        ReasonCode::VmaNohugepage,
+                        step,
+                        "VM_NOHUGEPAGE (madvise(MADV_NOHUGEPAGE), or MAP_STACK on 6.7+)".into(),
+                    );
                 }
             }
             Step::MmfDisable => {
                 if ctx.mm == DisableMode::Completely {
-                    deny(&mut eval, ReasonCode::PrctlThpDisable, step,
-                        "MMF_DISABLE_THP set on the process by prctl(PR_SET_THP_DISABLE)".into());
+                    deny(
+                        &mut eval,
+                        ReasonCode::PrctlThpDisable,
+                        step,
+                        "MMF_DISABLE_THP set on the process by prctl(PR_SET_THP_DISABLE)".into(),
+                    );
                 }
             }
             Step::MmfExceptAdvised => {
                 if ctx.mm == DisableMode::ExceptAdvised && !vma.vm_hugepage && call != Call::ForcedCollapse {
-                    deny(&mut eval, ReasonCode::PrctlThpDisableExceptAdvised, step,
-                        "MMF_DISABLE_THP_EXCEPT_ADVISED set by prctl and the region has no MADV_HUGEPAGE".into());
+                    deny(
+                        &mut eval,
+                        ReasonCode::PrctlThpDisableExceptAdvised,
+                        step,
+                        "MMF_DISABLE_THP_EXCEPT_ADVISED set by prctl and the region has no MADV_HUGEPAGE".into(),
+                    );
                 }
             }
             Step::SpecialAllCallers | Step::SpecialKhugepagedOnly => {
                 let applies = step == Step::SpecialAllCallers || (!call.in_pf() && !call.smaps());
                 if applies && !vma.special_flags.is_empty() {
-                    deny(&mut eval, ReasonCode::SpecialVma, step,
-                        format!("special mapping (VmFlags {})", vma.special_flags.join(" ")));
+                    deny(
+                        &mut eval,
+                        ReasonCode::SpecialVma,
+                        step,
+                        format!("special mapping (VmFlags {})", vma.special_flags.join(" ")),
+                    );
                 }
             }
             Step::SizeAlignment => {
@@ -392,7 +416,9 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
                 if vma.is_anonymous() {
                     continue;
                 }
-                if call.enforce_sysfs() && let Some((code, why)) = global_refusal(policy, vma.vm_hugepage) {
+                if call.enforce_sysfs()
+                    && let Some((code, why)) = global_refusal(policy, vma.vm_hugepage)
+                {
                     deny(&mut eval, code, step, why);
                 }
                 // ->huge_fault (DAX, some drivers) or read-only file THP could still allow it.
@@ -416,9 +442,10 @@ pub fn evaluate(ctx: &Context, call: Call, vma: &VmaFacts) -> Evaluation {
 fn sysfs_refusal(policy: &SystemPolicy, vm_hugepage: bool) -> (ReasonCode, String) {
     let global = policy.enabled.map(|m| format!("{m:?}").to_lowercase()).unwrap_or_else(|| "absent".into());
     if !vm_hugepage && !policy.anon_orders_allowed(true).is_empty() {
-        (ReasonCode::SysfsMadviseNotAdvised, format!(
-            "transparent_hugepage/enabled is {global} and the region has no MADV_HUGEPAGE"
-        ))
+        (
+            ReasonCode::SysfsMadviseNotAdvised,
+            format!("transparent_hugepage/enabled is {global} and the region has no MADV_HUGEPAGE"),
+        )
     } else {
         (ReasonCode::SysfsNever, format!("transparent_hugepage/enabled is {global} and no size is enabled"))
     }
@@ -442,17 +469,26 @@ fn size_refusal(vma: &VmaFacts, pmd: u32) -> (ReasonCode, String) {
     let pmd_size = 1u64 << (PAGE_SHIFT + pmd);
     let size = crate::units::format_bytes(vma.size_bytes());
     if vma.size_bytes() < pmd_size {
-        (ReasonCode::VmaTooSmall, format!("{size} is smaller than one {} huge page", crate::units::format_bytes(pmd_size)))
+        (
+            ReasonCode::VmaTooSmall,
+            format!("{size} is smaller than one {} huge page", crate::units::format_bytes(pmd_size)),
+        )
     } else if !vma.is_anonymous() && vma.fits_order_ignoring_offset(pmd) {
-        (ReasonCode::VmaUnaligned, format!("the file offset is not aligned to {} for this address", crate::units::format_bytes(pmd_size)))
+        (
+            ReasonCode::VmaUnaligned,
+            format!("the file offset is not aligned to {} for this address", crate::units::format_bytes(pmd_size)),
+        )
     } else {
-        (ReasonCode::VmaUnaligned, format!(
-            "{size} but no {}-aligned {} window inside [{:#x}, {:#x})",
-            crate::units::format_bytes(pmd_size),
-            crate::units::format_bytes(pmd_size),
-            vma.start,
-            vma.end
-        ))
+        (
+            ReasonCode::VmaUnaligned,
+            format!(
+                "{size} but no {}-aligned {} window inside [{:#x}, {:#x})",
+                crate::units::format_bytes(pmd_size),
+                crate::units::format_bytes(pmd_size),
+                vma.start,
+                vma.end
+            ),
+        )
     }
 }
 
@@ -487,7 +523,10 @@ fn shmem_refusal(
     match setting {
         "always" | "within_size" => None,
         "advise" if vma.vm_hugepage => None,
-        "advise" => Some((ReasonCode::SysfsMadviseNotAdvised, format!("shmem: {source} is advise and the region has no MADV_HUGEPAGE"))),
+        "advise" => Some((
+            ReasonCode::SysfsMadviseNotAdvised,
+            format!("shmem: {source} is advise and the region has no MADV_HUGEPAGE"),
+        )),
         _ if internal => Some((ReasonCode::SysfsNever, format!("shmem: {source} is {setting}"))),
         _ => Some((ReasonCode::FileNotEligible, format!("tmpfs file: {source} is {setting}"))),
     }
@@ -573,29 +612,50 @@ mod tests {
     fn on_6_8_and_later_the_wrapper_refuses_before_the_function() {
         let p = policy(MADVISE);
         let vma = anon(BASE, 8 * MIB, &["nh"]);
-        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &vma);
+        let eval = evaluate(
+            &Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false },
+            Call::Smaps,
+            &vma,
+        );
         assert_eq!(eval.codes(), [ReasonCode::SysfsMadviseNotAdvised, ReasonCode::VmaNohugepage]);
         assert!(eval.denials[0].in_wrapper && !eval.denials[1].in_wrapper);
         assert!(eval.denials[0].detail.contains("not seen live"));
         // When the probed function ran, the wrapper passed: the function's own reason is nh.
-        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: true }, Call::PageFault, &vma);
+        let eval = evaluate(
+            &Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: true },
+            Call::PageFault,
+            &vma,
+        );
         assert_eq!(eval.codes(), [ReasonCode::VmaNohugepage]);
         // With enabled=always the nh flag is the first refusal.
         let p = policy(ALWAYS);
-        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma), [ReasonCode::VmaNohugepage]);
+        assert_eq!(
+            codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma),
+            [ReasonCode::VmaNohugepage]
+        );
     }
 
     #[test]
     fn madvise_mode_without_and_with_madv_hugepage() {
         let p = policy(MADVISE);
         let plain = anon(BASE, 8 * MIB, &[]);
-        assert_eq!(codes(ALLOWABLE_ORDERS_TVA_TYPE_ORDER, &p, DisableMode::None, Call::Smaps, &plain), [ReasonCode::SysfsMadviseNotAdvised]);
+        assert_eq!(
+            codes(ALLOWABLE_ORDERS_TVA_TYPE_ORDER, &p, DisableMode::None, Call::Smaps, &plain),
+            [ReasonCode::SysfsMadviseNotAdvised]
+        );
         let advised = anon(BASE, 8 * MIB, &["hg"]);
-        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &advised);
+        let eval = evaluate(
+            &Context { order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false },
+            Call::Smaps,
+            &advised,
+        );
         assert!(eval.allowed());
         assert_eq!(eval.orders, [9]);
         let p = policy_6_1(MADVISE);
-        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Smaps, &plain), [ReasonCode::SysfsMadviseNotAdvised]);
+        assert_eq!(
+            codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Smaps, &plain),
+            [ReasonCode::SysfsMadviseNotAdvised]
+        );
         assert!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Smaps, &advised).is_empty());
     }
 
@@ -605,19 +665,28 @@ mod tests {
         let vma = anon(BASE, 8 * MIB, &["hg"]);
         assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma), [ReasonCode::SysfsNever]);
         let p = policy_6_1(NEVER);
-        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::SysfsNever]);
+        assert_eq!(
+            codes(HUGEPAGE_VMA_CHECK_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma),
+            [ReasonCode::SysfsNever]
+        );
     }
 
     #[test]
     fn too_small_and_unaligned_but_not_for_faults() {
         let p = policy(ALWAYS);
         let small = anon(BASE, MIB, &["hg"]);
-        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &small), [ReasonCode::VmaTooSmall]);
+        assert_eq!(
+            codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &small),
+            [ReasonCode::VmaTooSmall]
+        );
         // Faults skip the size check; do_huge_pmd_anonymous_page falls back later.
         assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::PageFault, &small).is_empty());
         // 2.5 MiB starting 1 MiB past an aligned address: no aligned 2 MiB window.
         let unaligned = anon(BASE + MIB, 5 * MIB / 2, &["hg"]);
-        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Khugepaged, &unaligned), [ReasonCode::VmaUnaligned]);
+        assert_eq!(
+            codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Khugepaged, &unaligned),
+            [ReasonCode::VmaUnaligned]
+        );
         // 3 MiB from the same start does contain [BASE+2M, BASE+4M).
         assert!(anon(BASE + MIB, 3 * MIB, &[]).fits_order(9));
         assert!(!anon(BASE + MIB, 3 * MIB - 4096, &[]).fits_order(9));
@@ -628,7 +697,11 @@ mod tests {
         // 64 KiB set to always: a 1 MiB region is eligible for 64 KiB folios (not for 2 MiB).
         let tree = sample_tree(ALWAYS, "always [inherit] madvise never", "[always] inherit madvise never");
         let p = SystemPolicy::read_from(tree.path());
-        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &anon(BASE, MIB, &[]));
+        let eval = evaluate(
+            &Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false },
+            Call::Smaps,
+            &anon(BASE, MIB, &[]),
+        );
         assert!(eval.allowed());
         assert_eq!(eval.orders, [4]);
     }
@@ -639,7 +712,10 @@ mod tests {
         let plain = anon(BASE, 8 * MIB, &[]);
         let advised = anon(BASE, 8 * MIB, &["hg"]);
         let o = ALLOWABLE_ORDERS_TVA_TYPE_ORDER;
-        assert_eq!(codes(o, &p, DisableMode::ExceptAdvised, Call::PageFault, &plain), [ReasonCode::PrctlThpDisableExceptAdvised]);
+        assert_eq!(
+            codes(o, &p, DisableMode::ExceptAdvised, Call::PageFault, &plain),
+            [ReasonCode::PrctlThpDisableExceptAdvised]
+        );
         assert!(codes(o, &p, DisableMode::ExceptAdvised, Call::PageFault, &advised).is_empty());
         assert!(codes(o, &p, DisableMode::ExceptAdvised, Call::ForcedCollapse, &plain).is_empty());
         assert_eq!(codes(o, &p, DisableMode::Completely, Call::PageFault, &advised), [ReasonCode::PrctlThpDisable]);
@@ -650,9 +726,15 @@ mod tests {
         let p = policy(ALWAYS);
         let mut vma = anon(BASE, 8 * MIB, &[]);
         vma.special_flags = vec!["pf"];
-        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::PageFault, &vma), [ReasonCode::SpecialVma]);
+        assert_eq!(
+            codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::PageFault, &vma),
+            [ReasonCode::SpecialVma]
+        );
         assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::PageFault, &vma).is_empty());
-        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::SpecialVma]);
+        assert_eq!(
+            codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma),
+            [ReasonCode::SpecialVma]
+        );
         let gate = VmaFacts { kind: VmaKind::Gate, ..anon(0xffff_ffff_ff60_0000, 4096, &[]) };
         assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &gate), [ReasonCode::SpecialVma]);
     }
@@ -661,16 +743,25 @@ mod tests {
     fn files_and_shmem() {
         let p = policy(ALWAYS);
         let file = VmaFacts { kind: VmaKind::File, ..anon(BASE, 8 * MIB, &[]) };
-        let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &file);
+        let eval = evaluate(
+            &Context { order: ALLOWABLE_ORDERS_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false },
+            Call::Smaps,
+            &file,
+        );
         assert_eq!(eval.codes(), [ReasonCode::FileNotEligible]);
         assert!(eval.uncertain, "read-only file THP is not visible in /proc");
         // Shared anonymous memory follows shmem_enabled (never in the sample), not enabled=always.
-        let shm = VmaFacts { kind: VmaKind::Shmem { internal: true, tmpfs_huge: None }, ..anon(BASE, 8 * MIB, &["hg"]) };
+        let shm =
+            VmaFacts { kind: VmaKind::Shmem { internal: true, tmpfs_huge: None }, ..anon(BASE, 8 * MIB, &["hg"]) };
         assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &shm), [ReasonCode::SysfsNever]);
-        let tmpfs = VmaFacts { kind: VmaKind::Shmem { internal: false, tmpfs_huge: Some("always".into()) }, ..shm.clone() };
+        let tmpfs =
+            VmaFacts { kind: VmaKind::Shmem { internal: false, tmpfs_huge: Some("always".into()) }, ..shm.clone() };
         assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &tmpfs).is_empty());
         let tmpfs = VmaFacts { kind: VmaKind::Shmem { internal: false, tmpfs_huge: Some("never".into()) }, ..shm };
-        assert_eq!(codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Smaps, &tmpfs), [ReasonCode::FileNotEligible]);
+        assert_eq!(
+            codes(HUGEPAGE_VMA_CHECK_ORDER, &policy_6_1(ALWAYS), DisableMode::None, Call::Smaps, &tmpfs),
+            [ReasonCode::FileNotEligible]
+        );
     }
 
     #[test]
@@ -678,7 +769,10 @@ mod tests {
         let p = policy(ALWAYS);
         let mut vma = anon(BASE, 8 * MIB, &[]);
         vma.has_anon_vma = false;
-        assert_eq!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma), [ReasonCode::NoAnonVma]);
+        assert_eq!(
+            codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Khugepaged, &vma),
+            [ReasonCode::NoAnonVma]
+        );
         assert!(codes(ALLOWABLE_ORDERS_ORDER, &p, DisableMode::None, Call::Smaps, &vma).is_empty());
     }
 
@@ -706,7 +800,16 @@ mod tests {
         let p = policy(MADVISE);
         for vma in &vmas {
             let facts = VmaFacts::from_smaps(vma, &[]);
-            let eval = evaluate(&Context { order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER, policy: &p, mm: DisableMode::None, past_wrapper: false }, Call::Smaps, &facts);
+            let eval = evaluate(
+                &Context {
+                    order: ALLOWABLE_ORDERS_TVA_TYPE_ORDER,
+                    policy: &p,
+                    mm: DisableMode::None,
+                    past_wrapper: false,
+                },
+                Call::Smaps,
+                &facts,
+            );
             assert_eq!(Some(eval.allowed()), vma.thp_eligible, "{vma:?}: {eval:?}");
         }
         let stack = Vma { name: "[vdso]".into(), ..vmas[1].clone() };

@@ -83,8 +83,17 @@ fn evidence(out: &mut String, r: &Report) {
     let _ = writeln!(out, "Evidence");
     let p = &r.process;
     let flags = p.mm_flags.as_deref().map(|f| format!(", mm->flags {f}")).unwrap_or_default();
-    let status = p.status_thp_enabled.map(|e| format!("THP_enabled {}", u8::from(e))).unwrap_or_else(|| "no THP_enabled line".into());
-    let _ = writeln!(out, "  process   THP {} (from {}{flags}; /proc/{}/status {status})", mode_word(p.thp_disable), p.source, r.pid);
+    let status = p
+        .status_thp_enabled
+        .map(|e| format!("THP_enabled {}", u8::from(e)))
+        .unwrap_or_else(|| "no THP_enabled line".into());
+    let _ = writeln!(
+        out,
+        "  process   THP {} (from {}{flags}; /proc/{}/status {status})",
+        mode_word(p.thp_disable),
+        p.source,
+        r.pid
+    );
     if p.ancestors.len() > 1 {
         let chain: Vec<String> =
             p.ancestors.iter().map(|a| format!("{} {} [{}]", a.pid, a.comm, mode_word(a.disable))).collect();
@@ -100,7 +109,12 @@ fn evidence(out: &mut String, r: &Report) {
     let s = &r.system.policy;
     let word = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
     let enabled = s.enabled.map(|e| format!("{e:?}").to_lowercase()).unwrap_or_else(|| "-".into());
-    let _ = writeln!(out, "  system    enabled={enabled} defrag={} shmem_enabled={}", word(&s.defrag), word(&s.shmem_enabled));
+    let _ = writeln!(
+        out,
+        "  system    enabled={enabled} defrag={} shmem_enabled={}",
+        word(&s.defrag),
+        word(&s.shmem_enabled)
+    );
     let sizes: Vec<String> = s
         .sizes
         .iter()
@@ -109,7 +123,11 @@ fn evidence(out: &mut String, r: &Report) {
         .map(|(kb, m)| format!("{kb}kB {}", format!("{m:?}").to_lowercase()))
         .collect();
     if !s.sizes.is_empty() {
-        let _ = writeln!(out, "            per-size: {}", if sizes.is_empty() { "all never".into() } else { sizes.join(", ") + ", others never" });
+        let _ = writeln!(
+            out,
+            "            per-size: {}",
+            if sizes.is_empty() { "all never".into() } else { sizes.join(", ") + ", others never" }
+        );
     }
     if !s.khugepaged.is_empty() {
         let k = |name: &str| s.khugepaged.get(name).map(u64::to_string).unwrap_or_else(|| "-".into());
@@ -135,13 +153,18 @@ fn evidence(out: &mut String, r: &Report) {
             if by_call.is_empty() { "none".into() } else { by_call.join(", ") }
         );
         if l.unexplained > 0 || l.disagreements > 0 {
-            let _ = writeln!(out, "            {} denials unexplained, {} allowed against the model", l.unexplained, l.disagreements);
+            let _ = writeln!(
+                out,
+                "            {} denials unexplained, {} allowed against the model",
+                l.unexplained, l.disagreements
+            );
         }
         if let Some(note) = &l.wrapper_note {
             let _ = writeln!(out, "            {note}");
         }
     } else {
-        let _ = writeln!(out, "  live      THP allow-check not observed: {}", l.why_not.as_deref().unwrap_or("unknown"));
+        let _ =
+            writeln!(out, "  live      THP allow-check not observed: {}", l.why_not.as_deref().unwrap_or("unknown"));
     }
     let f = &r.faults;
     if f.observed {
@@ -206,7 +229,11 @@ fn row(v: &VmaEntry) -> String {
 
 fn table(out: &mut String, r: &Report, all: bool) {
     let shown = if all { r.vmas.len() } else { r.vmas.len().min(DEFAULT_VMA_ROWS) };
-    let more = if shown < r.vmas.len() { format!("; {} of {}, --all-vmas for all", shown, r.vmas.len()) } else { String::new() };
+    let more = if shown < r.vmas.len() {
+        format!("; {} of {}, --all-vmas for all", shown, r.vmas.len())
+    } else {
+        String::new()
+    };
     let _ = writeln!(out, "VMAs (largest first{more})");
     let _ = writeln!(
         out,
@@ -225,7 +252,10 @@ fn table(out: &mut String, r: &Report, all: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::thp_why::{reasons::DisableMode, verdict::{build, tests::inputs}};
+    use crate::thp_why::{
+        reasons::DisableMode,
+        verdict::{build, tests::inputs},
+    };
 
     #[test]
     fn json_has_the_stable_keys() {
@@ -251,7 +281,8 @@ mod tests {
         let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
         let text = text(&report, false);
         assert_eq!(text.lines().next(), Some(report.verdict.as_str()));
-        let order: Vec<usize> = ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
+        let order: Vec<usize> =
+            ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
         assert!(text.contains("live      THP allow-check not observed: --duration 0s"), "{text}");
         assert!(text.contains("[set by 4321 lkp]"), "{text}");

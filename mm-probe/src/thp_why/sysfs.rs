@@ -179,7 +179,8 @@ impl SystemPolicy {
     /// The shmem per-size choice for the PMD size, when the kernel has one and it is not
     /// `inherit` (6.11+); else the global `shmem_enabled`.
     pub fn shmem_pmd_choice(&self) -> Option<String> {
-        let per_size = self.sizes.iter().find(|s| s.size_bytes == self.hpage_pmd_size_bytes).and_then(|s| s.shmem_enabled.clone());
+        let per_size =
+            self.sizes.iter().find(|s| s.size_bytes == self.hpage_pmd_size_bytes).and_then(|s| s.shmem_enabled.clone());
         match per_size {
             Some(choice) if choice != "inherit" => Some(choice),
             _ => self.shmem_enabled.clone(),
@@ -253,7 +254,8 @@ pub(crate) mod tests {
 
     #[test]
     fn reads_the_tree_with_per_size_controls() {
-        let tree = sample_tree("always [madvise] never", "always [inherit] madvise never", "always inherit madvise [never]");
+        let tree =
+            sample_tree("always [madvise] never", "always [inherit] madvise never", "always inherit madvise [never]");
         let p = SystemPolicy::read_from(tree.path());
         assert!(p.thp_built_in);
         assert_eq!(p.enabled, Some(GlobalMode::Madvise));
@@ -270,16 +272,19 @@ pub(crate) mod tests {
 
     #[test]
     fn wrapper_mask_follows_global_and_per_size_modes() {
-        let tree = sample_tree("always [madvise] never", "always [inherit] madvise never", "always inherit madvise [never]");
+        let tree =
+            sample_tree("always [madvise] never", "always [inherit] madvise never", "always inherit madvise [never]");
         let p = SystemPolicy::read_from(tree.path());
         assert!(p.anon_orders_allowed(false).is_empty(), "madvise mode without VM_HUGEPAGE");
         assert_eq!(p.anon_orders_allowed(true), [9]);
 
-        let tree = sample_tree("[always] madvise never", "always [inherit] madvise never", "[always] inherit madvise never");
+        let tree =
+            sample_tree("[always] madvise never", "always [inherit] madvise never", "[always] inherit madvise never");
         let p = SystemPolicy::read_from(tree.path());
         assert_eq!(p.anon_orders_allowed(false), [4, 9]);
 
-        let tree = sample_tree("always madvise [never]", "always [inherit] madvise never", "always inherit [madvise] never");
+        let tree =
+            sample_tree("always madvise [never]", "always [inherit] madvise never", "always inherit [madvise] never");
         let p = SystemPolicy::read_from(tree.path());
         assert!(p.anon_orders_allowed(false).is_empty());
         assert_eq!(p.anon_orders_allowed(true), [4], "never stops inherit, not a per-size madvise");

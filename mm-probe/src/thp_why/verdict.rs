@@ -9,9 +9,9 @@ use serde::Serialize;
 
 use super::{
     ancestry::{Ancestor, SetBy},
+    checks::Step,
     checks::{AllowCheck, Call},
     procfs::{Mount, Vma},
-    checks::Step,
     reasons::{Context, Denial, DisableMode, ReasonCode, VmaFacts, VmaKind, evaluate, vm_flags},
     sysfs::{GlobalMode, SystemPolicy},
 };
@@ -332,7 +332,12 @@ fn judge_vma(ctx: &Context, vma: &Vma, mounts: &[Mount], fallback_seen: bool) ->
     let mut eval = evaluate(ctx, Call::Smaps, &facts);
     if !ctx.policy.thp_built_in {
         // No allow-check at all: every VMA is refused for the same reason.
-        eval.denials = vec![Denial { code: ReasonCode::SysfsNever, step: Step::WrapperAnonSysfs, in_wrapper: false, detail: NO_THP.into() }];
+        eval.denials = vec![Denial {
+            code: ReasonCode::SysfsNever,
+            step: Step::WrapperAnonSysfs,
+            in_wrapper: false,
+            detail: NO_THP.into(),
+        }];
         eval.uncertain = false;
     }
     let mut reasons = eval.codes();
@@ -466,11 +471,8 @@ fn key_facts(key: &ThpCheckKey, vma: Option<&Vma>, mounts: &[Mount]) -> VmaFacts
     facts.end = key.vm_end;
     facts.vm_hugepage = key.vm_flags & vm_flags::VM_HUGEPAGE != 0;
     facts.vm_nohugepage = key.vm_flags & vm_flags::VM_NOHUGEPAGE != 0;
-    facts.special_flags = vm_flags::SPECIAL_MNEMONICS
-        .iter()
-        .filter(|(_, bit)| key.vm_flags & bit != 0)
-        .map(|(m, _)| *m)
-        .collect();
+    facts.special_flags =
+        vm_flags::SPECIAL_MNEMONICS.iter().filter(|(_, bit)| key.vm_flags & bit != 0).map(|(m, _)| *m).collect();
     facts
 }
 
@@ -804,7 +806,13 @@ fn fix_for(code: ReasonCode, input: &Inputs) -> String {
     }
 }
 
-fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, faults: &FaultFacts, reasons: &[ReasonEntry]) -> String {
+fn verdict_line(
+    input: &Inputs,
+    vmas: &[VmaEntry],
+    live: &LiveFacts,
+    faults: &FaultFacts,
+    reasons: &[ReasonEntry],
+) -> String {
     let who = format!("pid {} ({})", input.pid, input.comm);
     let mode = input.disable.mode.unwrap_or(DisableMode::None);
     let calls = prctl_calls(input);
@@ -823,13 +831,19 @@ fn verdict_line(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts, faults: &Fa
     let mut line = match mode {
         _ if !input.policy.thp_built_in => format!("THP unavailable for {who}: {NO_THP}"),
         DisableMode::Completely => {
-            let flag = if matches!(input.bits, ThpDisableBits::Split { .. }) { "MMF_DISABLE_THP_COMPLETELY" } else { "MMF_DISABLE_THP" };
+            let flag = if matches!(input.bits, ThpDisableBits::Split { .. }) {
+                "MMF_DISABLE_THP_COMPLETELY"
+            } else {
+                "MMF_DISABLE_THP"
+            };
             format!("THP disabled for {who}: {flag} set{setter}")
         }
-        DisableMode::ExceptAdvised => format!(
-            "THP disabled for {who} except MADV_HUGEPAGE regions: MMF_DISABLE_THP_EXCEPT_ADVISED set{setter}"
-        ),
-        DisableMode::None if input.policy.enabled == Some(GlobalMode::Never) && input.policy.anon_orders_allowed(true).is_empty() => {
+        DisableMode::ExceptAdvised => {
+            format!("THP disabled for {who} except MADV_HUGEPAGE regions: MMF_DISABLE_THP_EXCEPT_ADVISED set{setter}")
+        }
+        DisableMode::None
+            if input.policy.enabled == Some(GlobalMode::Never) && input.policy.anon_orders_allowed(true).is_empty() =>
+        {
             format!("THP disabled system-wide for {who}: /sys/kernel/mm/transparent_hugepage/enabled is never")
         }
         DisableMode::None => memory_verdict(&who, vmas, reasons),
@@ -865,8 +879,15 @@ fn memory_verdict(who: &str, vmas: &[VmaEntry], reasons: &[ReasonEntry]) -> Stri
                 format_bytes(huge)
             )
         }
-        _ if huge > 0 => format!("THP in use by {who}: {} of {} anonymous memory in huge pages", format_bytes(huge), format_bytes(total)),
-        _ => format!("THP allowed for {who}, but none of its {} of anonymous memory is in huge pages yet", format_bytes(total)),
+        _ if huge > 0 => format!(
+            "THP in use by {who}: {} of {} anonymous memory in huge pages",
+            format_bytes(huge),
+            format_bytes(total)
+        ),
+        _ => format!(
+            "THP allowed for {who}, but none of its {} of anonymous memory is in huge pages yet",
+            format_bytes(total)
+        ),
     }
 }
 
@@ -920,7 +941,12 @@ VmFlags: rd wr mr mw me ac hg
             vmas_start: vmas.clone(),
             vmas_end: vmas,
             mounts: Vec::new(),
-            disable: DisableFacts { mode: Some(mode), source: "kernel", mm_flags: Some(1 << 24), status_thp_enabled: Some(mode == DisableMode::None) },
+            disable: DisableFacts {
+                mode: Some(mode),
+                source: "kernel",
+                mm_flags: Some(1 << 24),
+                status_thp_enabled: Some(mode == DisableMode::None),
+            },
             ancestors: Vec::new(),
             set_by: Some(SetBy { pid: 4321, comm: "lkp".into(), cmdline: "lkp run job.yaml".into(), is_target: false }),
             prctl_events: Vec::new(),
@@ -940,11 +966,22 @@ VmFlags: rd wr mr mw me ac hg
             probes: vec![ProbePlan {
                 probe: super::super::probes::ALLOW_CHECK.name,
                 purpose: "",
-                outcome: Outcome::Attached { mechanism: "fexit".into(), target: "hugepage_vma_check".into(), caveat: None },
+                outcome: Outcome::Attached {
+                    mechanism: "fexit".into(),
+                    target: "hugepage_vma_check".into(),
+                    caveat: None,
+                },
                 failed_attempts: Vec::new(),
             }],
         };
-        LiveInput { plan, checks, fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)], counters: BTreeMap::new(), duration_ns: 5_000_000_000, stopped_by: "duration" }
+        LiveInput {
+            plan,
+            checks,
+            fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)],
+            counters: BTreeMap::new(),
+            duration_ns: 5_000_000_000,
+            stopped_by: "duration",
+        }
     }
 
     /// thp-why's two JSON lines with a live window, a setter and denials (the host has no
@@ -1044,7 +1081,11 @@ VmFlags: rd wr mr mw me ac hg
         let mut input = inputs(DisableMode::ExceptAdvised, "6.18.44", "[always] madvise never");
         input.bits = ThpDisableBits::Split { completely: 24, except_advised: 23 };
         let report = build(input);
-        assert!(report.verdict.starts_with("THP disabled for pid 4440 (usemem) except MADV_HUGEPAGE regions"), "{}", report.verdict);
+        assert!(
+            report.verdict.starts_with("THP disabled for pid 4440 (usemem) except MADV_HUGEPAGE regions"),
+            "{}",
+            report.verdict
+        );
         assert_eq!(report.reasons[0].code, ReasonCode::PrctlThpDisableExceptAdvised);
         let plain = &report.vmas[0];
         assert_eq!(plain.reason, ReasonCode::PrctlThpDisableExceptAdvised);
@@ -1056,7 +1097,13 @@ VmFlags: rd wr mr mw me ac hg
         let mut input = inputs(DisableMode::Completely, "6.12.117+deb12-rt-amd64", "[always] madvise never");
         input.policy = SystemPolicy::read_from(std::path::Path::new("/nonexistent/transparent_hugepage"));
         let report = build(input);
-        assert!(report.verdict.starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"), "{}", report.verdict);
+        assert!(
+            report
+                .verdict
+                .starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"),
+            "{}",
+            report.verdict
+        );
         assert_eq!(report.reasons[0].code, ReasonCode::SysfsNever);
         assert!(report.fix[0].contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{}", report.fix[0]);
         assert!(report.vmas.iter().all(|v| v.reason == ReasonCode::SysfsNever));

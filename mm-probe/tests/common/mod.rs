@@ -66,18 +66,8 @@ pub fn require_root() {
 /// names are truncated by the kernel to 15 bytes; every program of the object starts with one of
 /// these prefixes (retry-storm's are named after their hooks).
 pub fn our_programs() -> Vec<(u32, String)> {
-    const PREFIXES: [&str; 10] = [
-        "selftest_",
-        "thp_",
-        "lat_",
-        "hmm_",
-        "inv_",
-        "mmu_",
-        "read_begin_",
-        "notifier_remov",
-        "invalidate_",
-        "kvm_",
-    ];
+    const PREFIXES: [&str; 10] =
+        ["selftest_", "thp_", "lat_", "hmm_", "inv_", "mmu_", "read_begin_", "notifier_remov", "invalidate_", "kvm_"];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(|name| (p.id(), name.to_string())))

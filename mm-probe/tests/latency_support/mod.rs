@@ -126,7 +126,10 @@ pub fn check_quantity(q: &Value, threshold_ns: u64) {
     let rows: u64 = buckets.iter().map(|b| b["count"].as_u64().unwrap()).sum();
     assert_eq!(rows, n("count"), "histogram rows must hold every sample: {q}");
     let bound = |b: &Value, k: &str| b[k].as_u64().unwrap();
-    assert!(buckets.windows(2).all(|w| bound(&w[0], "high_ns") + 1 == bound(&w[1], "low_ns")), "rows tile the ns axis: {q}");
+    assert!(
+        buckets.windows(2).all(|w| bound(&w[0], "high_ns") + 1 == bound(&w[1], "low_ns")),
+        "rows tile the ns axis: {q}"
+    );
     let threshold_us = threshold_ns / 1000;
     assert_eq!(histogram["threshold_bucket"].as_u64().unwrap(), 63 - u64::from(threshold_us.leading_zeros()), "{q}");
 }

@@ -115,7 +115,8 @@ fn header() -> Result<String> {
         .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
         .unwrap_or_default();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim().to_string();
-    let bpftrace = cmd::output(Command::new("bpftrace").arg("--version")).unwrap_or_else(|e| format!("unavailable: {e}"));
+    let bpftrace =
+        cmd::output(Command::new("bpftrace").arg("--version")).unwrap_or_else(|e| format!("unavailable: {e}"));
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let _ = writeln!(out, "- machine: {cores} CPUs, {cpu}");
     let _ = writeln!(out, "- kernel: {kernel}");

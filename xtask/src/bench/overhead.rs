@@ -179,10 +179,15 @@ const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
 
 pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
     let (scenarios, title) = match place {
-        Place::Host => (HOST_SCENARIOS, "### Overhead on the traced workload (time with tracer ÷ without)\n\n".to_owned()),
+        Place::Host => {
+            (HOST_SCENARIOS, "### Overhead on the traced workload (time with tracer ÷ without)\n\n".to_owned())
+        }
         Place::Guest => {
             load_test_module("hmm_mirror")?;
-            (GUEST_SCENARIOS, format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel()))
+            (
+                GUEST_SCENARIOS,
+                format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel()),
+            )
         }
     };
     let mut out = title;
@@ -212,7 +217,12 @@ fn measure(bins: &Binaries, scenario: &Scenario, rounds: usize) -> Result<Vec<(V
             let slot = (i + round) % variants.len();
             let result = run_once(bins, scenario, variants[slot])?;
             let elapsed_ms = result["elapsed_ns"].as_f64().unwrap_or(f64::NAN) / 1e6;
-            eprintln!("xtask bench: {} round {}: {} {elapsed_ms:.1} ms", scenario.workload, round + 1, variants[slot].name());
+            eprintln!(
+                "xtask bench: {} round {}: {} {elapsed_ms:.1} ms",
+                scenario.workload,
+                round + 1,
+                variants[slot].name()
+            );
             results[slot].1.push(result);
         }
     }
@@ -225,7 +235,9 @@ fn table_row(scenario: &Scenario, metric: &Metric, results: &[(Variant, Vec<serd
         let Some((_, lines)) = results.iter().find(|(v, _)| *v == variant) else { return Ok(Vec::new()) };
         lines
             .iter()
-            .map(|line| line[metric.key].as_f64().ok_or_else(|| anyhow::anyhow!("workload printed no {}: {line}", metric.key)))
+            .map(|line| {
+                line[metric.key].as_f64().ok_or_else(|| anyhow::anyhow!("workload printed no {}: {line}", metric.key))
+            })
             .collect()
     };
     let baseline = median_and_range(&mut samples(Variant::Baseline)?).0;
@@ -266,8 +278,9 @@ fn load_test_module(name: &str) -> Result<()> {
     if std::path::Path::new("/sys/module").join(name).exists() {
         return Ok(());
     }
-    let dir = std::env::var("MM_PROBE_TEST_MODULES")
-        .map_err(|_| anyhow::anyhow!("MM_PROBE_TEST_MODULES is not set: the test modules were not built for this kernel"))?;
+    let dir = std::env::var("MM_PROBE_TEST_MODULES").map_err(|_| {
+        anyhow::anyhow!("MM_PROBE_TEST_MODULES is not set: the test modules were not built for this kernel")
+    })?;
     crate::cmd::run(Command::new("insmod").arg(std::path::Path::new(&dir).join(format!("{name}.ko"))))
 }
 

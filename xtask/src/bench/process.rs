@@ -80,9 +80,12 @@ impl Tracer {
         }
         let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("starting tracer")?;
         let (sender, lines) = mpsc::channel();
-        for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as _)]
-            .into_iter()
-            .flatten()
+        for stream in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
         {
             let sender = sender.clone();
             std::thread::spawn(move || {

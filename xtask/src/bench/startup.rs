@@ -31,9 +31,13 @@ pub fn run(bins: &Binaries, rounds: usize) -> Result<String> {
     }
     let (m, m_low, m_high) = median_and_range(&mut mm_probe);
     let (b, b_low, b_high) = median_and_range(&mut bpftrace);
-    let mut out = String::from("### Time to attached (start → probe in place)\n\n| tool | median | min–max |\n|---|---|---|\n");
+    let mut out =
+        String::from("### Time to attached (start → probe in place)\n\n| tool | median | min–max |\n|---|---|---|\n");
     let _ = writeln!(out, "| mm-probe | {m:.0} ms | {m_low:.0}–{m_high:.0} ms |");
     let _ = writeln!(out, "| bpftrace | {b:.0} ms | {b_low:.0}–{b_high:.0} ms |");
-    let _ = writeln!(out, "\n{rounds} rounds. bpftrace is timed to its `Attaching` line, which it prints just before attaching.\n");
+    let _ = writeln!(
+        out,
+        "\n{rounds} rounds. bpftrace is timed to its `Attaching` line, which it prints just before attaching.\n"
+    );
     Ok(out)
 }

@@ -54,7 +54,8 @@ const MEASUREMENTS: &[&str] = &["latency_field"];
 
 fn select(all: Vec<TestBinary>, only: &[String]) -> Result<Vec<TestBinary>> {
     if only.is_empty() {
-        let (measurements, tests): (Vec<_>, Vec<_>) = all.into_iter().partition(|b| MEASUREMENTS.contains(&b.name.as_str()));
+        let (measurements, tests): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|b| MEASUREMENTS.contains(&b.name.as_str()));
         for m in &measurements {
             eprintln!("xtask vm-test: {} is a measurement, not run by default (run it with --test {})", m.name, m.name);
         }
@@ -111,7 +112,12 @@ impl TestBinary {
     pub fn in_guest(&self, libtest_args: &[String]) -> GuestProgram {
         let mut args = vec!["--test-threads=1".to_owned()];
         args.extend_from_slice(libtest_args);
-        GuestProgram { name: self.name.clone(), executable: self.executable.clone(), dir: self.package_dir.clone(), args }
+        GuestProgram {
+            name: self.name.clone(),
+            executable: self.executable.clone(),
+            dir: self.package_dir.clone(),
+            args,
+        }
     }
 }
 

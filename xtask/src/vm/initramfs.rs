@@ -195,7 +195,8 @@ fn collect_paths(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
 /// under one of them (CI may clone into /tmp) would vanish from the guest's view, so the init
 /// script lays these back over the tmpfs at their own paths.
 fn paths_to_keep() -> Result<Vec<PathBuf>> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("xtask has no parent directory")?.to_path_buf();
+    let workspace =
+        Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("xtask has no parent directory")?.to_path_buf();
     let target = crate::test::target_dir()?;
     let mut keep = vec![workspace.clone()];
     if !target.starts_with(&workspace) {
@@ -211,7 +212,8 @@ fn keep_under(volatile: &str, keep: &[PathBuf]) -> (String, String) {
     for (i, path) in keep.iter().enumerate().filter(|(_, p)| p.starts_with(volatile)) {
         let path = path.display();
         before += &format!("$B mkdir -p /keep/{i} && $B mount --bind \"$H{path}\" /keep/{i} || fail \"keep {path}\"\n");
-        after += &format!("$B mkdir -p \"$H{path}\" && $B mount --bind /keep/{i} \"$H{path}\" || fail \"restore {path}\"\n");
+        after +=
+            &format!("$B mkdir -p \"$H{path}\" && $B mount --bind /keep/{i} \"$H{path}\" || fail \"restore {path}\"\n");
     }
     (before, after)
 }

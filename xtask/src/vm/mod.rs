@@ -210,16 +210,17 @@ fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
         return None;
     }
     if console.contains("Oops: int3") {
-        return Some("the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed; every test runs again");
+        return Some(
+            "the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed; every test runs again",
+        );
     }
     // Seen once on 6.1-rt, two guests sharing the host's two cores: the guest went silent in
     // the middle of a test that passes in every other run, with nothing on the console (an RT
     // kernel of that age prints from a thread, so a wedged kernel says nothing). Booted again;
     // a hang our programs cause would come back and fail the run.
-    run.run_failures
-        .iter()
-        .any(|f| f.starts_with(KILLED_AT_TIMEOUT))
-        .then_some("the guest before went silent and was killed at the timeout with no test failed; every test runs again")
+    run.run_failures.iter().any(|f| f.starts_with(KILLED_AT_TIMEOUT)).then_some(
+        "the guest before went silent and was killed at the timeout with no test failed; every test runs again",
+    )
 }
 
 /// The requested lines in matrix order; all of them when none is named.
@@ -433,7 +434,8 @@ mod tests {
     #[test]
     fn only_emulator_deaths_with_no_failed_test_boot_again() {
         use report::Verdict::{Failed, Passed, Unfinished};
-        let tests_started = format!("{} kernel 6.12 up 4s\n[ 98.4] Oops: int3: 0000 [#1] PREEMPT_RT SMP", initramfs::MARKER);
+        let tests_started =
+            format!("{} kernel 6.12 up 4s\n[ 98.4] Oops: int3: 0000 [#1] PREEMPT_RT SMP", initramfs::MARKER);
         let panic = "the kernel reported: Oops: int3";
         assert!(emulator_failure(&run_with(&[], &[Passed]), &tests_started).is_none(), "a green run stands");
         assert!(emulator_failure(&run_with(&[panic], &[Passed, Unfinished]), &tests_started).is_some());
@@ -441,9 +443,13 @@ mod tests {
             emulator_failure(&run_with(&[panic], &[Failed, Unfinished]), &tests_started).is_none(),
             "a failed test is never run again"
         );
-        let other_death = format!("{} kernel 6.12 up 4s\n[ 98.4] BUG: kernel NULL pointer dereference", initramfs::MARKER);
+        let other_death =
+            format!("{} kernel 6.12 up 4s\n[ 98.4] BUG: kernel NULL pointer dereference", initramfs::MARKER);
         assert!(emulator_failure(&run_with(&["panic"], &[Passed, Unfinished]), &other_death).is_none());
-        assert!(emulator_failure(&run_with(&["timeout"], &[]), "[ 1.0] Oops: int3 in early boot").is_some(), "died before the tests");
+        assert!(
+            emulator_failure(&run_with(&["timeout"], &[]), "[ 1.0] Oops: int3 in early boot").is_some(),
+            "died before the tests"
+        );
         let killed = format!("{} after 7m00.0s; console", KILLED_AT_TIMEOUT);
         assert!(emulator_failure(&run_with(&[&killed], &[Passed, Unfinished]), &tests_started).is_some());
         assert!(emulator_failure(&run_with(&[&killed], &[Failed, Unfinished]), &tests_started).is_none());

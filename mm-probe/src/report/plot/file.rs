@@ -23,7 +23,9 @@ impl PlotFile {
         let shown = path.display();
         let is_svg = path.extension().and_then(OsStr::to_str).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
         if !is_svg {
-            return Err(UserError::new(format!("--plot {shown}: plots are drawn as SVG only; give a file name ending in .svg")));
+            return Err(UserError::new(format!(
+                "--plot {shown}: plots are drawn as SVG only; give a file name ending in .svg"
+            )));
         }
         if path.is_dir() {
             return Err(UserError::new(format!("--plot {shown} is a directory; give a file name ending in .svg")));
@@ -58,7 +60,10 @@ impl PlotFile {
     /// Writes the figure. The diagnosis is already printed; failing here still says so (exit 1).
     pub fn write(&self, svg: &str) -> Result<(), UserError> {
         std::fs::write(&self.path, svg).map_err(|e| {
-            UserError::new(format!("writing the plot to {} failed ({e}); the results above are complete", self.path.display()))
+            UserError::new(format!(
+                "writing the plot to {} failed ({e}); the results above are complete",
+                self.path.display()
+            ))
         })
     }
 

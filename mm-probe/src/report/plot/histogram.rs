@@ -184,7 +184,8 @@ where
     DB::ErrorType: 'static,
 {
     let counts = CountAxis::for_bars(&panel.bars);
-    let caption = if panel.summary.is_empty() { panel.name.clone() } else { format!("{}: {}", panel.name, panel.summary) };
+    let caption =
+        if panel.summary.is_empty() { panel.name.clone() } else { format!("{}: {}", panel.name, panel.summary) };
     let mut chart = ChartBuilder::on(area)
         .caption(caption, font(CAPTION_SIZE))
         .margin(10)
@@ -217,7 +218,11 @@ where
 }
 
 /// Bars from the floor of the count axis; those that start at or above the threshold stand out.
-fn draw_bars<DB: DrawingBackend>(chart: &mut PanelChart<'_, DB>, bars: &[Bar], threshold_us: f64) -> Result<(), PlotError>
+fn draw_bars<DB: DrawingBackend>(
+    chart: &mut PanelChart<'_, DB>,
+    bars: &[Bar],
+    threshold_us: f64,
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -289,7 +294,9 @@ mod tests {
         assert!(check::inked_pixels(&pixmap) > 10_000, "a figure, not a blank page");
         assert!(check::has_color(&pixmap, BAR_COLOR) && check::has_color(&pixmap, OVER_THRESHOLD_COLOR));
         assert!(check::has_color(&pixmap, THRESHOLD_COLOR), "the threshold line is drawn");
-        for text in ["threshold 500µs", "wakeup latency: 12000 wakeups", "latency (µs, log2 scale)", "count (log scale)"] {
+        for text in
+            ["threshold 500µs", "wakeup latency: 12000 wakeups", "latency (µs, log2 scale)", "count (log scale)"]
+        {
             assert!(svg.contains(text), "{text} missing");
         }
         let texts = check::texts(&svg);

@@ -16,8 +16,8 @@ use plotters::drawing::DrawingAreaErrorKind;
 
 pub use file::PlotFile;
 pub use histogram::{Bar, HistogramPanel, HistogramPlot, histogram_svg};
-pub use rates::{RatePanel, RatesPlot, Series, ThresholdLine, rates_over_time_svg};
 pub use plotters::style::RGBColor;
+pub use rates::{RatePanel, RatesPlot, Series, ThresholdLine, rates_over_time_svg};
 pub use style::{BAR_COLOR, OVER_THRESHOLD_COLOR, SERIES_COLORS, THRESHOLD_COLOR, WARN_COLOR};
 
 /// Drawing failed (plotters reports backend errors as text; nothing here is the user's doing).
@@ -40,7 +40,13 @@ pub fn compact_number(value: f64) -> String {
         m if m >= 1e3 => (value / 1e3, "k"),
         _ => (value, ""),
     };
-    let digits = if scaled.abs() >= 100.0 || scaled.fract() == 0.0 { 0 } else if scaled.abs() >= 10.0 { 1 } else { 2 };
+    let digits = if scaled.abs() >= 100.0 || scaled.fract() == 0.0 {
+        0
+    } else if scaled.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
     let text = format!("{scaled:.digits$}");
     let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.').to_string() } else { text };
     text + suffix
@@ -94,14 +100,20 @@ pub(crate) mod check {
 
     /// The text of every `<text>` element, trimmed (plotters writes it on lines of its own).
     pub fn texts(svg: &str) -> Vec<String> {
-        svg.split("<text").skip(1).filter_map(|element| {
-            let content = element.split_once('>')?.1.split_once("</text>")?.0;
-            Some(content.trim().to_string())
-        }).collect()
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|element| {
+                let content = element.split_once('>')?.1.split_once("</text>")?.0;
+                Some(content.trim().to_string())
+            })
+            .collect()
     }
 
     /// Whether some opaque pixel has exactly `color` (a bar, series or threshold drawn in it).
     pub fn has_color(pixmap: &Pixmap, color: plotters::style::RGBColor) -> bool {
-        pixmap.pixels().iter().any(|p| p.alpha() == 255 && (p.red(), p.green(), p.blue()) == (color.0, color.1, color.2))
+        pixmap
+            .pixels()
+            .iter()
+            .any(|p| p.alpha() == 255 && (p.red(), p.green(), p.blue()) == (color.0, color.1, color.2))
     }
 }

@@ -237,7 +237,10 @@ mod tests {
                     title: "retry rate".into(),
                     unit: "%".into(),
                     series: vec![
-                        Series { name: "-EBUSY ÷ invalidations".into(), points: seconds(|t| (t > 0.0).then_some(20.0 + t)) },
+                        Series {
+                            name: "-EBUSY ÷ invalidations".into(),
+                            points: seconds(|t| (t > 0.0).then_some(20.0 + t)),
+                        },
                         Series { name: "-EBUSY ÷ walks".into(), points: seconds(|t| Some(80.0 - t)) },
                     ],
                     thresholds: vec![
@@ -249,7 +252,10 @@ mod tests {
                 RatePanel {
                     title: "invalidations of mirrored memory".into(),
                     unit: "per second".into(),
-                    series: vec![Series { name: "invalidations/s".into(), points: seconds(|t| Some(15000.0 + 100.0 * t)) }],
+                    series: vec![Series {
+                        name: "invalidations/s".into(),
+                        points: seconds(|t| Some(15000.0 + 100.0 * t)),
+                    }],
                     thresholds: vec![ThresholdLine { value: 10000.0, label: "CRIT 10k/s".into(), crit: true }],
                     unavailable: None,
                 },
@@ -266,7 +272,8 @@ mod tests {
         for colour in [SERIES_COLORS[0], SERIES_COLORS[1], THRESHOLD_COLOR, WARN_COLOR] {
             assert!(check::has_color(&pixmap, colour), "{colour:?} not drawn");
         }
-        for text in ["WARN 5 %", "CRIT 15 %", "CRIT 10k/s", "-EBUSY ÷ walks", "time since the start (s)", "per second"] {
+        for text in ["WARN 5 %", "CRIT 15 %", "CRIT 10k/s", "-EBUSY ÷ walks", "time since the start (s)", "per second"]
+        {
             assert!(svg.contains(text), "{text} missing");
         }
     }
@@ -304,7 +311,8 @@ mod tests {
         assert!((1000.0..2000.0).contains(&top), "{top}: the data and the WARN line fill the panel");
         let labels: Vec<&str> = limits.iter().map(|t| t.label.as_str()).collect();
         assert_eq!(labels, ["WARN 1k/s (CRIT 10k/s off the scale)"]);
-        let svg = rates_over_time_svg(&RatesPlot { title: "quiet".into(), duration_s: 2.0, panels: vec![quiet] }).unwrap();
+        let svg =
+            rates_over_time_svg(&RatesPlot { title: "quiet".into(), duration_s: 2.0, panels: vec![quiet] }).unwrap();
         assert!(check::texts(&svg).iter().any(|t| t == "WARN 1k/s (CRIT 10k/s off the scale)"));
         check::render("rates-quiet", &svg);
     }

@@ -31,7 +31,11 @@ fn main() -> anyhow::Result<()> {
         let fastest = fault_rounds(bytes, rounds)?;
         let elapsed = start.elapsed();
         let pages = rounds * bytes / PAGE;
-        println!("{{\"elapsed_ns\":{},\"pages\":{pages},\"fastest_segment_ns\":{}}}", elapsed.as_nanos(), fastest.nanos());
+        println!(
+            "{{\"elapsed_ns\":{},\"pages\":{pages},\"fastest_segment_ns\":{}}}",
+            elapsed.as_nanos(),
+            fastest.nanos()
+        );
     }
     Ok(())
 }
@@ -39,7 +43,14 @@ fn main() -> anyhow::Result<()> {
 fn map(bytes: usize) -> anyhow::Result<*mut u8> {
     // SAFETY: an anonymous private mapping with no address hint.
     let addr = unsafe {
-        libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
     anyhow::ensure!(addr != libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
     // SAFETY: addr..addr+bytes is the mapping just created. THP off: one fault per 4 KiB page.

@@ -96,7 +96,9 @@ fn main() -> Result<()> {
     let region = map_region(options.size_bytes)?;
     if options.no_huge {
         // SAFETY: the region was just mapped with this length.
-        if unsafe { libc::madvise(region as *mut libc::c_void, options.size_bytes as usize, libc::MADV_NOHUGEPAGE) } != 0 {
+        if unsafe { libc::madvise(region as *mut libc::c_void, options.size_bytes as usize, libc::MADV_NOHUGEPAGE) }
+            != 0
+        {
             bail!("madvise(MADV_NOHUGEPAGE): {}", std::io::Error::last_os_error());
         }
     }
@@ -138,8 +140,13 @@ fn main() -> Result<()> {
         }
         eprintln!(
             "hmm_storm: call {calls}: walks {} busy {} seq_retries {} timeouts {} invalidations {} elapsed {:.1} ms result {}",
-            walk.walks, walk.busy_returns, walk.seq_retries, walk.timeouts, walk.invalidations,
-            walk.elapsed_ns as f64 / 1e6, walk.result
+            walk.walks,
+            walk.busy_returns,
+            walk.seq_retries,
+            walk.timeouts,
+            walk.invalidations,
+            walk.elapsed_ns as f64 / 1e6,
+            walk.result
         );
         accumulate(&mut total, &walk);
         results.push(walk.result);

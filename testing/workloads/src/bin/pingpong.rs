@@ -26,7 +26,10 @@ fn serve(write_fd: i32, read_fd: i32, times: u64) {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let trips: u64 = args.get(1).and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!("usage: pingpong ROUND_TRIPS [--wait]"))?;
+    let trips: u64 = args
+        .get(1)
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("usage: pingpong ROUND_TRIPS [--wait]"))?;
     mm_probe_workloads::wait_for_go_if_asked(&args);
     let (ping_read, ping_write) = pipe()?;
     let (pong_read, pong_write) = pipe()?;

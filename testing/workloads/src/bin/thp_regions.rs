@@ -54,7 +54,14 @@ fn reserve() -> anyhow::Result<usize> {
     let len = ROUND_BYTES * MAX_ROUNDS + 2 * MIB;
     // SAFETY: a fresh anonymous PROT_NONE mapping; no existing memory is affected.
     let base = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
     };
     anyhow::ensure!(base != libc::MAP_FAILED, "mmap reservation: {}", std::io::Error::last_os_error());
     Ok((base as usize + 2 * MIB - 1) & !(2 * MIB - 1))

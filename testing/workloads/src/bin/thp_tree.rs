@@ -30,20 +30,25 @@ fn resolve(program: &str) -> PathBuf {
 
 /// Runs `argv` as a child (fork + execve) and waits for it.
 fn run_child(argv: &[String]) -> anyhow::Result<ExitCode> {
-    let (program, args) = argv.split_first().ok_or_else(|| anyhow::anyhow!("usage: thp_tree [--except-advised] -- <program> [args…]"))?;
+    let (program, args) =
+        argv.split_first().ok_or_else(|| anyhow::anyhow!("usage: thp_tree [--except-advised] -- <program> [args…]"))?;
     let status = Command::new(resolve(program)).args(args).status()?;
     Ok(ExitCode::from(status.code().unwrap_or(1) as u8))
 }
 
 fn main() -> anyhow::Result<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let split = args.iter().position(|a| a == "--").ok_or_else(|| anyhow::anyhow!("usage: thp_tree [--except-advised] -- <program> [args…]"))?;
+    let split = args
+        .iter()
+        .position(|a| a == "--")
+        .ok_or_else(|| anyhow::anyhow!("usage: thp_tree [--except-advised] -- <program> [args…]"))?;
     let (options, rest) = (&args[..split], &args[split + 1..]);
     if options.iter().any(|o| o == "--relay") {
         announce("relay");
         return run_child(rest);
     }
-    let mode = if options.iter().any(|o| o == "--except-advised") { PrctlMode::ExceptAdvised } else { PrctlMode::Disable };
+    let mode =
+        if options.iter().any(|o| o == "--except-advised") { PrctlMode::ExceptAdvised } else { PrctlMode::Disable };
     set_thp_disable(mode)?;
     announce("wrapper");
     let mut relay = vec![std::env::current_exe()?.display().to_string(), "--relay".into(), "--".into()];

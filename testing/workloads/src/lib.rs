@@ -35,6 +35,41 @@ pub fn wait_for_go_if_asked(args: &[String]) {
     }
 }
 
+pub const PAGE: usize = 4096;
+
+/// A fresh anonymous private mapping of `bytes` with THP off (MADV_NOHUGEPAGE): every 4 KiB
+/// page faults on its own, and every 2 MiB is walked PTE by PTE.
+pub fn map_small_pages(bytes: usize) -> anyhow::Result<*mut u8> {
+    // SAFETY: an anonymous mapping with no address hint; checked for MAP_FAILED.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    anyhow::ensure!(addr != libc::MAP_FAILED, "mmap {bytes} bytes: {}", std::io::Error::last_os_error());
+    // SAFETY: advice on the range just mapped.
+    unsafe { libc::madvise(addr, bytes, libc::MADV_NOHUGEPAGE) };
+    Ok(addr.cast())
+}
+
+/// Writes `value` to the first byte of every page of `base..base+bytes` (a fault for each page
+/// not present).
+///
+/// # Safety
+/// `base..base+bytes` must be a writable mapping of this process, such as one from
+/// [`map_small_pages`].
+pub unsafe fn touch_pages(base: *mut u8, bytes: usize, value: u8) {
+    for offset in (0..bytes).step_by(PAGE) {
+        // SAFETY: offset < bytes, inside the caller's mapping.
+        unsafe { base.add(offset).write_volatile(value) };
+    }
+}
+
 /// Pins the calling thread (and the threads it creates later) to one CPU.
 pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
     // SAFETY: the cpu_set_t is zeroed then filled with CPU_SET; sched_setaffinity reads it.

@@ -10,9 +10,8 @@
 
 use std::time::Instant;
 
-use mm_probe_workloads::FastestSegment;
+use mm_probe_workloads::{FastestSegment, PAGE, map_small_pages, touch_pages};
 
-const PAGE: usize = 4096;
 const SEGMENT: usize = 4 << 20;
 
 fn main() -> anyhow::Result<()> {
@@ -40,50 +39,26 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn map(bytes: usize) -> anyhow::Result<*mut u8> {
-    // SAFETY: an anonymous private mapping with no address hint.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    anyhow::ensure!(addr != libc::MAP_FAILED, "mmap failed: {}", std::io::Error::last_os_error());
-    // SAFETY: addr..addr+bytes is the mapping just created. THP off: one fault per 4 KiB page.
-    unsafe { libc::madvise(addr, bytes, libc::MADV_NOHUGEPAGE) };
-    Ok(addr.cast())
-}
-
-fn touch(base: *mut u8, bytes: usize) {
-    for offset in (0..bytes).step_by(PAGE) {
-        // SAFETY: offset < bytes, inside the mapping.
-        unsafe { base.add(offset).write_volatile(1) };
-    }
-}
-
 /// Maps, touches and unmaps `bytes`, `rounds` times, timing the touching 4 MiB at a time.
 fn fault_rounds(bytes: usize, rounds: usize) -> anyhow::Result<FastestSegment> {
     let mut segments = FastestSegment::default();
     for _ in 0..rounds {
-        let base = map(bytes)?;
+        let base = map_small_pages(bytes)?;
         for offset in (0..bytes).step_by(SEGMENT) {
             // SAFETY: offset < bytes, and the segment is clipped to the mapping.
-            segments.time(|| touch(unsafe { base.add(offset) }, SEGMENT.min(bytes - offset)));
+            segments.time(|| unsafe { touch_pages(base.add(offset), SEGMENT.min(bytes - offset), 1) });
         }
-        // SAFETY: unmapping exactly what map() returned.
+        // SAFETY: unmapping exactly what map_small_pages() returned.
         unsafe { libc::munmap(base.cast(), bytes) };
     }
     Ok(segments)
 }
 
 fn pageout_rounds(bytes: usize, rounds: usize) -> anyhow::Result<usize> {
-    let base = map(bytes)?;
+    let base = map_small_pages(bytes)?;
     for _ in 0..rounds {
-        touch(base, bytes);
+        // SAFETY: the mapping just made, `bytes` long.
+        unsafe { touch_pages(base, bytes, 1) };
         // SAFETY: advice on our own mapping. MADV_PAGEOUT = 21 (5.4+).
         unsafe { libc::madvise(base.cast(), bytes, 21) };
     }

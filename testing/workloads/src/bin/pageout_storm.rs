@@ -27,6 +27,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use mm_probe_workloads::{map_small_pages, touch_pages};
 
 struct Args {
     bytes: usize,
@@ -38,7 +39,6 @@ struct Args {
     go_on_stdin: bool,
 }
 
-const PAGE: usize = 4096;
 /// `--advice none`: touch the region in a loop and never call madvise.
 const NO_ADVICE: libc::c_int = -1;
 
@@ -87,34 +87,6 @@ fn parse() -> Result<Args> {
     Ok(args)
 }
 
-/// An anonymous private mapping of `bytes`, with 4 KiB pages.
-fn map(bytes: usize) -> Result<*mut u8> {
-    // SAFETY: an anonymous mapping with no address hint; checked for MAP_FAILED.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        bail!("mmap {bytes} bytes: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: the range was just mapped by us.
-    unsafe { libc::madvise(addr, bytes, libc::MADV_NOHUGEPAGE) };
-    Ok(addr.cast())
-}
-
-fn touch(base: *mut u8, bytes: usize, value: u8) {
-    for offset in (0..bytes).step_by(PAGE) {
-        // SAFETY: offset < bytes, inside our own mapping.
-        unsafe { base.add(offset).write_volatile(value) };
-    }
-}
-
 #[derive(Default)]
 struct Tally {
     calls: u64,
@@ -128,7 +100,8 @@ fn storm(args: &Args, base: usize, stop: &AtomicBool) -> Result<Tally> {
     let mut round = 0u8;
     while !stop.load(Ordering::Relaxed) {
         round = round.wrapping_add(1);
-        touch(base, args.bytes, round);
+        // SAFETY: `base` is a region `prepared` mapped, `args.bytes` long, never unmapped.
+        unsafe { touch_pages(base, args.bytes, round) };
         if args.advice == NO_ADVICE {
             continue;
         }
@@ -148,8 +121,9 @@ fn storm(args: &Args, base: usize, stop: &AtomicBool) -> Result<Tally> {
 
 /// An address that can cross to a thread (the mapping outlives every thread using it).
 fn prepared(bytes: usize) -> Result<usize> {
-    let base = map(bytes)?;
-    touch(base, bytes, 0xff);
+    let base = map_small_pages(bytes)?;
+    // SAFETY: the mapping just made, `bytes` long.
+    unsafe { touch_pages(base, bytes, 0xff) };
     Ok(base as usize)
 }
 
@@ -187,7 +161,8 @@ fn main() -> Result<()> {
             let mut round = 0u8;
             while !stop.load(Ordering::Relaxed) {
                 round = round.wrapping_add(1);
-                touch(base as *mut u8, bytes, round);
+                // SAFETY: the pressure region, `bytes` long, never unmapped.
+                unsafe { touch_pages(base as *mut u8, bytes, round) };
             }
         })
     });

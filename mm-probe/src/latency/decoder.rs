@@ -269,7 +269,7 @@ pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
     }
     let nr = raw.orig_ax;
     let name = syscall_name(nr);
-    let [a0, a1, a2, a3] = raw.args;
+    let [_, a1, a2, a3] = raw.args;
     let (summary, advice, length_bytes) = match name {
         Some("madvise") => {
             let advice = madvise_advice(a2);
@@ -287,7 +287,6 @@ pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
         Some(call) => (format!("{call}()"), None, None),
         None => (format!("syscall {nr}()"), None, None),
     };
-    let _ = a0;
     Some(Syscall { nr, name, args: raw.args, summary, advice, length_bytes })
 }
 

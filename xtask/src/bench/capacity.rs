@@ -84,7 +84,7 @@ fn measure(bins: &Binaries, rate: u64, reader: Reader) -> Result<Sample> {
     let workload = WaitingWorkload::start(&bins.workload("getppid_storm"), &[rate.to_string(), SECONDS.to_string()])?;
     let mut command = Command::new(&bins.mm_probe);
     command.args(["bench-ring", &workload.pid.to_string()]);
-    let tracer = Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?;
+    let tracer = Tracer::start(command, Ready::on("attached"), Duration::from_secs(60))?;
     if reader == Reader::Frozen {
         tracer.freeze();
     }

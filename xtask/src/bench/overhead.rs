@@ -66,7 +66,7 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "hmm_storm",
         workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
         mm_probe_args: &["retry-storm", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \
                    kretprobe:hmm_range_fault /@entry[tid]/ { @returns[retval] = count(); @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); } \
                    kprobe:__mmu_notifier_invalidate_range_start { @invalidations = count(); }",
@@ -78,7 +78,7 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "fault_storm",
         workload_args: &["64", "8", "--pageout"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: concat!(
             bpftrace_wakeup_latency!(),
             " kprobe:madvise_cold_or_pageout_pte_range { @entry[tid] = nsecs; } \
@@ -92,7 +92,7 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "pingpong",
         workload_args: &["2000"],
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
         hooks: &[],
         metrics: &[WHOLE_RUN],
@@ -108,7 +108,7 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "fault_storm",
         workload_args: &["256", "8"],
         mm_probe_args: &["thp-why", "{pid}", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("watching pid", Duration::ZERO),
+        mm_probe_ready: Ready::on("watching pid"),
         bpftrace: "tracepoint:exceptions:page_fault_user /pid == {pid}/ { @faults = count(); }",
         hooks: &["page_fault_user"],
         metrics: &[WHOLE_RUN, FASTEST_FAULTS],
@@ -118,7 +118,7 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "fault_storm",
         workload_args: &["256", "8", "--pageout"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
         hooks: SCHED_HOOKS,
         metrics: &[WHOLE_RUN],
@@ -128,7 +128,7 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "pingpong",
         workload_args: &["100000"],
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
         hooks: SCHED_HOOKS,
         metrics: &[WHOLE_RUN],
@@ -140,7 +140,7 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "pingpong",
         workload_args: &["100000"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::Line("probe_plan", Duration::ZERO),
+        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: "tracepoint:sched:sched_wakeup /args->prio < 100/ { @ts[args->pid] = nsecs; } \
                    tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
         hooks: SCHED_HOOKS,
@@ -304,7 +304,11 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<se
         Variant::Bpftrace => {
             let mut command = Command::new("bpftrace");
             command.arg("-e").arg(scenario.bpftrace.replace("{pid}", &pid));
-            Some(Tracer::start(command, Ready::Line("Attaching", BPFTRACE_ATTACH_SETTLE), Duration::from_secs(60))?)
+            Some(Tracer::start(
+                command,
+                Ready::on("Attaching").then_wait(BPFTRACE_ATTACH_SETTLE),
+                Duration::from_secs(60),
+            )?)
         }
         Variant::Hooks => {
             let mut command = Command::new(&bins.mm_probe);
@@ -312,7 +316,7 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<se
             for hook in scenario.hooks {
                 command.args(["--btf-tracepoint", hook]);
             }
-            Some(Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?)
+            Some(Tracer::start(command, Ready::on("attached"), Duration::from_secs(60))?)
         }
     };
     let result = workload.go()?;

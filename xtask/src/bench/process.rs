@@ -48,12 +48,24 @@ impl WaitingWorkload {
     }
 }
 
-/// How to know a tracer is attached.
+/// How to know a tracer is attached: a line of its output (stdout or stderr) contains `marker`;
+/// then wait `settle` (bpftrace prints `Attaching N probes...` before it attaches).
 #[derive(Clone, Copy)]
-pub enum Ready {
-    /// A line of its output (stdout or stderr) contains this text; then wait the given time
-    /// (bpftrace prints `Attaching N probes...` before it attaches).
-    Line(&'static str, Duration),
+pub struct Ready {
+    marker: &'static str,
+    settle: Duration,
+}
+
+impl Ready {
+    /// Attached once a line contains `marker`.
+    pub const fn on(marker: &'static str) -> Self {
+        Self { marker, settle: Duration::ZERO }
+    }
+
+    /// ... and `settle` after that line.
+    pub const fn then_wait(self, settle: Duration) -> Self {
+        Self { settle, ..self }
+    }
 }
 
 /// A running tracer (mm-probe or bpftrace) and everything it printed.
@@ -102,7 +114,7 @@ impl Tracer {
     }
 
     fn wait_ready(&mut self, ready: Ready, timeout: Duration) -> Result<()> {
-        let Ready::Line(marker, settle) = ready;
+        let Ready { marker, settle } = ready;
         loop {
             let left = timeout.checked_sub(self.started.elapsed()).context("tracer did not attach in time")?;
             let line = self.lines.recv_timeout(left).context("tracer did not attach in time")?;

@@ -20,12 +20,13 @@ pub fn run(bins: &Binaries, rounds: usize) -> Result<String> {
     for _ in 0..rounds {
         let mut command = Command::new(&bins.mm_probe);
         command.args(["bench-ring", &pid]);
-        let tracer = Tracer::start(command, Ready::Line("attached", Duration::ZERO), Duration::from_secs(60))?;
+        let tracer = Tracer::start(command, Ready::on("attached"), Duration::from_secs(60))?;
         mm_probe.push(tracer.ready_after.as_secs_f64() * 1e3);
         tracer.stop()?;
         let mut command = Command::new("bpftrace");
         command.arg("-e").arg(format!("tracepoint:syscalls:sys_enter_getppid /pid == {pid}/ {{ @calls = count(); }}"));
-        let tracer = Tracer::start(command, Ready::Line("Attaching", BPFTRACE_ATTACH_SETTLE), Duration::from_secs(60))?;
+        let tracer =
+            Tracer::start(command, Ready::on("Attaching").then_wait(BPFTRACE_ATTACH_SETTLE), Duration::from_secs(60))?;
         bpftrace.push(tracer.ready_after.as_secs_f64() * 1e3);
         tracer.stop()?;
     }

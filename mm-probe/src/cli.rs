@@ -97,10 +97,9 @@ fn pid(text: &str) -> Result<u32, String> {
 }
 
 #[derive(Debug, Args)]
-#[group(id = "target", required = true, multiple = false, args = ["target_pid", "pid_option"])]
 pub struct ThpWhyArgs {
     /// The process to examine.
-    #[arg(value_name = "PID", value_parser = pid)]
+    #[arg(value_name = "PID", value_parser = pid, required_unless_present = "pid_option", conflicts_with = "pid_option")]
     pub target_pid: Option<u32>,
     /// The process to examine (the same as the positional PID, as other tracing tools take it).
     #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = pid)]

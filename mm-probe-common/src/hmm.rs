@@ -113,7 +113,8 @@ pub const COUNTER_SLOTS: u32 = Counter::COUNT;
 slots! {
     /// `enum mmu_notifier_event` (include/linux/mmu_notifier.h), the slots of
     /// [`INVALIDATIONS_BY_EVENT_MAP`]: UNMAP … EXCLUSIVE are 0..=7 in that header of 5.15, 6.1,
-    /// 6.12 and 6.18 alike, then one slot for any value this build does not know.
+    /// 6.12 and 6.18 alike (docs/kernel-facts.md, "`enum mmu_notifier_event` values"), then one
+    /// slot for any value this build does not know.
     pub enum NotifierEvent {
         Unmap,
         Clear,

@@ -3,13 +3,13 @@
 //!
 //! Walks: hmm_range_fault() entry/return, mmu_interval_read_begin() and
 //! mmu_interval_notifier_remove(), read from mm/hmm.c and mm/mmu_notifier.c of 5.15, 6.1, 6.12
-//! and 6.18: `int hmm_range_fault(struct hmm_range *)` and
+//! and 6.18 (docs/kernel-facts.md, "hmm_range_fault and its -EBUSY"): `int hmm_range_fault(struct hmm_range *)` and
 //! `unsigned long mmu_interval_read_begin(struct mmu_interval_notifier *)` are unchanged across
 //! them and out of line; mmu_interval_read_retry() is static inline and invisible.
 //!
 //! Invalidations: __mmu_notifier_invalidate_range_start/_end and KVM's kvm_unmap_hva_range /
-//! kvm_age_hva tracepoints. No `mmu_notifier:*` tracepoint exists in those kernels, hence the
-//! function probes. The `__` functions run only for mms with at least one subscriber, and only
+//! kvm_age_hva tracepoints (docs/kernel-facts.md, "MMU-notifier invalidations"). No
+//! `mmu_notifier:*` tracepoint exists in those kernels, hence the function probes. The `__` functions run only for mms with at least one subscriber, and only
 //! mirrored mms (seen by a walk or a read_begin) are streamed; others are counted.
 //! `struct mmu_notifier_range` lost its `vma` member in 6.6, so every member is read through a
 //! BTF offset. `__mmu_notifier_invalidate_range_end` is `(range, bool only_end)` up to 6.5 and
@@ -31,7 +31,7 @@ use mm_probe_common::hmm::{
     SeqBegin, Stash,
 };
 
-use crate::kernel::{bump, current_pid, current_tgid, log2_bucket, offsets::*, read_at};
+use crate::kernel::{bump, current_pid, current_tgid, get_or_insert, log2_bucket, offsets::*, read_at};
 
 /// Threads with a walk or invalidation in flight at once; LRU so a missed return never leaks.
 const THREADS: u32 = 16384;
@@ -207,11 +207,8 @@ fn read_begin(notifier: u64) -> u32 {
     }
     count(Counter::ReadBegins);
     let key = ReadBeginKey { notifier, tgid, _pad: 0 };
-    match HMM_READ_BEGINS.get_ptr_mut(key) {
-        Some(calls) => unsafe { *calls += 1 },
-        None => {
-            let _ = HMM_READ_BEGINS.insert(key, 1, 0);
-        }
+    if let Some(calls) = get_or_insert!(HMM_READ_BEGINS, key, 0u64) {
+        unsafe { *calls += 1 };
     }
     let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
     let _ = HMM_SEQ_BEGIN.insert(current_pid(), begin, 0);

@@ -1,4 +1,4 @@
-//! Judging the metrics against the health thresholds (the defaults are README's table; every
+//! Judging the metrics against the health thresholds (docs/thresholds.md, "retry-storm"; every
 //! band can be overridden from the command line) and tying advice to the evidence.
 
 use mm_probe_common::hmm::NotifierEvent;
@@ -40,7 +40,7 @@ impl Level {
     }
 }
 
-/// The metrics the verdict judges, by the names of the thresholds table.
+/// The metrics the verdict judges, by the names of docs/thresholds.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
     RetryRate,
@@ -124,7 +124,7 @@ impl Band {
     }
 }
 
-/// The defaults of the thresholds table (README).
+/// The defaults are docs/thresholds.md's table.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Thresholds {
     /// -EBUSY returns ÷ invalidations (fraction).
@@ -204,7 +204,7 @@ pub struct Evidence {
 /// Walks larger than this are "large": the material's and amdgpu's advice is 2 MiB chunks.
 pub const CHUNK_BYTES: u64 = 2 << 20;
 /// Callbacks slower than this look like device TLB flushes inside the critical section
-/// (such flushes take 10–500 µs each).
+/// (such flushes take 10–500 µs each: docs/thresholds.md, "slow callbacks").
 pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {

@@ -32,15 +32,17 @@ use self::{
 };
 use crate::{
     cli::RetryStormArgs,
-    collect::{RingReader, Stop, monotonic_ns, wait_for_stop},
+    collect::{
+        Limits, RingReader, Stop, Stopper, Ticker, monotonic_ns,
+        run::{self as skeleton},
+    },
     error::UserError,
-    kernel::{Kernel, privileges},
+    kernel::{Kernel, privileges, process::running_process},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
         plot::{PlotFile, rates_over_time_svg},
     },
-    user_bail,
 };
 
 /// How often walks are settled when no `--interval` is asked for.
@@ -55,11 +57,21 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
     let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
-    for pid in &args.pids {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            user_bail!("process {pid} does not exist: give the pid of a running process that mirrors memory (-p)");
-        }
+    for &pid in &args.pids {
+        running_process(pid)?;
     }
+    let limits = Limits { duration: args.duration, targets: args.pids.clone() };
+    skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, plot, stopper).await)
+}
+
+/// Everything from attaching to the summary, inside the run skeleton (its stop handlers are
+/// already installed, so a Ctrl-C while attaching still ends with a summary).
+async fn attach_and_collect(
+    args: &RetryStormArgs,
+    thresholds: Thresholds,
+    plot: Option<PlotFile>,
+    stopper: &mut Stopper,
+) -> Result<()> {
     let kernel = Kernel::running()?;
     let mut ebpf = load_object(&kernel, &[MapFamily::RetryStorm], &settings(&args.pids))?;
     select_processes(&mut ebpf, &args.pids)?;
@@ -77,8 +89,7 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
         collector.sample_every(PLOT_SAMPLE_PERIOD, PLOT_MAX_SAMPLES);
         PlotRequest { file, kernel: kernel.release.text.clone() }
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(collect(&mut ebpf, collector, args, plot))
+    collect(&mut ebpf, collector, args, plot, stopper).await
 }
 
 /// `--plot`: where to draw, and the kernel for the title.
@@ -123,12 +134,6 @@ fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
     })
 }
 
-/// The `--interval` period; none for a zero one (the command line refuses it; a tick every
-/// 0 s would close windows of no length as fast as the loop turns).
-fn interval_period(interval: Option<Duration>) -> Option<Duration> {
-    interval.filter(|period| !period.is_zero())
-}
-
 fn print_interval(json: bool, snapshot: &Snapshot) {
     if json {
         println!("{}", report::interval_json(snapshot));
@@ -137,54 +142,34 @@ fn print_interval(json: bool, snapshot: &Snapshot) {
     }
 }
 
-/// The next tick of `tick`, or never when there is none.
-async fn next_tick(tick: &mut Option<tokio::time::Interval>) {
-    match tick {
-        Some(tick) => {
-            tick.tick().await;
-        }
-        None => std::future::pending::<()>().await,
-    }
-}
-
-/// A tick every `period`, the first one period from now; late ticks are not made up in a burst
-/// (a burst would close samples only microseconds long).
-fn every(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick
-}
-
 async fn collect(
     ebpf: &mut Ebpf,
     mut collector: Collector,
     args: &RetryStormArgs,
     plot: Option<PlotRequest>,
+    stopper: &mut Stopper,
 ) -> Result<()> {
     let mut walk_ring: RingReader<HmmEvent> =
         RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
     let mut invalidate_ring: RingReader<HmmEvent> = RingReader::new(
         ebpf.take_map(names::INVALIDATE_EVENTS_MAP).context("invalidation ring missing from the object")?,
     )?;
-    let stop = wait_for_stop(args.duration);
-    tokio::pin!(stop);
-    let interval = interval_period(args.interval);
-    let mut settle_tick = tokio::time::interval(SETTLE_TICK);
-    let mut report_tick = interval.map(every);
-    let mut plot_tick = collector.timeline.is_some().then(|| every(PLOT_SAMPLE_PERIOD));
+    let mut settle_tick = Ticker::every(Some(SETTLE_TICK));
+    let mut report_tick = Ticker::every(args.interval);
+    let mut plot_tick = Ticker::every(collector.timeline.is_some().then_some(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by: Stop = loop {
         tokio::select! {
             read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; }
             read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; }
             _ = settle_tick.tick() => collector.settle(monotonic_ns()),
-            _ = next_tick(&mut plot_tick) => collector.sample(ebpf, monotonic_ns())?,
-            _ = next_tick(&mut report_tick) => {
+            _ = plot_tick.tick() => collector.sample(ebpf, monotonic_ns())?,
+            _ = report_tick.tick() => {
                 collector.settle(monotonic_ns());
                 let snapshot = collector.close_window(KernelTotals::read(ebpf)?, monotonic_ns());
                 print_interval(args.json, &snapshot);
             }
-            reason = &mut stop => break reason,
+            reason = stopper.wait() => break reason,
         }
         // Walks first: an invalidation batch read in the same turn may be newer, never older
         // than what the overlap joiner still holds for them.
@@ -209,8 +194,11 @@ async fn collect(
     let last = collector.close_window(KernelTotals::read(ebpf)?, end_ns);
     // The partial last interval is always printed, however short: the intervals then add up
     // to the summary.
-    if interval.is_some() {
+    if args.interval.is_some() {
         print_interval(args.json, &last);
+    }
+    for note in exit_notes(&stopper.exited_targets()) {
+        eprintln!("mm-probe: {note}");
     }
     let mut summary = collector.summary();
     if collector.seen.read_begins {
@@ -237,14 +225,25 @@ async fn collect(
     Ok(())
 }
 
+/// One note per `-p` process that exited during the run: what follows covers only the time
+/// it was alive.
+fn exit_notes(exited: &[u32]) -> Vec<String> {
+    exited.iter().map(|pid| format!("process {pid} exited while being traced; partial results below")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_zero_interval_ticks_never_instead_of_spinning() {
-        assert_eq!(interval_period(Some(Duration::ZERO)), None);
-        assert_eq!(interval_period(None), None);
-        assert_eq!(interval_period(Some(Duration::from_secs(1))), Some(Duration::from_secs(1)));
+    fn each_target_that_exited_gets_one_note_and_the_others_none() {
+        assert!(exit_notes(&[]).is_empty());
+        assert_eq!(
+            exit_notes(&[42, 7]),
+            [
+                "process 42 exited while being traced; partial results below",
+                "process 7 exited while being traced; partial results below"
+            ]
+        );
     }
 }

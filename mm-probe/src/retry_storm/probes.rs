@@ -1,6 +1,6 @@
 //! The kernel hooks retry-storm uses, best first, and what an attach plan of them lets it see.
 //! None of these functions has a tracepoint upstream (no `mmu_notifier:*` events from 5.15 to
-//! 6.18), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
+//! 6.18: docs/kernel-facts.md, "MMU-notifier invalidations"), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
 //! tracepoints add the secondary-MMU view where kvm is loaded.
 
 use super::report::Observability;

@@ -313,7 +313,7 @@ pub(crate) mod tests {
         };
         tool_line(&plan_json("6.12.57", &plan(), &seen, &Thresholds::default(), 1_000_000_000));
         tool_line(&interval_json(&snapshot));
-        for stop in [Stop::Interrupted, Stop::DurationElapsed] {
+        for stop in [Stop::Interrupted, Stop::DurationElapsed, Stop::TargetExited] {
             tool_line(&summary_json(&snapshot, stop, &seen));
         }
         tool_line(&lost_json(&snapshot));

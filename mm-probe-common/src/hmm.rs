@@ -1,5 +1,5 @@
-//! Records and map names shared by the HMM / MMU-notifier programs (mm-probe-ebpf `hmm.rs`,
-//! `notifier.rs`) and `mm-probe retry-storm`.
+//! Records and map names shared by the HMM / MMU-notifier programs (mm-probe-ebpf
+//! `retry_storm.rs`) and `mm-probe retry-storm`.
 //!
 //! Counts that must be exact (walks, -EBUSY returns, invalidations) are kept in per-CPU
 //! counters in the kernel; what user space must join (walks into retry chains, invalidations
@@ -29,12 +29,10 @@ pub const WINDOW_HIST_MAP: &str = "HMM_WINDOW_NS";
 /// Per-CPU array of log2 buckets (bytes): sizes of KVM unmap/age ranges (tracepoints).
 pub const KVM_SIZE_HIST_MAP: &str = "HMM_KVM_SIZE";
 
-/// Per-CPU array of u64 indexed by `enum mmu_notifier_event` ([`NOTIFIER_EVENTS`] slots, the
-/// last for values this build does not know): invalidations of mirrored mms by event, so that
-/// a scrape can count them by event without reading the ring.
+/// Per-CPU array of u64 indexed by [`NotifierEvent`] ([`NOTIFIER_EVENTS`] slots, the last,
+/// [`NotifierEvent::Unknown`], for values this build does not know): invalidations of mirrored
+/// mms by event, so that a scrape can count them by event without reading the ring.
 pub const INVALIDATIONS_BY_EVENT_MAP: &str = "HMM_INVALIDATIONS_BY_EVENT";
-/// UNMAP … EXCLUSIVE (0..=7, unchanged 5.15 → 6.18), then one slot for anything else.
-pub const NOTIFIER_EVENTS: u32 = 9;
 
 /// Global u32: 1 = only the tgids in [`TARGET_TGIDS_MAP`], 0 = every process.
 pub const FILTER_TGIDS: &str = "HMM_FILTER_TGIDS";
@@ -45,43 +43,115 @@ pub const STREAM_EVENTS: &str = "HMM_STREAM_EVENTS";
 /// Slots of the log2 histograms (2^40 ns ≈ 18 min; 2^40 bytes = 1 TiB).
 pub const LOG2_BUCKETS: u32 = 41;
 
-/// Slots of [`COUNTERS_MAP`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// hmm_range_fault() returns seen.
-    Walks = 0,
-    /// … of which returned -EBUSY (the range was invalidated: the caller must retry).
-    WalkBusy = 1,
-    /// … of which returned another error.
-    WalkErrors = 2,
-    /// mmu_interval_read_begin() calls.
-    ReadBegins = 3,
-    /// __mmu_notifier_invalidate_range_start() on a mirrored mm.
-    Invalidations = 4,
-    /// … on an mm nothing here mirrors (KVM's VMM, another driver's process before its first
-    /// walk): counted so the report can say they were excluded.
-    InvalidationsOtherMm = 5,
-    /// __mmu_notifier_invalidate_range_end() matched with its start.
-    InvalidateEnds = 6,
-    /// kvm:kvm_unmap_hva_range.
-    KvmUnmap = 7,
-    /// kvm:kvm_age_hva.
-    KvmAge = 8,
-    /// Walk-ring reservations that failed: walk events lost (counts above stay exact).
-    LostWalkEvents = 9,
-    /// A return probe found no matching entry (kretprobe maxactive overflow, or attached
-    /// mid-call): that walk's duration is unknown.
-    StashMisses = 10,
-    /// mmu_interval_notifier_remove() on a mirrored mm.
-    NotifierRemoves = 11,
-    /// Invalidate-ring reservations that failed.
-    LostInvalidateEvents = 12,
-    /// Nanoseconds spent in invalidate_range_start (the sum of [`CALLBACK_HIST_MAP`]'s samples).
-    CallbackNs = 13,
+/// errno 16, EBUSY (include/uapi/asm-generic/errno-base.h, which every architecture's errno.h
+/// includes): hmm_range_fault() returns `-EBUSY` when an invalidation moved the
+/// notifier's sequence during the walk, and the caller must retry. Both the kernel programs and
+/// user space compare a walk's return value with `-EBUSY`.
+pub const EBUSY: i32 = 16;
+
+/// Declares a `#[repr(u32)]` enum whose variants number the slots of a map, 0 upwards in the
+/// order written, with `ALL` (every variant in slot order) and `COUNT` (how many slots the map
+/// needs) derived from the list, so adding a variant cannot leave the map too small.
+macro_rules! slots {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident,)+ }) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every slot, in slot order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant,)+];
+            /// Slots in the map.
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+        }
+    };
 }
 
-pub const COUNTER_SLOTS: u32 = 14;
+slots! {
+    /// Slots of [`COUNTERS_MAP`].
+    pub enum Counter {
+        /// hmm_range_fault() returns seen.
+        Walks,
+        /// … of which returned -EBUSY (the range was invalidated: the caller must retry).
+        WalkBusy,
+        /// … of which returned another error.
+        WalkErrors,
+        /// mmu_interval_read_begin() calls.
+        ReadBegins,
+        /// __mmu_notifier_invalidate_range_start() on a mirrored mm.
+        Invalidations,
+        /// … on an mm nothing here mirrors (KVM's VMM, another driver's process before its first
+        /// walk): counted so the report can say they were excluded.
+        InvalidationsOtherMm,
+        /// __mmu_notifier_invalidate_range_end() matched with its start.
+        InvalidateEnds,
+        /// kvm:kvm_unmap_hva_range.
+        KvmUnmap,
+        /// kvm:kvm_age_hva.
+        KvmAge,
+        /// Walk-ring reservations that failed: walk events lost (counts above stay exact).
+        LostWalkEvents,
+        /// A return probe found no matching entry (kretprobe maxactive overflow, or attached
+        /// mid-call): that walk's duration is unknown.
+        StashMisses,
+        /// mmu_interval_notifier_remove() on a mirrored mm.
+        NotifierRemoves,
+        /// Invalidate-ring reservations that failed.
+        LostInvalidateEvents,
+        /// Nanoseconds spent in invalidate_range_start (the sum of [`CALLBACK_HIST_MAP`]'s
+        /// samples).
+        CallbackNs,
+    }
+}
+
+/// Slots of [`COUNTERS_MAP`].
+pub const COUNTER_SLOTS: u32 = Counter::COUNT;
+
+slots! {
+    /// `enum mmu_notifier_event` (include/linux/mmu_notifier.h), the slots of
+    /// [`INVALIDATIONS_BY_EVENT_MAP`]: UNMAP … EXCLUSIVE are 0..=7 in that header of 5.15, 6.1,
+    /// 6.12 and 6.18 alike (docs/kernel-facts.md, "`enum mmu_notifier_event` values"), then one
+    /// slot for any value this build does not know.
+    pub enum NotifierEvent {
+        Unmap,
+        Clear,
+        ProtectionVma,
+        ProtectionPage,
+        SoftDirty,
+        Release,
+        Migrate,
+        Exclusive,
+        Unknown,
+    }
+}
+
+/// Slots of [`INVALIDATIONS_BY_EVENT_MAP`].
+pub const NOTIFIER_EVENTS: u32 = NotifierEvent::COUNT;
+
+impl NotifierEvent {
+    /// The event a `range->event` value names; anything else is `Unknown`.
+    pub fn from_raw(value: i32) -> Self {
+        usize::try_from(value).ok().and_then(|slot| Self::ALL.get(slot)).copied().unwrap_or(Self::Unknown)
+    }
+
+    /// The kernel's name without its `MMU_NOTIFY_` prefix, as reports print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unmap => "UNMAP",
+            Self::Clear => "CLEAR",
+            Self::ProtectionVma => "PROTECTION_VMA",
+            Self::ProtectionPage => "PROTECTION_PAGE",
+            Self::SoftDirty => "SOFT_DIRTY",
+            Self::Release => "RELEASE",
+            Self::Migrate => "MIGRATE",
+            Self::Exclusive => "EXCLUSIVE",
+            Self::Unknown => "UNKNOWN",
+        }
+    }
+}
 
 /// What an [`HmmEvent`] records.
 #[repr(u32)]

@@ -6,9 +6,8 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 mod func_latency;
-mod hmm;
 mod kernel;
-mod notifier;
+mod retry_storm;
 mod sched;
 mod selftest;
 mod thp;

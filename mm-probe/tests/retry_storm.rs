@@ -104,6 +104,56 @@ fn bad_thresholds_and_missing_processes_are_usage_errors() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `Z`, …), once the process exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next())
+}
+
+/// A child that has exited but that nobody has waited for: a zombie until it is reaped.
+fn zombie() -> Child {
+    let child = Command::new("true").spawn().expect("spawning true");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process_state(child.id()) != Some('Z') {
+        assert!(Instant::now() < deadline, "process {} never became a zombie", child.id());
+        thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+#[test]
+fn a_zombie_pid_is_refused_with_one_line() {
+    require_root();
+    let mut child = zombie();
+    let pid = child.id().to_string();
+    let out = run_tool(&["retry-storm", "--duration", "1s", "-p", &pid]);
+    child.wait().expect("reaping the zombie");
+    assert_eq!(out.status.code(), Some(1), "a zombie is bad input: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one line, and no plan: {stderr}");
+    assert!(stderr.contains(&pid) && stderr.contains("zombie"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing ran: {}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn a_traced_process_that_exits_ends_the_run_with_partial_results() {
+    require_root();
+    let mut child = Command::new("sleep").arg("3").spawn().expect("spawning sleep");
+    let pid = child.id();
+    let started = Instant::now();
+    let out = run_tool(&["retry-storm", "--json", "--duration", "120s", "--interval", "1s", "-p", &pid.to_string()]);
+    child.wait().expect("reaping sleep");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(60), "the run must end when its only target does");
+    let lines = json_lines(&out.stdout);
+    let summary = first_of(&lines, "summary").expect("a summary line");
+    assert_eq!(summary["stopped_by"], "target_exited", "{summary}");
+    assert!(first_of(&lines, "interval").is_some(), "the partial last interval is printed: {lines:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let note = format!("process {pid} exited while being traced; partial results below");
+    assert!(stderr.contains(&note), "{stderr}");
+}
+
 /// Checks what every retry-storm plot must show; returns it.
 fn check_plot(path: &std::path::Path, lines: &[Value]) -> RenderedSvg {
     keep_artifact(path);

@@ -13,7 +13,7 @@ use crate::{
     kernel::layout::ThpDisableBits,
     latency::{self, render::FunctionPlan},
     probes::Plan,
-    retry_storm::{KernelTotals, events::NotifierEvent, metrics::Observability},
+    retry_storm::{KernelTotals, events::NotifierEvent, report::Observability},
     thp_why::{checks::AllowCheck, live::read_counts, sysfs::SystemPolicy, verdict::system_wide_outcome},
 };
 

@@ -17,12 +17,9 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
-
 use super::events::Walk;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChainEnd {
     Success,
     Error(i32),
@@ -125,7 +122,7 @@ impl ChainJoiner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry_storm::events::EBUSY;
+    use mm_probe_common::hmm::EBUSY;
 
     const MS: u64 = 1_000_000;
 
@@ -150,8 +147,8 @@ mod tests {
     #[test]
     fn busy_walks_then_success_make_one_chain() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&walk(1, 0xa, 0, 10, EBUSY)).is_none());
-        assert!(j.walk(&walk(1, 0xa, 10, 20, EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 0, 10, -EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 10, 20, -EBUSY)).is_none());
         let chain = j.walk(&walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
         assert_eq!(chain.end, ChainEnd::Success);
         assert_eq!((chain.walks, chain.busy_walks), (3, 2));
@@ -164,9 +161,9 @@ mod tests {
     #[test]
     fn chains_are_per_process_and_notifier() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 10, EBUSY));
-        j.walk(&walk(2, 0xa, 0, 10, EBUSY));
-        j.walk(&walk(1, 0xb, 0, 10, EBUSY));
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(2, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 10, -EBUSY));
         assert_eq!(j.open_chains(), 3);
         let chain = j.walk(&walk(2, 0xa, 10, 20, 0)).unwrap();
         assert_eq!((chain.tgid, chain.notifier, chain.walks), (2, 0xa, 2));
@@ -176,20 +173,20 @@ mod tests {
     #[test]
     fn a_busy_walk_past_the_timeout_ends_the_chain_as_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&walk(1, 0xa, 0, 600, EBUSY)).is_none());
-        let chain = j.walk(&walk(1, 0xa, 600, 1000, EBUSY)).expect("timeout ends it");
+        assert!(j.walk(&walk(1, 0xa, 0, 600, -EBUSY)).is_none());
+        let chain = j.walk(&walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
         assert_eq!(chain.end, ChainEnd::TimedOut);
         assert!(chain.end.is_timeout());
         // The driver's next call starts a fresh chain.
-        assert!(j.walk(&walk(1, 0xa, 1001, 1002, EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
         assert_eq!(j.open_chains(), 1);
     }
 
     #[test]
     fn removing_the_notifier_of_a_failing_chain_means_it_gave_up() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 999, EBUSY));
-        j.walk(&walk(1, 0xb, 0, 5, EBUSY));
+        j.walk(&walk(1, 0xa, 0, 999, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 5, -EBUSY));
         let ended = j.notifier_removed(0xa);
         assert_eq!(ended.len(), 1);
         assert_eq!(ended[0].end, ChainEnd::GaveUp);
@@ -209,8 +206,8 @@ mod tests {
     #[test]
     fn finishing_leaves_open_chains_unfinished_not_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 10, EBUSY));
-        j.walk(&walk(1, 0xb, 0, 999, EBUSY));
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 999, -EBUSY));
         let ended = j.finish();
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|c| c.end == ChainEnd::Unfinished && !c.end.is_timeout()));

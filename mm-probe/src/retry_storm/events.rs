@@ -1,65 +1,8 @@
 //! Decoding the kernel's [`HmmEvent`] records into typed walks, invalidations and notifier
 //! removals.
 
-use mm_probe_common::hmm::{EventKind, HmmEvent};
-use serde::Serialize;
-
-/// -EBUSY as hmm_range_fault() returns it.
-pub const EBUSY: i32 = -16;
-
-/// `enum mmu_notifier_event` (include/linux/mmu_notifier.h): the same values in every kernel
-/// from 5.15 to 6.18 (docs/kernel-facts.md#mmu-notifier-events).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum NotifierEvent {
-    #[serde(rename = "UNMAP")]
-    Unmap,
-    #[serde(rename = "CLEAR")]
-    Clear,
-    #[serde(rename = "PROTECTION_VMA")]
-    ProtectionVma,
-    #[serde(rename = "PROTECTION_PAGE")]
-    ProtectionPage,
-    #[serde(rename = "SOFT_DIRTY")]
-    SoftDirty,
-    #[serde(rename = "RELEASE")]
-    Release,
-    #[serde(rename = "MIGRATE")]
-    Migrate,
-    #[serde(rename = "EXCLUSIVE")]
-    Exclusive,
-    #[serde(rename = "UNKNOWN")]
-    Unknown,
-}
-
-impl NotifierEvent {
-    pub fn from_raw(value: i32) -> Self {
-        match value {
-            0 => Self::Unmap,
-            1 => Self::Clear,
-            2 => Self::ProtectionVma,
-            3 => Self::ProtectionPage,
-            4 => Self::SoftDirty,
-            5 => Self::Release,
-            6 => Self::Migrate,
-            7 => Self::Exclusive,
-            _ => Self::Unknown,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Unmap => "UNMAP",
-            Self::Clear => "CLEAR",
-            Self::ProtectionVma => "PROTECTION_VMA",
-            Self::ProtectionPage => "PROTECTION_PAGE",
-            Self::SoftDirty => "SOFT_DIRTY",
-            Self::Release => "RELEASE",
-            Self::Migrate => "MIGRATE",
-            Self::Exclusive => "EXCLUSIVE",
-            Self::Unknown => "UNKNOWN",
-        }
-    }
-}
+pub use mm_probe_common::hmm::NotifierEvent;
+use mm_probe_common::hmm::{EBUSY, EventKind, HmmEvent};
 
 /// One hmm_range_fault() call.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,7 +28,7 @@ pub struct Walk {
 
 impl Walk {
     pub fn busy(&self) -> bool {
-        self.ret == EBUSY
+        self.ret == -EBUSY
     }
 
     pub fn bytes(&self) -> u64 {
@@ -202,7 +145,7 @@ mod tests {
     #[test]
     fn decodes_a_busy_walk() {
         let mut r = raw(EventKind::Walk);
-        r.code = EBUSY;
+        r.code = -EBUSY;
         let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
         assert!(w.busy());
         assert_eq!((w.entry_ns, w.exit_ns, w.duration_ns), (1_000, 1_500, Some(500)));
@@ -219,6 +162,8 @@ mod tests {
         let Some(Event::Invalidate(i)) = decode(&r) else { panic!("not an invalidation") };
         assert_eq!(i.event, NotifierEvent::Clear);
         assert_eq!(NotifierEvent::from_raw(42), NotifierEvent::Unknown);
+        assert_eq!(NotifierEvent::from_raw(-1), NotifierEvent::Unknown);
+        assert_eq!(NotifierEvent::from_raw(7), NotifierEvent::Exclusive);
     }
 
     #[test]

@@ -1,406 +1,26 @@
-//! Aggregating one observation window (an `--interval`, or the whole run) and turning it into
-//! the metrics the verdict and the renderers use.
+//! Turning one aggregated window into its report: rates from the kernel's exact counters,
+//! distributions from the streamed events, and the evidence the verdict judges.
 
-use std::collections::HashMap;
-
-use hdrhistogram::Histogram;
-use mm_probe_common::hmm::{COUNTER_SLOTS, Counter};
-use serde::Serialize;
+use mm_probe_common::hmm::Counter;
 
 use super::{
-    chains::{Chain, ChainEnd},
-    events::{Invalidation, NotifierEvent, Walk},
-    overlap::{BusyCause, InvalidationOverlap},
-    verdict::{self, Evidence, Thresholds, Verdict, per_second, ratio},
+    aggregator::Window,
+    judge::{self, Evidence, Thresholds},
+    report::{
+        ChainMetrics, InvalidationMetrics, KvmMetrics, LostEvents, Observability, RetryRate, Snapshot, WalkMetrics,
+    },
 };
-use crate::report::{Log2Histogram, Percentiles, percentiles::latency_histogram};
+use crate::report::{Log2Histogram, Percentiles};
 
-/// Log2 slots for chain lengths (walks per retry loop).
-const CHAIN_LENGTH_BUCKETS: usize = 32;
-const SIZE_BUCKETS: usize = mm_probe_common::hmm::LOG2_BUCKETS as usize;
-/// How many invalidators the report lists.
-pub const TOP_INVALIDATORS: usize = 10;
-const PAGE_BYTES: u64 = 4096;
-
-/// The kernel's per-CPU counters, summed (cumulative, or a window's delta).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters(pub [u64; COUNTER_SLOTS as usize]);
-
-impl KernelCounters {
-    pub fn from_slice(values: &[u64]) -> Self {
-        let mut counters = Self::default();
-        for (slot, value) in counters.0.iter_mut().zip(values) {
-            *slot = *value;
-        }
-        counters
-    }
-
-    pub fn get(&self, counter: Counter) -> u64 {
-        self.0.get(counter as usize).copied().unwrap_or(0)
-    }
-
-    /// `self - earlier`, slot by slot.
-    pub fn since(&self, earlier: &Self) -> Self {
-        let mut delta = *self;
-        for (d, e) in delta.0.iter_mut().zip(earlier.0) {
-            *d = d.saturating_sub(e);
-        }
-        delta
-    }
-
-    fn add(&mut self, other: &Self) {
-        for (a, b) in self.0.iter_mut().zip(other.0) {
-            *a += b;
-        }
-    }
+/// Divides, or `None` when there is nothing to divide by (an empty window is not a 0 % rate).
+pub fn ratio(numerator: u64, denominator: u64) -> Option<f64> {
+    (denominator != 0).then(|| numerator as f64 / denominator as f64)
 }
 
-/// A log2 histogram kept by the kernel: cumulative buckets, deltas per window.
-pub fn bucket_delta(now: &[u64], earlier: &[u64]) -> Vec<u64> {
-    now.iter().enumerate().map(|(i, v)| v.saturating_sub(earlier.get(i).copied().unwrap_or(0))).collect()
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ChainTally {
-    pub success: u64,
-    pub error: u64,
-    pub timed_out: u64,
-    pub gave_up: u64,
-    pub unfinished: u64,
-}
-
-impl ChainTally {
-    pub fn ended(&self) -> u64 {
-        self.success + self.error + self.timed_out + self.gave_up
-    }
-
-    pub fn timeouts(&self) -> u64 {
-        self.timed_out + self.gave_up
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CauseTally {
-    pub true_conflict: u64,
-    pub false_sharing: u64,
-    pub unexplained: u64,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct OverlapTally {
-    /// Invalidations that overlapped a range being walked.
-    pub walked_range: u64,
-    /// … that overlapped only a walking notifier's interval.
-    pub notifier_interval_only: u64,
-    /// … that started during a walk of their mm but touched no walking notifier.
-    pub outside_notifiers: u64,
-    /// … that started while no walk of their mm was running.
-    pub no_walk_running: u64,
-}
-
-/// Everything observed in one window.
-#[derive(Clone, Debug)]
-pub struct Window {
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub counters: KernelCounters,
-    walk_ns: Histogram<u64>,
-    chain_ns: Histogram<u64>,
-    walk_events: u64,
-    walk_bytes_total: u64,
-    walk_ns_total: u64,
-    busy_walk_ns: u64,
-    max_walk_bytes: u64,
-    chain_lengths: Vec<u64>,
-    pub chains: ChainTally,
-    invalidation_events: u64,
-    small_invalidations: u64,
-    invalidation_sizes: Vec<u64>,
-    invalidators: HashMap<(String, NotifierEvent), (u64, u64)>,
-    pub busy_causes: CauseTally,
-    max_false_sharing_interval_bytes: u64,
-    pub overlap: OverlapTally,
-    pub callback_ns: Vec<u64>,
-    pub window_ns: Vec<u64>,
-    pub kvm_sizes: Vec<u64>,
-}
-
-impl Window {
-    pub fn new(start_ns: u64) -> Self {
-        Self {
-            start_ns,
-            end_ns: start_ns,
-            counters: KernelCounters::default(),
-            walk_ns: latency_histogram(),
-            chain_ns: latency_histogram(),
-            walk_events: 0,
-            walk_bytes_total: 0,
-            walk_ns_total: 0,
-            busy_walk_ns: 0,
-            max_walk_bytes: 0,
-            chain_lengths: vec![0; CHAIN_LENGTH_BUCKETS],
-            chains: ChainTally::default(),
-            invalidation_events: 0,
-            small_invalidations: 0,
-            invalidation_sizes: vec![0; SIZE_BUCKETS],
-            invalidators: HashMap::new(),
-            busy_causes: CauseTally::default(),
-            max_false_sharing_interval_bytes: 0,
-            overlap: OverlapTally::default(),
-            callback_ns: vec![0; SIZE_BUCKETS],
-            window_ns: vec![0; SIZE_BUCKETS],
-            kvm_sizes: vec![0; SIZE_BUCKETS],
-        }
-    }
-
-    pub fn add_walk(&mut self, walk: &Walk) {
-        self.walk_events += 1;
-        self.walk_bytes_total = self.walk_bytes_total.saturating_add(walk.bytes());
-        self.max_walk_bytes = self.max_walk_bytes.max(walk.bytes());
-        if let Some(ns) = walk.duration_ns {
-            let _ = self.walk_ns.record(ns.max(1));
-            self.walk_ns_total += ns;
-            if walk.busy() {
-                self.busy_walk_ns += ns;
-            }
-        }
-    }
-
-    pub fn add_chain(&mut self, chain: &Chain) {
-        match chain.end {
-            ChainEnd::Success => self.chains.success += 1,
-            ChainEnd::Error(_) => self.chains.error += 1,
-            ChainEnd::TimedOut => self.chains.timed_out += 1,
-            ChainEnd::GaveUp => self.chains.gave_up += 1,
-            ChainEnd::Unfinished => self.chains.unfinished += 1,
-        }
-        let bucket = Log2Histogram::bucket_of(u64::from(chain.walks)).min(CHAIN_LENGTH_BUCKETS - 1);
-        self.chain_lengths[bucket] += 1;
-        let _ = self.chain_ns.record(chain.duration_ns().max(1));
-    }
-
-    pub fn add_invalidation(&mut self, invalidation: &Invalidation) {
-        let bytes = invalidation.bytes();
-        self.invalidation_events += 1;
-        if bytes <= PAGE_BYTES {
-            self.small_invalidations += 1;
-        }
-        let bucket = Log2Histogram::bucket_of(bytes).min(SIZE_BUCKETS - 1);
-        self.invalidation_sizes[bucket] += 1;
-        let slot = self.invalidators.entry((invalidation.comm.clone(), invalidation.event)).or_default();
-        slot.0 += 1;
-        // RELEASE (exit_mmap) invalidates [0, ULONG_MAX): byte totals saturate.
-        slot.1 = slot.1.saturating_add(bytes);
-    }
-
-    pub fn add_busy_cause(&mut self, walk: &Walk, cause: BusyCause) {
-        match cause {
-            BusyCause::TrueConflict => self.busy_causes.true_conflict += 1,
-            BusyCause::FalseSharing => {
-                self.busy_causes.false_sharing += 1;
-                if let Some((start, last)) = walk.interval {
-                    self.max_false_sharing_interval_bytes =
-                        self.max_false_sharing_interval_bytes.max(last.saturating_sub(start).saturating_add(1));
-                }
-            }
-            BusyCause::Unexplained => self.busy_causes.unexplained += 1,
-        }
-    }
-
-    pub fn add_overlap(&mut self, overlap: InvalidationOverlap) {
-        if overlap.walked_range {
-            self.overlap.walked_range += 1;
-        } else if overlap.interval_only {
-            self.overlap.notifier_interval_only += 1;
-        } else if overlap.outside {
-            self.overlap.outside_notifiers += 1;
-        } else {
-            self.overlap.no_walk_running += 1;
-        }
-    }
-
-    /// Folds a finished interval into the run's total.
-    pub fn merge(&mut self, other: &Window) {
-        self.start_ns = self.start_ns.min(other.start_ns);
-        self.end_ns = self.end_ns.max(other.end_ns);
-        self.counters.add(&other.counters);
-        let _ = self.walk_ns.add(&other.walk_ns);
-        let _ = self.chain_ns.add(&other.chain_ns);
-        self.walk_events += other.walk_events;
-        self.walk_bytes_total = self.walk_bytes_total.saturating_add(other.walk_bytes_total);
-        self.walk_ns_total += other.walk_ns_total;
-        self.busy_walk_ns += other.busy_walk_ns;
-        self.max_walk_bytes = self.max_walk_bytes.max(other.max_walk_bytes);
-        add_buckets(&mut self.chain_lengths, &other.chain_lengths);
-        let c = &other.chains;
-        self.chains.success += c.success;
-        self.chains.error += c.error;
-        self.chains.timed_out += c.timed_out;
-        self.chains.gave_up += c.gave_up;
-        self.chains.unfinished += c.unfinished;
-        self.invalidation_events += other.invalidation_events;
-        self.small_invalidations += other.small_invalidations;
-        add_buckets(&mut self.invalidation_sizes, &other.invalidation_sizes);
-        for (key, (count, bytes)) in &other.invalidators {
-            let slot = self.invalidators.entry(key.clone()).or_default();
-            slot.0 += count;
-            slot.1 = slot.1.saturating_add(*bytes);
-        }
-        self.busy_causes.true_conflict += other.busy_causes.true_conflict;
-        self.busy_causes.false_sharing += other.busy_causes.false_sharing;
-        self.busy_causes.unexplained += other.busy_causes.unexplained;
-        self.max_false_sharing_interval_bytes =
-            self.max_false_sharing_interval_bytes.max(other.max_false_sharing_interval_bytes);
-        let o = &other.overlap;
-        self.overlap.walked_range += o.walked_range;
-        self.overlap.notifier_interval_only += o.notifier_interval_only;
-        self.overlap.outside_notifiers += o.outside_notifiers;
-        self.overlap.no_walk_running += o.no_walk_running;
-        add_buckets(&mut self.callback_ns, &other.callback_ns);
-        add_buckets(&mut self.window_ns, &other.window_ns);
-        add_buckets(&mut self.kvm_sizes, &other.kvm_sizes);
-    }
-
-    /// Invalidators by (comm, event), most invalidations first.
-    pub fn top_invalidators(&self) -> Vec<Invalidator> {
-        let mut top: Vec<Invalidator> = self
-            .invalidators
-            .iter()
-            .map(|((comm, event), (count, bytes))| Invalidator {
-                comm: comm.clone(),
-                event: *event,
-                count: *count,
-                bytes: *bytes,
-            })
-            .collect();
-        top.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.comm.cmp(&b.comm)));
-        top.truncate(TOP_INVALIDATORS);
-        top
-    }
-}
-
-fn add_buckets(into: &mut [u64], from: &[u64]) {
-    for (a, b) in into.iter_mut().zip(from) {
-        *a += b;
-    }
-}
-
-/// What this kernel let mm-probe see, decided from the attach plan.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Observability {
-    pub walks: bool,
-    pub read_begins: bool,
-    pub notifier_removes: bool,
-    pub invalidations: bool,
-    pub invalidation_ends: bool,
-    pub kvm_unmap: bool,
-    pub kvm_age: bool,
-    /// Plain sentences: what could not be observed and why.
-    pub statements: Vec<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Invalidator {
-    pub comm: String,
-    pub event: NotifierEvent,
-    pub count: u64,
-    pub bytes: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct WalkMetrics {
-    /// hmm_range_fault() returns (kernel counter: exact even if events were lost).
-    pub calls: u64,
-    pub ebusy: u64,
-    pub errors: u64,
-    pub read_begins: Option<u64>,
-    pub mean_bytes: Option<f64>,
-    pub max_bytes: u64,
-    pub latency: Percentiles,
-    /// Time spent in walks that returned -EBUSY, and its share of all walk time.
-    pub failed_walk_ns: u64,
-    pub failed_walk_share: Option<f64>,
-    pub busy_causes: CauseTally,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RetryRate {
-    /// -EBUSY ÷ invalidations of mirrored mms: the field material's definition.
-    pub ebusy_per_invalidation: Option<f64>,
-    /// -EBUSY ÷ hmm_range_fault() calls: the share of walks thrown away.
-    pub ebusy_per_walk: Option<f64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ChainMetrics {
-    pub tally: ChainTally,
-    /// Retry loops that gave up (timed out, or abandoned while failing).
-    pub timeouts: u64,
-    pub timeout_rate_per_invalidation: Option<f64>,
-    pub timeout_rate_per_loop: Option<f64>,
-    pub duration: Percentiles,
-    /// Log2 buckets of walks per loop: slot k counts loops of [2^k, 2^(k+1)) walks.
-    pub length_log2_hist: Vec<u64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct InvalidationMetrics {
-    /// Invalidations of mirrored mms (kernel counter).
-    pub count: u64,
-    /// Invalidations of mms nothing here mirrors (excluded from the rates).
-    pub other_mms: u64,
-    pub per_second: Option<f64>,
-    /// Log2 buckets of bytes per invalidation (slot k: [2^k, 2^(k+1)) bytes).
-    pub size_bytes_log2_hist: Vec<u64>,
-    pub top_invalidators: Vec<Invalidator>,
-    pub overlap_with_walks: OverlapTally,
-    /// Log2 buckets (ns) of time inside invalidate_range_start (the callbacks).
-    pub callback_ns_log2_hist: Vec<u64>,
-    pub callback_p99_ns: Option<u64>,
-    /// Log2 buckets (ns) of invalidate_range_start → _end.
-    pub start_to_end_ns_log2_hist: Vec<u64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct KvmMetrics {
-    pub unmap_hva_range: u64,
-    pub age_hva: u64,
-    /// Log2 buckets of bytes per unmapped or aged range.
-    pub size_bytes_log2_hist: Vec<u64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LostEvents {
-    pub walk_events: u64,
-    pub invalidate_events: u64,
-    /// Walk returns whose entry was not seen (duration unknown).
-    pub walk_entries_missed: u64,
-}
-
-/// mmu_interval_read_begin() calls of one process on one notifier.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ReadBeginCaller {
-    pub tgid: u32,
-    pub notifier: String,
-    pub calls: u64,
-}
-
-/// One window's report: what the renderers print and `--json` emits.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Snapshot {
-    /// Start of the window since the start of the run.
-    pub start_offset_ns: u64,
-    pub duration_ns: u64,
-    /// `None` where the walk probe did not attach: not observable, not zero.
-    pub walks: Option<WalkMetrics>,
-    pub retry_rate: Option<RetryRate>,
-    pub retry_loops: Option<ChainMetrics>,
-    pub invalidations: Option<InvalidationMetrics>,
-    pub kvm: Option<KvmMetrics>,
-    pub lost_events: LostEvents,
-    /// Sequence starts per (process, notifier), most first (whole run only; empty per interval).
-    pub read_begins_by_caller: Vec<ReadBeginCaller>,
-    pub verdict: Verdict,
+/// Events per second over `window_ns`; `None` for an empty window (a zero-length interval has
+/// no rate, not an infinite one).
+pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
+    (window_ns != 0).then(|| count as f64 * 1e9 / window_ns as f64)
 }
 
 /// 99th percentile of a kernel log2 histogram, as the upper bound of its bucket.
@@ -421,6 +41,7 @@ fn log2_p99(buckets: &[u64]) -> Option<u64> {
 }
 
 impl Snapshot {
+    /// The report of `window`, judged against `thresholds`.
     pub fn build(
         window: &Window,
         run_start_ns: u64,
@@ -492,11 +113,7 @@ impl Snapshot {
             false_sharing: window.busy_causes.false_sharing,
             notifier_interval_bytes: (window.max_false_sharing_interval_bytes > 0)
                 .then_some(window.max_false_sharing_interval_bytes),
-            top_invalidators: window
-                .top_invalidators()
-                .into_iter()
-                .map(|i| (i.comm, i.event.name(), i.count))
-                .collect(),
+            top_invalidators: window.top_invalidators().into_iter().map(|i| (i.comm, i.event, i.count)).collect(),
             small_invalidation_share: ratio(window.small_invalidations, window.invalidation_events),
             callback_p99_ns: invalidation_metrics.as_ref().and_then(|i| i.callback_p99_ns),
             numa_balancing,
@@ -515,27 +132,21 @@ impl Snapshot {
                 walk_entries_missed: c.get(Counter::StashMisses),
             },
             read_begins_by_caller: Vec::new(),
-            verdict: verdict::judge(&evidence, thresholds),
+            verdict: judge::judge(&evidence, thresholds),
         }
     }
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::retry_storm::{events::EBUSY, verdict::Level};
+    use crate::retry_storm::{
+        aggregator::tests::counters,
+        judge::{Level, Metric},
+    };
 
     fn all_seen() -> Observability {
         Observability { walks: true, read_begins: true, invalidations: true, ..Observability::default() }
-    }
-
-    /// Kernel counters with the three every rate is made of.
-    pub(crate) fn counters(walks: u64, busy: u64, invalidations: u64) -> KernelCounters {
-        let mut c = KernelCounters::default();
-        c.0[Counter::Walks as usize] = walks;
-        c.0[Counter::WalkBusy as usize] = busy;
-        c.0[Counter::Invalidations as usize] = invalidations;
-        c
     }
 
     #[test]
@@ -586,50 +197,35 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn merging_windows_adds_everything() {
-        let walk = Walk {
-            pid: 1,
-            tgid: 1,
-            comm: "w".into(),
-            entry_ns: 0,
-            exit_ns: 1000,
-            duration_ns: Some(1000),
-            seq_begin_ns: None,
-            ret: EBUSY,
-            notifier: 1,
-            mm: 1,
-            start: 0,
-            end: 4096,
-            interval: None,
-        };
-        let mut a = Window::new(0);
-        a.add_walk(&walk);
-        a.counters = counters(1, 1, 2);
-        let mut b = Window::new(10);
-        b.end_ns = 20;
-        b.add_walk(&Walk { ret: 0, ..walk });
-        b.counters = counters(1, 0, 3);
-        let mut total = Window::new(0);
-        total.merge(&a);
-        total.merge(&b);
-        assert_eq!(total.counters.get(Counter::Walks), 2);
-        assert_eq!(total.counters.get(Counter::Invalidations), 5);
-        assert_eq!(total.walk_events, 2);
-        assert_eq!(total.busy_walk_ns, 1000);
-        assert_eq!((total.start_ns, total.end_ns), (0, 20));
-    }
-
-    #[test]
-    fn kernel_counter_deltas_and_log2_p99() {
-        let earlier = counters(5, 1, 10);
-        let now = counters(8, 3, 15);
-        let d = now.since(&earlier);
-        assert_eq!((d.get(Counter::Walks), d.get(Counter::WalkBusy), d.get(Counter::Invalidations)), (3, 2, 5));
-        assert_eq!(bucket_delta(&[5, 7, 9], &[1, 7]), vec![4, 0, 9]);
+    fn the_p99_of_a_log2_histogram_is_its_buckets_upper_bound() {
         let mut buckets = vec![0; 20];
         buckets[10] = 99;
         buckets[17] = 1;
         assert_eq!(log2_p99(&buckets), Some(2047));
         assert_eq!(log2_p99(&[0, 0]), None);
+    }
+
+    #[test]
+    fn rates_of_empty_windows_are_unknown_not_zero() {
+        assert_eq!(ratio(0, 0), None);
+        assert_eq!(ratio(5, 0), None);
+        assert_eq!(ratio(0, 10), Some(0.0));
+        assert_eq!(ratio(85, 100), Some(0.85));
+        assert_eq!(per_second(10, 0), None);
+        assert_eq!(per_second(1000, 500_000_000), Some(2000.0));
+    }
+
+    #[test]
+    fn a_zero_length_window_has_no_rates_and_judges_nothing() {
+        // A window closed at the instant it opened (a tick that coincides with the stop, or
+        // a zero interval): counts may still be there, but nothing is divided by zero.
+        let mut w = Window::new(5_000);
+        w.end_ns = 5_000;
+        w.counters = counters(10, 5, 20);
+        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None);
+        assert_eq!(s.duration_ns, 0);
+        assert_eq!(s.invalidations.as_ref().unwrap().per_second, None);
+        let freq = s.verdict.metrics.iter().find(|m| m.metric == Metric::InvalidateFreq).unwrap();
+        assert_eq!((freq.value, freq.level), (None, Level::Unknown));
     }
 }

@@ -12,8 +12,6 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
-
 use super::events::{Invalidation, Walk};
 
 /// Why a walk returned -EBUSY.
@@ -27,7 +25,7 @@ pub enum BusyCause {
 }
 
 /// How one invalidation related to the walks running while it started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InvalidationOverlap {
     /// Overlapped the range some walk was walking.
     pub walked_range: bool,
@@ -146,7 +144,7 @@ impl OverlapJoiner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry_storm::events::{EBUSY, NotifierEvent};
+    use mm_probe_common::hmm::{EBUSY, NotifierEvent};
 
     const MIB: u64 = 1 << 20;
 
@@ -185,7 +183,7 @@ mod tests {
     fn an_invalidation_of_the_walked_range_is_a_true_conflict() {
         let mut j = OverlapJoiner::new(10, 1_000);
         j.add_invalidation(inv(150, MIB, MIB + 65536));
-        j.add_walk(walk(0, 2 * MIB, (100, 200), EBUSY));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
         assert_eq!(s.busy_causes.len(), 1);
         assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
@@ -197,7 +195,7 @@ mod tests {
     fn an_invalidation_elsewhere_in_the_notifier_is_false_sharing() {
         let mut j = OverlapJoiner::new(10, 1_000);
         j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 65536));
-        j.add_walk(walk(0, 2 * MIB, (100, 200), EBUSY));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
         assert_eq!(s.busy_causes[0].1, BusyCause::FalseSharing);
         let done = j.finish();
@@ -213,7 +211,7 @@ mod tests {
         other_mm.mm = 8;
         j.add_invalidation(other_mm);
         j.add_invalidation(inv(160, 100 * MIB, 101 * MIB)); // outside the interval
-        j.add_walk(walk(0, 2 * MIB, (100, 200), EBUSY));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
         assert_eq!(s.busy_causes[0].1, BusyCause::Unexplained);
         let done = j.finish();
@@ -225,7 +223,7 @@ mod tests {
     #[test]
     fn walks_wait_until_settled_and_late_invalidations_still_count() {
         let mut j = OverlapJoiner::new(100, 10_000);
-        j.add_walk(walk(0, 2 * MIB, (100, 200), EBUSY));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         assert!(j.settle(250).busy_causes.is_empty(), "not settled yet");
         // Arrives after the walk (other ring), started inside its window.
         j.add_invalidation(inv(180, 0, 4096));

@@ -2,17 +2,21 @@
 //! is `report::plot`'s; this only turns rate samples into series.
 
 use super::{
-    metrics::Observability,
+    judge::{Band, Thresholds},
+    metrics::{per_second, ratio},
+    report::Observability,
     timeline::RateSample,
-    verdict::{Band, Thresholds, per_second, ratio},
 };
-use crate::report::plot::{RatePanel, RatesPlot, Series, ThresholdLine, compact_number};
+use crate::{
+    collect::Stop,
+    report::plot::{RatePanel, RatesPlot, Series, ThresholdLine, compact_number},
+};
 
 /// What the figure says about the run as a whole.
 pub struct RunFacts<'a> {
     pub kernel: &'a str,
     pub duration_s: f64,
-    pub stopped_by: &'a str,
+    pub stopped_by: Stop,
 }
 
 /// -EBUSY returns, retry rate (both definitions) and invalidations, one panel each.
@@ -22,7 +26,7 @@ pub fn rates_plot(run: &RunFacts, samples: &[RateSample], thresholds: &Threshold
             "mm-probe retry-storm on Linux {}: {:.1} s traced{}",
             run.kernel,
             run.duration_s,
-            if run.stopped_by == "interrupted" { ", stopped by Ctrl-C" } else { "" }
+            if run.stopped_by == Stop::Interrupted { ", stopped by Ctrl-C" } else { "" }
         ),
         duration_s: run.duration_s,
         panels: vec![
@@ -103,7 +107,7 @@ mod tests {
     }
 
     fn run() -> RunFacts<'static> {
-        RunFacts { kernel: "6.12.0", duration_s: 3.0, stopped_by: "interrupted" }
+        RunFacts { kernel: "6.12.0", duration_s: 3.0, stopped_by: Stop::Interrupted }
     }
 
     fn everything() -> Observability {

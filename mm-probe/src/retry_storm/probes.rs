@@ -1,11 +1,13 @@
-//! The kernel hooks retry-storm uses, best first. None of these functions has a tracepoint
-//! upstream (docs/kernel-facts.md#mmu-notifier: no `mmu_notifier:*` events in 5.15 → 6.18), so each has a
-//! fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own tracepoints add the
-//! secondary-MMU view where kvm is loaded.
+//! The kernel hooks retry-storm uses, best first, and what an attach plan of them lets it see.
+//! None of these functions has a tracepoint upstream (no `mmu_notifier:*` events from 5.15 to
+//! 6.18: docs/kernel-facts.md, "MMU-notifier invalidations"), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
+//! tracepoints add the secondary-MMU view where kvm is loaded.
 
+use super::report::Observability;
 use crate::{
     candidate,
-    probes::{Candidate, Hook, LogicalProbe, Mechanism, Target},
+    kernel::Kernel,
+    probes::{Candidate, Hook, LogicalProbe, Mechanism, Plan, Target},
 };
 
 const HMM_RANGE_FAULT: &[Target] = &[Target { name: "hmm_range_fault", kernels: "5.8+, CONFIG_HMM_MIRROR" }];
@@ -96,3 +98,76 @@ pub const KVM_AGE: LogicalProbe = LogicalProbe {
 /// In attach order: the walk and read_begin probes mark mms as mirrored, which the
 /// invalidation probes filter on.
 pub const PROBES: &[LogicalProbe] = &[WALK, READ_BEGINS, REMOVES, INVALIDATE_START, INVALIDATE_END, KVM_UNMAP, KVM_AGE];
+
+/// Whether the kernel has hmm_range_fault at all (CONFIG_HMM_MIRROR), from BTF or kallsyms.
+fn has_hmm(kernel: &Kernel) -> bool {
+    kernel.btf().ok().and_then(|b| b.function_params("hmm_range_fault")).is_some()
+        || kernel.kallsyms().ok().and_then(|k| k.resolve("hmm_range_fault")).is_some()
+}
+
+/// Reads the plan into what can be observed, with a plain sentence for each gap.
+pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
+    let mut seen = Observability {
+        walks: plan.is_attached(WALK_PROBE),
+        read_begins: plan.is_attached(READ_BEGIN_PROBE),
+        notifier_removes: plan.is_attached(REMOVE_PROBE),
+        invalidations: plan.is_attached(INVALIDATE_START_PROBE),
+        invalidation_ends: plan.is_attached(INVALIDATE_END_PROBE),
+        kvm_unmap: plan.is_attached(KVM_UNMAP_PROBE),
+        kvm_age: plan.is_attached(KVM_AGE_PROBE),
+        statements: Vec::new(),
+    };
+    let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable()).unwrap_or_default();
+    if !seen.walks {
+        let reason = if has_hmm(kernel) {
+            format!(
+                "hmm_range_fault is not observable: it exists on this kernel but could not be probed ({})",
+                why(WALK_PROBE)
+            )
+        } else {
+            format!(
+                "hmm_range_fault is not observable: this kernel has no hmm_range_fault (not in its BTF nor in /proc/kallsyms: it is built without CONFIG_HMM_MIRROR), so nothing here can mirror memory through HMM ({})",
+                why(WALK_PROBE)
+            )
+        };
+        seen.statements
+            .push(format!("{reason}. Retry rates, timeouts, retry loops and walk latency cannot be measured here."));
+    }
+    if !seen.read_begins && seen.walks {
+        seen.statements.push(format!(
+            "mmu_interval_read_begin is not observable ({}): walk windows start at walk entry and sequence starts are not counted.",
+            why(READ_BEGIN_PROBE)
+        ));
+    }
+    if !seen.notifier_removes && seen.walks {
+        seen.statements.push(format!(
+            "mmu_interval_notifier_remove is not observable ({}): a retry loop that gives up before --timeout is seen only if it ran past --timeout.",
+            why(REMOVE_PROBE)
+        ));
+    }
+    if !seen.invalidations {
+        seen.statements.push(format!(
+            "MMU-notifier invalidations are not observable ({}): retry_rate per invalidation, invalidate_freq, invalidators and overlaps cannot be measured.",
+            why(INVALIDATE_START_PROBE)
+        ));
+    } else if !seen.walks && !seen.read_begins {
+        // Only mms seen mirroring are watched, and nothing can see them mirror here.
+        seen.invalidations = false;
+        seen.statements.push(
+            "MMU-notifier invalidations are not watched: they are attributed to mirrored memory, which cannot be recognised without the walk or read_begin probes.".into(),
+        );
+    }
+    if seen.invalidations && !seen.invalidation_ends {
+        seen.statements.push(format!(
+            "__mmu_notifier_invalidate_range_end is not observable ({}): invalidation windows are not measured.",
+            why(INVALIDATE_END_PROBE)
+        ));
+    }
+    if !seen.kvm_unmap && !seen.kvm_age {
+        seen.statements.push(format!(
+            "KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available ({}).",
+            why(KVM_UNMAP_PROBE)
+        ));
+    }
+    seen
+}

@@ -1,16 +1,16 @@
-//! Text and NDJSON renderings of retry-storm's plan, interval lines and summary.
+//! Text renderings of retry-storm's plan, interval lines and summary (the JSON lines are
+//! report.rs's).
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
 use super::{
-    metrics::{Observability, Snapshot},
-    verdict::{Level, Thresholds},
+    judge::{Level, SLOW_CALLBACK_NS, Unit},
+    report::{Observability, Snapshot},
 };
 use crate::{
+    collect::Stop,
     probes::{Outcome, Plan},
-    report::{Log2Histogram, Percentiles, json},
+    report::{Log2Histogram, Percentiles},
     units::{format_bytes, format_nanos},
 };
 
@@ -31,19 +31,6 @@ fn latency_line(p: &Percentiles) -> String {
         format_nanos(p.max_ns),
         p.count
     )
-}
-
-#[derive(Serialize)]
-struct PlanLine<'a> {
-    kernel: &'a str,
-    plan: &'a Plan,
-    observability: &'a Observability,
-    thresholds: &'a Thresholds,
-    timeout_ns: u64,
-}
-
-pub fn plan_json(kernel: &str, plan: &Plan, seen: &Observability, thresholds: &Thresholds, timeout_ns: u64) -> String {
-    json::line(json::Line::RetryStormProbePlan, &PlanLine { kernel, plan, observability: seen, thresholds, timeout_ns })
 }
 
 /// What is watched and what is not, before the run starts (to stderr in text mode).
@@ -68,26 +55,6 @@ pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
         let _ = writeln!(out, "  {statement}");
     }
     out
-}
-
-pub fn interval_json(snapshot: &Snapshot) -> String {
-    json::line(json::Line::RetryStormInterval, snapshot)
-}
-
-#[derive(Serialize)]
-struct SummaryLine<'a> {
-    #[serde(flatten)]
-    snapshot: &'a Snapshot,
-    stopped_by: &'a str,
-    observability: &'a Observability,
-}
-
-pub fn summary_json(snapshot: &Snapshot, stopped_by: &str, seen: &Observability) -> String {
-    json::line(json::Line::RetryStormSummary, &SummaryLine { snapshot, stopped_by, observability: seen })
-}
-
-pub fn lost_json(snapshot: &Snapshot) -> String {
-    json::line(json::Line::RetryStormLostEvents, &snapshot.lost_events)
 }
 
 /// One line per interval.
@@ -134,9 +101,9 @@ pub fn interval_text(s: &Snapshot) -> String {
 }
 
 /// The end-of-run report.
-pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> String {
+pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "\nretry-storm summary: {:.1} s ({stopped_by})", s.duration_ns as f64 / 1e9);
+    let _ = writeln!(out, "\nretry-storm summary: {:.1} s ({})", s.duration_ns as f64 / 1e9, stopped_by.name());
     if !seen.statements.is_empty() {
         let _ = writeln!(out, "\nWhat could not be observed:");
         for statement in &seen.statements {
@@ -237,7 +204,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
         let _ = write!(
             out,
             "  time in invalidate callbacks:\n{}",
-            Log2Histogram::new(i.callback_ns_log2_hist.clone()).render("nsecs", Some(super::verdict::SLOW_CALLBACK_NS))
+            Log2Histogram::new(i.callback_ns_log2_hist.clone()).render("nsecs", Some(SLOW_CALLBACK_NS))
         );
     }
     if !s.read_begins_by_caller.is_empty() {
@@ -259,11 +226,11 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
     for m in &s.verdict.metrics {
         let value = match (m.value, m.unit) {
             (None, _) => "not observable / no data".to_string(),
-            (Some(v), "ns") => format_nanos(v as u64),
-            (Some(v), "per_second") => format!("{v:.0}/s"),
-            (Some(v), _) => format!("{:.2} %", v * 100.0),
+            (Some(v), Unit::Ns) => format_nanos(v as u64),
+            (Some(v), Unit::PerSecond) => format!("{v:.0}/s"),
+            (Some(v), Unit::Fraction) => format!("{:.2} %", v * 100.0),
         };
-        let _ = writeln!(out, "  {:<16} {:>14}  {:<7} ({})", m.metric, value, m.level.name(), m.definition);
+        let _ = writeln!(out, "  {:<16} {:>14}  {:<7} ({})", m.metric.name(), value, m.level.name(), m.definition);
     }
     if s.verdict.overall == Level::Unknown {
         let _ = writeln!(out, "  nothing to judge: no mirror walk or invalidation was observed");
@@ -271,7 +238,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
     if !s.verdict.advice.is_empty() {
         let _ = writeln!(out, "\nAdvice");
         for a in &s.verdict.advice {
-            let _ = writeln!(out, "  - {}: {}\n    → {}", a.cause, a.evidence, a.action);
+            let _ = writeln!(out, "  - {}: {}\n    → {}", a.cause.name(), a.evidence, a.action);
         }
     }
     out
@@ -280,117 +247,19 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        probes::{Attempt, ProbePlan},
-        report::schema_check::tool_line,
-        retry_storm::{
-            events::NotifierEvent,
-            metrics::{
-                CauseTally, ChainMetrics, ChainTally, InvalidationMetrics, Invalidator, KvmMetrics, LostEvents,
-                OverlapTally, ReadBeginCaller, RetryRate, WalkMetrics,
-            },
-            verdict::{Evidence, judge},
-        },
-    };
-
-    fn percentiles() -> Percentiles {
-        Percentiles { count: 3, mean_ns: 1500.0, p50_ns: 1000, p90_ns: 2000, p99_ns: 2000, p999_ns: 2000, max_ns: 2000 }
-    }
-
-    /// A window where every probe attached and every metric has a value, advice included.
-    fn everything_observed() -> Snapshot {
-        let storm = Evidence {
-            walks: 3,
-            busy_walks: 2,
-            retry_rate: Some(0.5),
-            busy_per_walk: Some(0.6),
-            avg_walk_ns: Some(900_000.0),
-            mean_walk_bytes: Some(64.0 * 1024.0 * 1024.0),
-            ..Evidence::default()
-        };
-        Snapshot {
-            start_offset_ns: 1_000_000_000,
-            duration_ns: 1_000_000_000,
-            walks: Some(WalkMetrics {
-                calls: 3,
-                ebusy: 2,
-                errors: 0,
-                read_begins: Some(5),
-                mean_bytes: Some(4096.0),
-                max_bytes: 8192,
-                latency: percentiles(),
-                failed_walk_ns: 2000,
-                failed_walk_share: Some(0.4),
-                busy_causes: CauseTally { true_conflict: 1, false_sharing: 1, unexplained: 0 },
-            }),
-            retry_rate: Some(RetryRate { ebusy_per_invalidation: Some(0.2), ebusy_per_walk: Some(0.66) }),
-            retry_loops: Some(ChainMetrics {
-                tally: ChainTally { success: 1, gave_up: 1, ..ChainTally::default() },
-                timeouts: 1,
-                timeout_rate_per_invalidation: Some(0.1),
-                timeout_rate_per_loop: Some(0.5),
-                duration: percentiles(),
-                length_log2_hist: vec![1, 1],
-            }),
-            invalidations: Some(InvalidationMetrics {
-                count: 10,
-                other_mms: 4,
-                per_second: Some(10.0),
-                size_bytes_log2_hist: vec![0, 0, 3],
-                top_invalidators: vec![Invalidator {
-                    comm: "madv".into(),
-                    event: NotifierEvent::Clear,
-                    count: 10,
-                    bytes: 655_360,
-                }],
-                overlap_with_walks: OverlapTally { walked_range: 1, ..OverlapTally::default() },
-                callback_ns_log2_hist: vec![0, 2],
-                callback_p99_ns: Some(3),
-                start_to_end_ns_log2_hist: vec![2],
-            }),
-            kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
-            lost_events: LostEvents { walk_events: 0, invalidate_events: 1, walk_entries_missed: 0 },
-            read_begins_by_caller: vec![ReadBeginCaller { tgid: 42, notifier: "0xffff8881".into(), calls: 5 }],
-            verdict: judge(&storm, &Thresholds::default()),
-        }
-    }
-
-    fn plan() -> Plan {
-        let failed =
-            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
-        let attached = ProbePlan {
-            probe: "hmm_range_fault walk",
-            purpose: "walks",
-            outcome: Outcome::Attached {
-                mechanism: "kprobe".into(),
-                target: "hmm_range_fault".into(),
-                caveat: Some("clone".into()),
-            },
-            failed_attempts: vec![failed.clone()],
-        };
-        let missing = ProbePlan {
-            probe: "kvm age",
-            purpose: "kvm",
-            outcome: Outcome::Unavailable,
-            failed_attempts: vec![failed],
-        };
-        Plan { probes: vec![attached, missing] }
-    }
+    use crate::retry_storm::report::tests::everything_observed;
 
     #[test]
-    fn every_json_line_matches_its_schema_with_every_metric_observed() {
-        let snapshot = everything_observed();
-        assert!(!snapshot.verdict.advice.is_empty(), "the advice must be in the checked line too");
-        let seen = Observability {
-            walks: true,
-            invalidations: true,
-            kvm_age: true,
-            statements: vec!["…".into()],
-            ..Observability::default()
+    fn the_verdict_prints_each_metric_in_its_unit_and_each_cause_by_name() {
+        let text = summary_text(&everything_observed(), &Observability::default(), Stop::Interrupted);
+        let line = |metric: &str| {
+            text.lines().find(|l| l.trim_start().starts_with(metric)).unwrap_or_else(|| panic!("{metric}: {text}"))
         };
-        tool_line(&plan_json("6.12.57", &plan(), &seen, &Thresholds::default(), 1_000_000_000));
-        tool_line(&interval_json(&snapshot));
-        tool_line(&summary_json(&snapshot, "interrupted", &seen));
-        tool_line(&lost_json(&snapshot));
+        assert!(line("retry_rate").contains("50.00 %"), "{text}");
+        assert!(line("avg_latency").contains("900µs"), "{text}");
+        assert!(line("invalidate_freq").contains("not observable"), "{text}");
+        assert!(text.contains("  - large walks: "), "{text}");
+        assert!(text.contains("(interrupted)"), "{text}");
+        assert!(text.contains("CLEAR"), "invalidation events by the kernel's names: {text}");
     }
 }

@@ -1,25 +1,38 @@
-//! HMM mirror walks: hmm_range_fault() entry/return, mmu_interval_read_begin(), and
-//! mmu_interval_notifier_remove(). Read from mm/hmm.c and mm/mmu_notifier.c of 5.15, 6.1,
-//! 6.12 and 6.18 (docs/kernel-facts.md#hmm-range-fault): `int hmm_range_fault(struct hmm_range *)` and
-//! `unsigned long mmu_interval_read_begin(struct mmu_interval_notifier *)` are unchanged
-//! across them and out of line; mmu_interval_read_retry() is static inline and invisible.
+//! retry-storm's kernel programs: HMM mirror walks and the MMU-notifier invalidations that fail
+//! them.
 //!
-//! Counts go to per-CPU counters (exact even when the ring overflows); each walk is also
-//! streamed so user space can join walks into retry chains and against invalidations.
+//! Walks: hmm_range_fault() entry/return, mmu_interval_read_begin() and
+//! mmu_interval_notifier_remove(), read from mm/hmm.c and mm/mmu_notifier.c of 5.15, 6.1, 6.12
+//! and 6.18 (docs/kernel-facts.md, "hmm_range_fault and its -EBUSY"): `int hmm_range_fault(struct hmm_range *)` and
+//! `unsigned long mmu_interval_read_begin(struct mmu_interval_notifier *)` are unchanged across
+//! them and out of line; mmu_interval_read_retry() is static inline and invisible.
+//!
+//! Invalidations: __mmu_notifier_invalidate_range_start/_end and KVM's kvm_unmap_hva_range /
+//! kvm_age_hva tracepoints (docs/kernel-facts.md, "MMU-notifier invalidations"). No
+//! `mmu_notifier:*` tracepoint exists in those kernels, hence the function probes. The `__` functions run only for mms with at least one subscriber, and only
+//! mirrored mms (seen by a walk or a read_begin) are streamed; others are counted.
+//! `struct mmu_notifier_range` lost its `vma` member in 6.6, so every member is read through a
+//! BTF offset. `__mmu_notifier_invalidate_range_end` is `(range, bool only_end)` up to 6.5 and
+//! `(range)` from 6.6; only argument 0 is read, which is the same in both.
+//!
+//! Counts go to per-CPU counters (exact even when a ring overflows); each walk and each
+//! invalidation is also streamed so user space can join walks into retry chains and against
+//! the invalidations that overlapped them.
 
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
-    macros::{fentry, fexit, kprobe, kretprobe, map},
+    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext},
+    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
-use mm_probe_common::hmm::{COUNTER_SLOTS, Counter, EventKind, HmmEvent, ReadBeginKey, SeqBegin, Stash};
+use mm_probe_common::hmm::{
+    COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, LOG2_BUCKETS, NOTIFIER_EVENTS, NotifierEvent, ReadBeginKey,
+    SeqBegin, Stash,
+};
 
-use crate::kernel::{bump, current_pid, current_tgid, offsets::*, read_at};
+use crate::kernel::{bump, current_pid, current_tgid, get_or_insert, log2_bucket, offsets::*, read_at};
 
-/// -EBUSY: the notifier's sequence moved; the caller must retry (include/uapi/asm-generic/errno-base.h).
-const EBUSY: i32 = 16;
 /// Threads with a walk or invalidation in flight at once; LRU so a missed return never leaks.
 const THREADS: u32 = 16384;
 
@@ -33,32 +46,47 @@ static HMM_WALK_EVENTS: RingBuf = RingBuf::with_byte_size(2 << 20, 0);
 #[map]
 static HMM_INVALIDATE_EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
 #[map]
-pub static HMM_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+static HMM_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 #[map]
 static HMM_READ_BEGINS: PerCpuHashMap<ReadBeginKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
 #[map]
 static HMM_TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
-pub static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
+static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
 #[map]
 static HMM_WALK_STASH: LruHashMap<u32, Stash> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
 static HMM_SEQ_BEGIN: LruHashMap<u32, SeqBegin> = LruHashMap::with_max_entries(THREADS, 0);
+#[map]
+static HMM_INVALIDATE_STASH: LruHashMap<u32, Stash> = LruHashMap::with_max_entries(THREADS, 0);
+#[map]
+static HMM_CALLBACK_NS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
+#[map]
+static HMM_WINDOW_NS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
+#[map]
+static HMM_KVM_SIZE: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
+#[map]
+static HMM_INVALIDATIONS_BY_EVENT: PerCpuArray<u64> = PerCpuArray::with_max_entries(NOTIFIER_EVENTS, 0);
+
+/// kvm_unmap_hva_range / kvm_age_hva: `unsigned long start` at 8, `end` at 16 (the format is
+/// byte-identical 5.15 → 6.18).
+const KVM_START_OFFSET: usize = 8;
+const KVM_END_OFFSET: usize = 16;
 
 /// Whether `tgid` is one of the processes the user asked about (all when no -p was given).
 #[inline(always)]
-pub fn watched(tgid: u32) -> bool {
+fn watched(tgid: u32) -> bool {
     HMM_FILTER_TGIDS.load() == 0 || unsafe { HMM_TARGET_TGIDS.get(tgid) }.is_some()
 }
 
 #[inline(always)]
-pub fn count(counter: Counter) {
+fn count(counter: Counter) {
     bump(&HMM_COUNTERS, counter as u32, 1);
 }
 
 /// Adds a duration to a counter that sums nanoseconds.
 #[inline(always)]
-pub fn count_ns(counter: Counter, ns: u64) {
+fn count_ns(counter: Counter, ns: u64) {
     bump(&HMM_COUNTERS, counter as u32, ns);
 }
 
@@ -71,13 +99,13 @@ fn mark_mirrored(mm: u64, tgid: u32) {
 }
 
 #[inline(always)]
-pub fn is_mirrored(mm: u64) -> bool {
+fn is_mirrored(mm: u64) -> bool {
     mm != 0 && unsafe { HMM_MIRRORED_MMS.get(mm) }.is_some()
 }
 
 /// Reserves and fills one event in the ring for its kind; a full ring is counted, never hidden.
 #[inline(always)]
-pub fn emit(event: HmmEvent) {
+fn emit(event: HmmEvent) {
     if HMM_STREAM_EVENTS.load() == 0 {
         return;
     }
@@ -96,7 +124,7 @@ pub fn emit(event: HmmEvent) {
 }
 
 #[inline(always)]
-pub fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
+fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
     HmmEvent {
         kind: kind as u32,
         pid: current_pid(),
@@ -179,11 +207,8 @@ fn read_begin(notifier: u64) -> u32 {
     }
     count(Counter::ReadBegins);
     let key = ReadBeginKey { notifier, tgid, _pad: 0 };
-    match HMM_READ_BEGINS.get_ptr_mut(key) {
-        Some(calls) => unsafe { *calls += 1 },
-        None => {
-            let _ = HMM_READ_BEGINS.insert(key, 1, 0);
-        }
+    if let Some(calls) = get_or_insert!(HMM_READ_BEGINS, key, 0u64) {
+        unsafe { *calls += 1 };
     }
     let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
     let _ = HMM_SEQ_BEGIN.insert(current_pid(), begin, 0);
@@ -204,6 +229,66 @@ fn notifier_remove(notifier: u64) -> u32 {
     event.interval_start = read_at(notifier, OFF_INTERVAL_NOTIFIER_START.load()).unwrap_or(0);
     event.interval_last = read_at(notifier, OFF_INTERVAL_NOTIFIER_LAST.load()).unwrap_or(0);
     emit(event);
+    0
+}
+
+#[inline(always)]
+fn invalidate_start(range: u64) -> u32 {
+    let mm: u64 = read_at(range, OFF_NOTIFIER_RANGE_MM.load()).unwrap_or(0);
+    if !is_mirrored(mm) {
+        count(Counter::InvalidationsOtherMm);
+        return 0;
+    }
+    count(Counter::Invalidations);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let _ = HMM_INVALIDATE_STASH.insert(current_pid(), Stash { ts_ns: now, arg: range }, 0);
+    let mut event = blank_event(EventKind::Invalidate, now);
+    event.mm = mm;
+    event.start = read_at(range, OFF_NOTIFIER_RANGE_START.load()).unwrap_or(0);
+    event.end = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
+    let kind = read_at::<u32>(range, OFF_NOTIFIER_RANGE_EVENT.load()).unwrap_or(u32::MAX);
+    // Unknown and unreadable events share the last slot.
+    let unknown = NotifierEvent::Unknown as u32;
+    bump(&HMM_INVALIDATIONS_BY_EVENT, if kind < unknown { kind } else { unknown }, 1);
+    event.code = kind as i32;
+    emit(event);
+    0
+}
+
+/// The subscribers' callbacks ran inside invalidate_range_start: its duration is theirs.
+#[inline(always)]
+fn invalidate_start_return() -> u32 {
+    if let Some(stash) = unsafe { HMM_INVALIDATE_STASH.get(current_pid()) } {
+        let elapsed = unsafe { bpf_ktime_get_ns() } - stash.ts_ns;
+        bump(&HMM_CALLBACK_NS, log2_bucket(elapsed, LOG2_BUCKETS), 1);
+        count_ns(Counter::CallbackNs, elapsed);
+    }
+    0
+}
+
+#[inline(always)]
+fn invalidate_end(range: u64) -> u32 {
+    let pid = current_pid();
+    let Some(stash) = (unsafe { HMM_INVALIDATE_STASH.get(pid) }).copied() else { return 0 };
+    if stash.arg != range {
+        return 0;
+    }
+    let _ = HMM_INVALIDATE_STASH.remove(pid);
+    count(Counter::InvalidateEnds);
+    let elapsed = unsafe { bpf_ktime_get_ns() } - stash.ts_ns;
+    bump(&HMM_WINDOW_NS, log2_bucket(elapsed, LOG2_BUCKETS), 1);
+    0
+}
+
+#[inline(always)]
+fn kvm_range(ctx: &TracePointContext, counter: Counter) -> u32 {
+    if !watched(current_tgid()) {
+        return 0;
+    }
+    let start: u64 = unsafe { ctx.read_at(KVM_START_OFFSET) }.unwrap_or(0);
+    let end: u64 = unsafe { ctx.read_at(KVM_END_OFFSET) }.unwrap_or(0);
+    count(counter);
+    bump(&HMM_KVM_SIZE, log2_bucket(end.saturating_sub(start), LOG2_BUCKETS), 1);
     0
 }
 
@@ -250,4 +335,46 @@ pub fn notifier_remove_fentry(ctx: FEntryContext) -> u32 {
 #[kprobe]
 pub fn notifier_remove_kprobe(ctx: ProbeContext) -> u32 {
     notifier_remove(ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+/// fentry/__mmu_notifier_invalidate_range_start(struct mmu_notifier_range *range)
+#[fentry]
+pub fn invalidate_start_fentry(ctx: FEntryContext) -> u32 {
+    invalidate_start(ctx.arg::<u64>(0))
+}
+
+#[fexit]
+pub fn invalidate_start_fexit(_ctx: FExitContext) -> u32 {
+    invalidate_start_return()
+}
+
+#[kprobe]
+pub fn invalidate_start_kprobe(ctx: ProbeContext) -> u32 {
+    invalidate_start(ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+#[kretprobe]
+pub fn invalidate_start_kretprobe(_ctx: RetProbeContext) -> u32 {
+    invalidate_start_return()
+}
+
+/// fentry/__mmu_notifier_invalidate_range_end(struct mmu_notifier_range *range[, bool only_end])
+#[fentry]
+pub fn invalidate_end_fentry(ctx: FEntryContext) -> u32 {
+    invalidate_end(ctx.arg::<u64>(0))
+}
+
+#[kprobe]
+pub fn invalidate_end_kprobe(ctx: ProbeContext) -> u32 {
+    invalidate_end(ctx.arg::<u64>(0).unwrap_or(0))
+}
+
+#[tracepoint]
+pub fn kvm_unmap_hva_range(ctx: TracePointContext) -> u32 {
+    kvm_range(&ctx, Counter::KvmUnmap)
+}
+
+#[tracepoint]
+pub fn kvm_age_hva(ctx: TracePointContext) -> u32 {
+    kvm_range(&ctx, Counter::KvmAge)
 }

@@ -1,12 +1,26 @@
-//! Judging the metrics against the health thresholds (docs/thresholds.md#retry-storm; every
-//! band overridable from the command line) and tying advice to the evidence.
+//! Judging the metrics against the health thresholds (docs/thresholds.md, "retry-storm"; every
+//! band can be overridden from the command line) and tying advice to the evidence.
 
-use serde::Serialize;
+use mm_probe_common::hmm::NotifierEvent;
+use serde::{Serialize, Serializer};
 
+use super::metrics::ratio;
 use crate::units::{format_bytes, format_nanos};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
+/// Serializes an enum as the name its `name()` gives: one spelling for text and JSON.
+macro_rules! serialize_by_name {
+    ($($ty:ty),+) => {
+        $(
+            impl Serialize for $ty {
+                fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                    serializer.serialize_str(self.name())
+                }
+            }
+        )+
+    };
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     /// Not observable here, or nothing to judge (no walks, no invalidations): never "OK".
     Unknown,
@@ -25,6 +39,71 @@ impl Level {
         }
     }
 }
+
+/// The metrics the verdict judges, by the names of docs/thresholds.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    RetryRate,
+    TimeoutRate,
+    AvgLatency,
+    InvalidateFreq,
+}
+
+impl Metric {
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::RetryRate => "retry_rate",
+            Metric::TimeoutRate => "timeout_rate",
+            Metric::AvgLatency => "avg_latency",
+            Metric::InvalidateFreq => "invalidate_freq",
+        }
+    }
+}
+
+/// What a metric's value and bands are counted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// 0 to 1.
+    Fraction,
+    Ns,
+    PerSecond,
+}
+
+impl Unit {
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Fraction => "fraction",
+            Unit::Ns => "ns",
+            Unit::PerSecond => "per_second",
+        }
+    }
+}
+
+/// What a piece of advice blames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    LargeWalks,
+    NotifierFalseSharing,
+    Reclaim,
+    NumaBalancingOrMprotect,
+    FineGrainedUnmaps,
+    SlowInvalidateCallbacks,
+}
+
+impl Cause {
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::LargeWalks => "large walks",
+            Cause::NotifierFalseSharing => "notifier false sharing",
+            Cause::Reclaim => "reclaim",
+            Cause::NumaBalancingOrMprotect => "NUMA balancing or mprotect",
+            Cause::FineGrainedUnmaps => "fine-grained unmaps",
+            Cause::SlowInvalidateCallbacks => "slow invalidate callbacks",
+        }
+    }
+}
+
+serialize_by_name!(Level, Metric, Unit, Cause);
 
 /// OK below `warn`, CRIT above `crit`, WARN in between (both bounds inclusive in WARN).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -69,24 +148,12 @@ impl Default for Thresholds {
     }
 }
 
-/// Divides, or `None` when there is nothing to divide by (an empty window is not a 0 % rate).
-pub fn ratio(numerator: u64, denominator: u64) -> Option<f64> {
-    (denominator != 0).then(|| numerator as f64 / denominator as f64)
-}
-
-/// Events per second over `window_ns`; `None` for an empty window.
-pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
-    (window_ns != 0).then(|| count as f64 * 1e9 / window_ns as f64)
-}
-
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MetricVerdict {
-    /// docs/thresholds.md's name for it.
-    pub metric: &'static str,
+    pub metric: Metric,
     pub definition: &'static str,
-    /// What `value`, `warn` and `crit` are counted in: `fraction` (0–1), `ns` or `per_second`.
-    /// The metric names are docs/thresholds.md's, which do not carry a unit.
-    pub unit: &'static str,
+    /// What `value`, `warn` and `crit` are counted in (the metric names carry no unit).
+    pub unit: Unit,
     pub value: Option<f64>,
     pub level: Level,
     pub warn: f64,
@@ -96,7 +163,7 @@ pub struct MetricVerdict {
 /// One piece of advice and the numbers that justify it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Advice {
-    pub cause: &'static str,
+    pub cause: Cause,
     pub evidence: String,
     pub action: String,
 }
@@ -126,7 +193,7 @@ pub struct Evidence {
     /// Size of the notifier intervals the false-sharing walks used (largest seen).
     pub notifier_interval_bytes: Option<u64>,
     /// (comm, event, count) of the top invalidators.
-    pub top_invalidators: Vec<(String, &'static str, u64)>,
+    pub top_invalidators: Vec<(String, NotifierEvent, u64)>,
     /// Invalidations of at most one page ÷ all.
     pub small_invalidation_share: Option<f64>,
     pub callback_p99_ns: Option<u64>,
@@ -137,7 +204,7 @@ pub struct Evidence {
 /// Walks larger than this are "large": the material's and amdgpu's advice is 2 MiB chunks.
 pub const CHUNK_BYTES: u64 = 2 << 20;
 /// Callbacks slower than this look like device TLB flushes inside the critical section
-/// (docs/thresholds.md#slow-callbacks: 10–500 µs each).
+/// (such flushes take 10–500 µs each: docs/thresholds.md, "slow callbacks").
 pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
@@ -152,24 +219,24 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     };
     let metrics = vec![
         metric(
-            "retry_rate",
+            Metric::RetryRate,
             "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)",
-            "fraction",
+            Unit::Fraction,
             e.retry_rate,
             t.retry_rate,
         ),
         metric(
-            "timeout_rate",
+            Metric::TimeoutRate,
             "retry loops that gave up ÷ invalidations of mirrored mms",
-            "fraction",
+            Unit::Fraction,
             e.timeout_rate,
             t.timeout_rate,
         ),
-        metric("avg_latency", "mean hmm_range_fault duration", "ns", e.avg_walk_ns, t.avg_latency_ns),
+        metric(Metric::AvgLatency, "mean hmm_range_fault duration", Unit::Ns, e.avg_walk_ns, t.avg_latency_ns),
         metric(
-            "invalidate_freq",
+            Metric::InvalidateFreq,
             "invalidations of mirrored mms per second",
-            "per_second",
+            Unit::PerSecond,
             e.invalidate_freq,
             t.invalidate_freq,
         ),
@@ -184,8 +251,8 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     Verdict { overall, advice: advise(e, &metrics), metrics }
 }
 
-fn level_of(metrics: &[MetricVerdict], name: &str) -> Level {
-    metrics.iter().find(|m| m.metric == name).map_or(Level::Unknown, |m| m.level)
+fn level_of(metrics: &[MetricVerdict], metric: Metric) -> Level {
+    metrics.iter().find(|m| m.metric == metric).map_or(Level::Unknown, |m| m.level)
 }
 
 fn percent(value: Option<f64>) -> String {
@@ -194,12 +261,12 @@ fn percent(value: Option<f64>) -> String {
 
 fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     let mut advice = Vec::new();
-    let retrying = level_of(metrics, "retry_rate") >= Level::Warn
-        || level_of(metrics, "timeout_rate") >= Level::Warn
+    let retrying = level_of(metrics, Metric::RetryRate) >= Level::Warn
+        || level_of(metrics, Metric::TimeoutRate) >= Level::Warn
         || e.busy_per_walk.is_some_and(|r| r >= 0.05);
     if retrying && e.mean_walk_bytes.is_some_and(|b| b > CHUNK_BYTES as f64) {
         advice.push(Advice {
-            cause: "large walks",
+            cause: Cause::LargeWalks,
             evidence: format!(
                 "walks average {} and take {} on average; {} of walks returned -EBUSY ({} of invalidations), {} retry loops gave up",
                 format_bytes(e.mean_walk_bytes.unwrap_or(0.0) as u64),
@@ -213,7 +280,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     }
     if e.false_sharing > 0 && e.false_sharing >= e.true_conflicts && retrying {
         advice.push(Advice {
-            cause: "notifier false sharing",
+            cause: Cause::NotifierFalseSharing,
             evidence: format!(
                 "{} of {} failed walks were failed only by invalidations outside the walked range but inside the notifier's interval ({}); {} were true conflicts",
                 e.false_sharing,
@@ -232,16 +299,20 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
         .sum();
     if reclaim > 0 && ratio(reclaim, e.invalidations).is_some_and(|r| r >= 0.1) {
         advice.push(Advice {
-            cause: "reclaim",
+            cause: Cause::Reclaim,
             evidence: format!("{reclaim} of {} invalidations came from kswapd/kcompactd", e.invalidations),
             action: "the machine is under memory pressure: give the workload more memory, lower other consumers, or pin (mlock) the mirrored buffers".into(),
         });
     }
-    let protection: u64 =
-        e.top_invalidators.iter().filter(|(_, event, _)| *event == "PROTECTION_VMA").map(|(_, _, n)| n).sum();
+    let protection: u64 = e
+        .top_invalidators
+        .iter()
+        .filter(|(_, event, _)| *event == NotifierEvent::ProtectionVma)
+        .map(|(_, _, n)| n)
+        .sum();
     if protection > 0 && ratio(protection, e.invalidations).is_some_and(|r| r >= 0.1) {
         advice.push(Advice {
-            cause: "NUMA balancing or mprotect",
+            cause: Cause::NumaBalancingOrMprotect,
             evidence: format!(
                 "{protection} of {} invalidations were PROTECTION_VMA (NUMA hinting faults or mprotect); kernel.numa_balancing = {}",
                 e.invalidations,
@@ -250,9 +321,10 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             action: "if numa_balancing is on, disable it for this workload (sysctl kernel.numa_balancing=0) or bind its memory (numactl --membind); if the application mprotects the buffer, stop toggling protections on mirrored memory".into(),
         });
     }
-    if level_of(metrics, "invalidate_freq") >= Level::Warn && e.small_invalidation_share.is_some_and(|s| s >= 0.5) {
+    if level_of(metrics, Metric::InvalidateFreq) >= Level::Warn && e.small_invalidation_share.is_some_and(|s| s >= 0.5)
+    {
         advice.push(Advice {
-            cause: "fine-grained unmaps",
+            cause: Cause::FineGrainedUnmaps,
             evidence: format!(
                 "{} invalidations/s, {} of them one page or less",
                 e.invalidate_freq.map_or("n/a".into(), |f| format!("{f:.0}")),
@@ -263,7 +335,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     }
     if let Some(p99) = e.callback_p99_ns.filter(|&p| p >= SLOW_CALLBACK_NS) {
         advice.push(Advice {
-            cause: "slow invalidate callbacks",
+            cause: Cause::SlowInvalidateCallbacks,
             evidence: format!("P99 time inside invalidate_range_start (the subscribers' callbacks) is {}", format_nanos(p99)),
             action: "move device TLB flushes out of the invalidate callback's critical section (defer them, or batch them per range)".into(),
         });
@@ -292,16 +364,6 @@ mod tests {
     }
 
     #[test]
-    fn rates_of_empty_windows_are_unknown_not_zero() {
-        assert_eq!(ratio(0, 0), None);
-        assert_eq!(ratio(5, 0), None);
-        assert_eq!(ratio(0, 10), Some(0.0));
-        assert_eq!(ratio(85, 100), Some(0.85));
-        assert_eq!(per_second(10, 0), None);
-        assert_eq!(per_second(1000, 500_000_000), Some(2000.0));
-    }
-
-    #[test]
     fn the_materials_gpu_case_goes_from_crit_to_ok() {
         let t = Thresholds::default();
         let before = Evidence { retry_rate: Some(0.85), avg_walk_ns: Some(523_000.0), ..Evidence::default() };
@@ -310,6 +372,40 @@ mod tests {
         assert_eq!(judge(&after, &t).overall, Level::Warn);
         let after = Evidence { retry_rate: Some(0.02), avg_walk_ns: Some(87_000.0), ..Evidence::default() };
         assert_eq!(judge(&after, &t).overall, Level::Ok);
+    }
+
+    #[test]
+    fn json_keeps_the_names_of_levels_metrics_units_and_causes() {
+        let names = |values: Vec<serde_json::Value>| -> Vec<String> {
+            values.into_iter().map(|v| v.as_str().unwrap().to_string()).collect()
+        };
+        let levels = [Level::Unknown, Level::Ok, Level::Warn, Level::Crit].map(|l| serde_json::to_value(l).unwrap());
+        assert_eq!(names(levels.to_vec()), ["UNKNOWN", "OK", "WARN", "CRIT"]);
+        let metrics = [Metric::RetryRate, Metric::TimeoutRate, Metric::AvgLatency, Metric::InvalidateFreq]
+            .map(|m| serde_json::to_value(m).unwrap());
+        assert_eq!(names(metrics.to_vec()), ["retry_rate", "timeout_rate", "avg_latency", "invalidate_freq"]);
+        let units = [Unit::Fraction, Unit::Ns, Unit::PerSecond].map(|u| serde_json::to_value(u).unwrap());
+        assert_eq!(names(units.to_vec()), ["fraction", "ns", "per_second"]);
+        let causes = [
+            Cause::LargeWalks,
+            Cause::NotifierFalseSharing,
+            Cause::Reclaim,
+            Cause::NumaBalancingOrMprotect,
+            Cause::FineGrainedUnmaps,
+            Cause::SlowInvalidateCallbacks,
+        ]
+        .map(|c| serde_json::to_value(c).unwrap());
+        assert_eq!(
+            names(causes.to_vec()),
+            [
+                "large walks",
+                "notifier false sharing",
+                "reclaim",
+                "NUMA balancing or mprotect",
+                "fine-grained unmaps",
+                "slow invalidate callbacks"
+            ]
+        );
     }
 
     #[test]
@@ -338,7 +434,7 @@ mod tests {
         };
         let v = judge(&e, &Thresholds::default());
         assert_eq!(v.overall, Level::Crit);
-        let chunk = v.advice.iter().find(|a| a.cause == "large walks").expect("chunking advice");
+        let chunk = v.advice.iter().find(|a| a.cause == Cause::LargeWalks).expect("chunking advice");
         assert!(chunk.action.contains("2 MiB chunks"), "{chunk:?}");
         assert!(chunk.evidence.contains("64 MiB"), "{chunk:?}");
     }
@@ -358,8 +454,8 @@ mod tests {
             ..Evidence::default()
         };
         let v = judge(&e, &Thresholds::default());
-        assert!(v.advice.iter().all(|a| a.cause != "large walks"), "{v:?}");
-        let finer = v.advice.iter().find(|a| a.cause == "notifier false sharing").expect("false sharing advice");
+        assert!(v.advice.iter().all(|a| a.cause != Cause::LargeWalks), "{v:?}");
+        let finer = v.advice.iter().find(|a| a.cause == Cause::NotifierFalseSharing).expect("false sharing advice");
         assert!(finer.action.contains("finer interval notifiers"));
     }
 
@@ -369,15 +465,18 @@ mod tests {
             invalidations: 100,
             invalidate_freq: Some(20_000.0),
             small_invalidation_share: Some(0.9),
-            top_invalidators: vec![("kswapd0".into(), "UNMAP", 30), ("app".into(), "PROTECTION_VMA", 20)],
+            top_invalidators: vec![
+                ("kswapd0".into(), NotifierEvent::Unmap, 30),
+                ("app".into(), NotifierEvent::ProtectionVma, 20),
+            ],
             callback_p99_ns: Some(300_000),
             numa_balancing: Some("1".into()),
             ..Evidence::default()
         };
-        let causes: Vec<&str> = judge(&e, &Thresholds::default()).advice.iter().map(|a| a.cause).collect();
+        let causes: Vec<Cause> = judge(&e, &Thresholds::default()).advice.iter().map(|a| a.cause).collect();
         assert_eq!(
             causes,
-            ["reclaim", "NUMA balancing or mprotect", "fine-grained unmaps", "slow invalidate callbacks"]
+            [Cause::Reclaim, Cause::NumaBalancingOrMprotect, Cause::FineGrainedUnmaps, Cause::SlowInvalidateCallbacks]
         );
     }
 }

@@ -60,10 +60,10 @@ pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
             }
             Outcome::Unavailable => {
                 let _ = writeln!(out, "  NOT observable {:<24} lost: {}", probe.probe, probe.purpose);
-                let _ = writeln!(out, "      why: {}", probe.why_unavailable());
             }
         }
     }
+    out += &plan.unavailable_summary(crate::report::text::stderr_width());
     for statement in &seen.statements {
         let _ = writeln!(out, "  {statement}");
     }
@@ -281,7 +281,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: &str) -> Str
 mod tests {
     use super::*;
     use crate::{
-        probes::{Attempt, ProbePlan},
+        probes::{AttachFailure, Attempt, ProbePlan},
         report::schema_check::tool_line,
         retry_storm::{
             events::NotifierEvent,
@@ -356,8 +356,11 @@ mod tests {
     }
 
     fn plan() -> Plan {
-        let failed =
-            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
+        let failed = Attempt {
+            mechanism: "fentry+fexit".into(),
+            target: "hmm_range_fault".into(),
+            reason: AttachFailure::TrampolinesRefused,
+        };
         let attached = ProbePlan {
             probe: "hmm_range_fault walk",
             purpose: "walks",

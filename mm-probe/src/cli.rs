@@ -2,8 +2,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
+pub use crate::capability::Capability;
 use crate::units::{parse_duration, parse_interval, parse_pid};
 
 #[derive(Debug, Parser)]
@@ -205,34 +206,6 @@ pub struct RetryStormArgs {
     /// Invalidations per second above which the verdict is CRIT.
     #[arg(long, default_value_t = 10000.0, value_name = "PER_SECOND")]
     pub invalidate_freq_crit: f64,
-}
-
-/// The capabilities the exporter can keep attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
-pub enum Capability {
-    Latency,
-    RetryStorm,
-    Thp,
-}
-
-impl Capability {
-    /// The maps this capability's programs use.
-    pub fn map_family(self) -> crate::probes::MapFamily {
-        match self {
-            Capability::Latency => crate::probes::MapFamily::Latency,
-            Capability::RetryStorm => crate::probes::MapFamily::RetryStorm,
-            Capability::Thp => crate::probes::MapFamily::Thp,
-        }
-    }
-
-    /// The `capability` label value: the command's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Capability::Latency => "latency",
-            Capability::RetryStorm => "retry-storm",
-            Capability::Thp => "thp",
-        }
-    }
 }
 
 #[derive(Debug, Args)]

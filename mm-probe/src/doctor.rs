@@ -6,22 +6,16 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
+    capability::Capability,
     cli::DoctorArgs,
     kernel::{Kernel, btf::VMLINUX_BTF, layout::Layout, privileges, tracefs},
-    latency,
-    probes::{LogicalProbe, MapFamily, Outcome, Plan, Planner, load_object},
-    report::json,
-    retry_storm,
+    probes::{MapFamily, Outcome, Plan, Planner, ProbePlan, load_object},
+    report::{
+        json,
+        text::{self, Columns, wrap},
+    },
     selftest::{self, TypeCheck},
-    thp_why,
 };
-
-/// The capabilities and their catalogs, in the order `doctor` prints them.
-pub const CAPABILITIES: &[(&str, &[LogicalProbe])] = &[
-    ("retry-storm", retry_storm::probes::PROBES),
-    ("thp-why", thp_why::probes::PROBES),
-    ("latency", latency::probes::PROBES),
-];
 
 #[derive(Debug, Serialize)]
 pub struct KernelFacts {
@@ -60,7 +54,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if args.json {
         println!("{}", json::line(json::Line::Doctor, &report));
     } else {
-        print!("{}", render(&report));
+        print!("{}", render(&report, text::width()));
     }
     Ok(())
 }
@@ -87,69 +81,197 @@ pub fn examine() -> Result<Report> {
     let program_types = selftest::check_program_types(&kernel, 3)?;
     let planner = Planner::new(&kernel);
     let mut capabilities = Vec::new();
-    for (name, probes) in CAPABILITIES {
+    for capability in Capability::ALL {
         // A fresh object per capability: the plan is what that capability would get alone.
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
-        capabilities.push((name.to_string(), planner.attach_all(&mut ebpf, probes)));
+        capabilities.push((capability.command().to_string(), planner.attach_all(&mut ebpf, capability.catalog())));
     }
     Ok(Report { kernel: facts, program_types, capabilities })
 }
 
-pub fn render(report: &Report) -> String {
-    let mut out = String::new();
-    let k = &report.kernel;
-    out += &format!("kernel      {}{}\n", k.release, if k.preempt_rt { " (PREEMPT_RT)" } else { "" });
-    out += &format!(
-        "BTF         {}\n",
-        match &k.btf_error {
-            None => format!("yes ({VMLINUX_BTF})"),
-            Some(e) => format!("NO: {e}"),
-        }
-    );
-    out += &format!(
-        "JIT         {}\n",
-        match k.jit_enabled {
-            Some(true) => "enabled",
-            Some(false) => "disabled (programs run interpreted, slower)",
-            None => "unknown (/proc/sys/net/core/bpf_jit_enable unreadable)",
-        }
-    );
-    out += &format!("tracefs     {}\n", k.tracefs.as_ref().unwrap_or_else(|e| e));
-    out +=
-        &format!("kprobes     {}\n", if k.kprobes_built_in { "built in" } else { "not built in (CONFIG_KPROBES off)" });
-    out += "\nprogram types (loaded, attached, and fired by this process's fsync calls):\n";
-    for t in &report.program_types {
-        let status = if t.works() {
-            format!("works ({} of {} events seen)", t.counted, t.calls)
-        } else if t.attached {
-            format!("attached but saw {} of {} events", t.counted, t.calls)
-        } else {
-            format!("unavailable: {}", t.reason.as_deref().unwrap_or("unknown"))
-        };
-        out += &format!("  {:<15} {status}\n", t.program_type);
-    }
+/// The report as text, no line wider than `width`.
+pub fn render(report: &Report, width: usize) -> String {
+    let mut out = kernel_text(&report.kernel, width);
+    out += "\n";
+    out += &wrap("program types (loaded, attached, and fired by this process's fsync calls):", width, 2);
+    out += &program_types_text(&report.program_types, width);
     for (name, plan) in &report.capabilities {
         let attached = plan.probes.iter().filter(|p| p.attached()).count();
-        out += &format!("\n{name}: {attached} of {} probes attach\n", plan.probes.len());
-        for p in &plan.probes {
-            match &p.outcome {
-                Outcome::Attached { mechanism, target, caveat } => {
-                    out += &format!("  ok    {:<28} {mechanism} on {target}\n", p.probe);
-                    if let Some(c) = caveat {
-                        out += &format!("        caveat: {c}\n");
-                    }
-                    for a in &p.failed_attempts {
-                        out += &format!("        (not {} {}: {})\n", a.mechanism, a.target, a.reason);
-                    }
-                }
-                Outcome::Unavailable => {
-                    out += &format!("  MISS  {:<28} lost: {}\n", p.probe, p.purpose);
-                    for a in &p.failed_attempts {
-                        out += &format!("        {} {}: {}\n", a.mechanism, a.target, a.reason);
-                    }
-                }
+        out += "\n";
+        out += &wrap(&format!("{name}: {attached} of {} probes attach", plan.probes.len()), width, 2);
+        out += &plan_text(plan, width);
+    }
+    out
+}
+
+/// Facts are labelled in a column as wide as the longest label.
+const FACT_LABEL_WIDTH: usize = 12;
+
+fn kernel_text(k: &KernelFacts, width: usize) -> String {
+    let btf = match &k.btf_error {
+        None => format!("yes ({VMLINUX_BTF})"),
+        Some(e) => format!("NO: {e}"),
+    };
+    let jit = match k.jit_enabled {
+        Some(true) => "enabled",
+        Some(false) => "disabled (programs run interpreted, slower)",
+        None => "unknown (/proc/sys/net/core/bpf_jit_enable unreadable)",
+    };
+    let kprobes = if k.kprobes_built_in { "built in" } else { "not built in (CONFIG_KPROBES off)" };
+    let facts = [
+        ("kernel", format!("{}{}", k.release, if k.preempt_rt { " (PREEMPT_RT)" } else { "" })),
+        ("BTF", btf),
+        ("JIT", jit.to_string()),
+        ("tracefs", k.tracefs.as_ref().unwrap_or_else(|e| e).clone()),
+        ("kprobes", kprobes.to_string()),
+    ];
+    facts
+        .iter()
+        .map(|(label, value)| wrap(&format!("{label:<FACT_LABEL_WIDTH$}{value}"), width, FACT_LABEL_WIDTH))
+        .collect()
+}
+
+fn program_types_text(types: &[TypeCheck], width: usize) -> String {
+    let rows: Vec<Vec<String>> = types
+        .iter()
+        .map(|t| {
+            let status = if t.works() {
+                format!("works ({} of {} events seen)", t.counted, t.calls)
+            } else if t.attached {
+                format!("attached but saw {} of {} events", t.counted, t.calls)
+            } else {
+                format!("unavailable: {}", t.reason.as_deref().unwrap_or("unknown"))
+            };
+            vec![t.program_type.to_string(), status]
+        })
+        .collect();
+    text::table(&["TYPE", "RESULT"], &rows, width, 2)
+}
+
+/// One row per probe: attached how, or what is lost; under it the caveat and every failed
+/// attempt.
+fn plan_text(plan: &Plan, width: usize) -> String {
+    const HEADER: [&str; 3] = ["STATUS", "PROBE", "ATTACHED AS / LOST"];
+    let row = |p: &ProbePlan| -> Vec<String> {
+        match &p.outcome {
+            Outcome::Attached { mechanism, target, .. } => {
+                vec!["ok".into(), p.probe.to_string(), format!("{mechanism} on {target}")]
             }
+            Outcome::Unavailable => vec!["MISS".into(), p.probe.to_string(), format!("lost: {}", p.purpose)],
+        }
+    };
+    let rows: Vec<Vec<String>> = plan.probes.iter().map(row).collect();
+    let columns = Columns::fit(&HEADER, &rows, 2);
+    let note = |text: String| {
+        let start = columns.start(1);
+        wrap(&format!("{:start$}{text}", ""), width, start + 2)
+    };
+    let mut out = columns.line(&HEADER, width);
+    for (p, cells) in plan.probes.iter().zip(&rows) {
+        out += &columns.line(cells, width);
+        if let Outcome::Attached { caveat: Some(c), .. } = &p.outcome {
+            out += &note(format!("caveat: {c}"));
+        }
+        for a in &p.failed_attempts {
+            out += &note(if p.attached() {
+                format!("(not {} {}: {})", a.mechanism, a.target, a.reason)
+            } else {
+                format!("{} {}: {}", a.mechanism, a.target, a.reason)
+            });
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probes::{AttachFailure, Attempt};
+
+    fn report() -> Report {
+        let refused = |target: &str| Attempt {
+            mechanism: "fentry+fexit".into(),
+            target: target.into(),
+            reason: AttachFailure::TrampolinesRefused,
+        };
+        let no_kprobes = |target: &str| Attempt {
+            mechanism: "kprobe+kretprobe".into(),
+            target: target.into(),
+            reason: AttachFailure::KprobesNotBuiltIn,
+        };
+        let plan = Plan {
+            probes: vec![
+                ProbePlan {
+                    probe: "invalidate_range_start",
+                    purpose: "who invalidates mirrored memory",
+                    outcome: Outcome::Attached {
+                        mechanism: "tracepoint".into(),
+                        target: "mmu_notifier:invalidate_range_start".into(),
+                        caveat: Some(
+                            "only the compiler clone f.isra.0 exists; calls inlined elsewhere are not seen".into(),
+                        ),
+                    },
+                    failed_attempts: vec![refused("__mmu_notifier_invalidate_range_start")],
+                },
+                ProbePlan {
+                    probe: "hmm_range_fault walk",
+                    purpose: "walk durations, -EBUSY returns and retry chains: the storm itself",
+                    outcome: Outcome::Unavailable,
+                    failed_attempts: vec![refused("hmm_range_fault"), no_kprobes("hmm_range_fault")],
+                },
+            ],
+        };
+        Report {
+            kernel: KernelFacts {
+                release: "6.18.0-test".into(),
+                preempt_rt: false,
+                btf_error: None,
+                btf: true,
+                jit_enabled: Some(true),
+                tracefs: Err("tracefs is mounted at neither /sys/kernel/tracing nor /sys/kernel/debug/tracing: \
+                              mount it with mount -t tracefs nodev /sys/kernel/tracing"
+                    .into()),
+                kprobes_built_in: false,
+                layout: Vec::new(),
+            },
+            program_types: vec![TypeCheck {
+                program_type: "fentry",
+                attached: false,
+                counted: 0,
+                calls: 3,
+                reason: Some(AttachFailure::TrampolinesRefused.to_string()),
+                failures: vec![AttachFailure::TrampolinesRefused],
+            }],
+            capabilities: vec![("retry-storm".into(), plan)],
+        }
+    }
+
+    #[test]
+    fn no_line_of_the_text_report_is_wider_than_the_terminal() {
+        for width in [60, 80, 100] {
+            let text = render(&report(), width);
+            for line in text.lines() {
+                assert!(line.chars().count() <= width, "{line:?} is over {width} columns:\n{text}");
+            }
+            let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(words.contains("kprobes are not built into this kernel (CONFIG_KPROBES is off)"), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_plan_header_is_aligned_with_its_rows() {
+        let text = render(&report(), 200);
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().position(|l| l.trim_start().starts_with("STATUS")).unwrap();
+        let probe_column = lines[header].find("PROBE").unwrap();
+        let how_column = lines[header].find("ATTACHED AS").unwrap();
+        let ok = lines.iter().find(|l| l.trim_start().starts_with("ok ")).unwrap();
+        let miss = lines.iter().find(|l| l.trim_start().starts_with("MISS ")).unwrap();
+        assert_eq!(ok.find("invalidate_range_start"), Some(probe_column), "{text}");
+        assert_eq!(miss.find("hmm_range_fault walk"), Some(probe_column), "{text}");
+        assert_eq!(ok.find("tracepoint on"), Some(how_column), "{text}");
+        assert_eq!(miss.find("lost:"), Some(how_column), "{text}");
+        let types = lines.iter().position(|l| l.trim_start().starts_with("TYPE")).unwrap();
+        assert_eq!(lines[types + 1].find("unavailable:"), lines[types].find("RESULT"), "{text}");
+    }
 }

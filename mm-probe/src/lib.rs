@@ -1,6 +1,7 @@
 //! mm-probe's user-space agent: kernel facts, the attach planner, collectors, reports, and one
 //! module per capability. `main.rs` only parses and dispatches.
 
+pub mod capability;
 pub mod cli;
 pub mod collect;
 pub mod doctor;

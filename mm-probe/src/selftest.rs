@@ -13,7 +13,8 @@ use crate::{
     collect::run::{Limits, Stopper, run},
     kernel::Kernel,
     probes::{
-        Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target, load_object,
+        AttachFailure, Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target,
+        load_object,
     },
 };
 
@@ -64,6 +65,9 @@ pub struct TypeCheck {
     pub calls: u64,
     /// Why it did not attach.
     pub reason: Option<String>,
+    /// Each failed attempt, as values to match on.
+    #[serde(skip)]
+    pub failures: Vec<AttachFailure>,
 }
 
 impl TypeCheck {
@@ -95,7 +99,8 @@ pub fn check_program_types(kernel: &Kernel, calls: u64) -> Result<Vec<TypeCheck>
                 counted,
                 calls,
                 reason: (!plan.attached())
-                    .then(|| plan.failed_attempts.iter().map(|a| a.reason.clone()).collect::<Vec<_>>().join("; ")),
+                    .then(|| plan.failed_attempts.iter().map(|a| a.reason.to_string()).collect::<Vec<_>>().join("; ")),
+                failures: plan.failed_attempts.iter().map(|a| a.reason.clone()).collect(),
             })
         })
         .collect()
@@ -128,7 +133,7 @@ pub struct RingCheck {
     pub max_rss_bytes: u64,
 }
 
-const RING_PROBE: LogicalProbe = LogicalProbe {
+pub const RING_PROBE: LogicalProbe = LogicalProbe {
     name: "ring buffer",
     purpose: "ring-buffer capacity check",
     candidates: &[Candidate {
@@ -212,7 +217,7 @@ pub fn run_ring_check(tgid: u32) -> Result<()> {
     Ok(())
 }
 
-const NOOP_HOOK: Hook = Hook { mechanism: Mechanism::BtfTracepoint, program: "selftest_noop_btf" };
+pub const NOOP_HOOK: Hook = Hook { mechanism: Mechanism::BtfTracepoint, program: "selftest_noop_btf" };
 
 /// `mm-probe bench-hooks --btf-tracepoint NAME…`: attaches a program that returns at once to
 /// each named BTF tracepoint (one object each: a program attaches to one tracepoint), prints

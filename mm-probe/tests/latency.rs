@@ -114,17 +114,21 @@ fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable(
         .args(["latency", "--threshold", "500us", "--duration", "3s", "--interval", "500ms", "-p"])
         .arg(held.pid.to_string())
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = BufReader::new(tool.stdout.take().unwrap());
+    // The plan goes to stderr, as in every command; its first line says tracing has begun.
+    let mut stderr = BufReader::new(tool.stderr.take().unwrap());
     let mut first = String::new();
-    stdout.read_line(&mut first).unwrap();
+    stderr.read_line(&mut first).unwrap();
     let waker = held.run();
     let mut rest = String::new();
-    stdout.read_to_string(&mut rest).unwrap();
+    tool.stdout.take().unwrap().read_to_string(&mut rest).unwrap();
+    let mut plan_rest = String::new();
+    stderr.read_to_string(&mut plan_rest).unwrap();
     assert_eq!(tool.wait().unwrap().code(), Some(0));
     held.exit();
-    let out = first + &rest;
+    let out = first + &plan_rest + &rest;
     eprintln!("{out}");
     assert!(out.contains("threshold 500µs"), "{out}");
     assert!(out.contains(&format!("tasks [{}]", waker.pid)), "{out}");

@@ -52,11 +52,7 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
 
 /// `--only`, or every capability.
 fn chosen(only: &[Capability]) -> Vec<Capability> {
-    let mut capabilities = if only.is_empty() {
-        vec![Capability::Latency, Capability::RetryStorm, Capability::Thp]
-    } else {
-        only.to_vec()
-    };
+    let mut capabilities = if only.is_empty() { Capability::ALL.to_vec() } else { only.to_vec() };
     capabilities.sort_unstable();
     capabilities.dedup();
     capabilities

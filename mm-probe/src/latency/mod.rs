@@ -388,7 +388,7 @@ async fn trace(kernel: &Kernel, options: &Options) -> Result<()> {
     if options.json {
         println!("{}", json::line(json::Line::LatencyProbePlan, &header));
     } else {
-        print!("{}", render::header_text(&header));
+        eprint!("{}", render::header_text(&header));
     }
 
     let mut wakeup_ring: RingReader<WakeupSpike> =

@@ -260,6 +260,12 @@ pub fn header_text(h: &Header) -> String {
             }
         }
     }
+    // The function probes are explained once, in the function attribution line below.
+    let not_a_function = |p: &&crate::probes::ProbePlan| h.functions.iter().all(|f| f.function != p.probe);
+    out += &crate::probes::unavailable_summary(
+        h.plan.probes.iter().filter(not_a_function),
+        crate::report::text::stderr_width(),
+    );
     if let Some(reason) = &h.function_attribution.reason {
         let verb = if h.function_attribution.available { "partly unavailable" } else { "unavailable" };
         let _ = writeln!(out, "function attribution {verb}: {reason}");

@@ -111,6 +111,61 @@ mod tests {
         }
     }
 
+    /// Every hook of every catalog, with where it comes from: the capabilities' catalogs, every
+    /// latency function slot, the self-tests.
+    fn every_catalog_hook() -> Vec<(String, crate::probes::Hook)> {
+        use crate::{capability::Capability, latency, probes::LogicalProbe, selftest};
+        let mut probes: Vec<(String, LogicalProbe)> = Vec::new();
+        for capability in Capability::ALL {
+            probes.extend(capability.catalog().iter().map(|p| (capability.command().to_string(), *p)));
+        }
+        probes.extend(latency::probes::SCHED_PROBES.iter().map(|p| ("latency".to_string(), *p)));
+        for slot in 0..mm_probe_common::latency::MAX_FUNCS {
+            probes.push((format!("latency slot {slot}"), latency::probes::function_probe(slot, "any_function")));
+        }
+        probes.extend(selftest::PROBES.iter().map(|(_, p)| ("selftest".to_string(), *p)));
+        probes.push(("selftest".to_string(), selftest::RING_PROBE));
+        let mut hooks: Vec<(String, crate::probes::Hook)> = probes
+            .iter()
+            .flat_map(|(from, p)| {
+                p.candidates.iter().flat_map(|c| c.hooks).map(move |h| (format!("{from}: {}", p.name), *h))
+            })
+            .collect();
+        hooks.push(("selftest: bench-hooks".to_string(), selftest::NOOP_HOOK));
+        hooks
+    }
+
+    #[test]
+    fn every_program_a_catalog_names_is_in_the_object_with_its_mechanism() {
+        use aya_obj::ProgramSection as Section;
+
+        use crate::probes::Mechanism;
+        let object = aya_obj::Object::parse(OBJECT).unwrap();
+        let hooks = every_catalog_hook();
+        assert!(hooks.len() > 40, "the catalogs were not all walked: {} hooks", hooks.len());
+        for (from, hook) in hooks {
+            let Some(program) = object.programs.get(hook.program) else {
+                panic!("{from} names program {} that mm-probe's eBPF object does not have", hook.program);
+            };
+            let matches = match hook.mechanism {
+                Mechanism::Fentry => matches!(program.section, Section::FEntry { .. }),
+                Mechanism::Fexit => matches!(program.section, Section::FExit { .. }),
+                Mechanism::Kprobe => matches!(program.section, Section::KProbe),
+                Mechanism::Kretprobe => matches!(program.section, Section::KRetProbe),
+                Mechanism::Tracepoint => matches!(program.section, Section::TracePoint),
+                Mechanism::RawTracepoint => matches!(program.section, Section::RawTracePoint),
+                Mechanism::BtfTracepoint => matches!(program.section, Section::BtfTracePoint),
+            };
+            assert!(
+                matches,
+                "{from}: program {} is a {:?} in the object, not a {}",
+                hook.program,
+                program.section,
+                hook.mechanism.name()
+            );
+        }
+    }
+
     #[test]
     fn only_other_families_shrink_and_rings_keep_a_page() {
         let sizes = unused_map_sizes(&[MapFamily::Latency]).unwrap();

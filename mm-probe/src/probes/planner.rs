@@ -10,7 +10,10 @@ use aya::{
 };
 use serde::Serialize;
 
-use super::catalog::{Candidate, Hook, LogicalProbe, Mechanism};
+use super::{
+    catalog::{Candidate, Hook, LogicalProbe, Mechanism},
+    failure::AttachFailure,
+};
 use crate::kernel::{Kernel, kallsyms::SymbolMatch, tracefs};
 
 /// The file whose absence means the kernel was built without kprobes (CONFIG_KPROBES off).
@@ -21,7 +24,7 @@ const KPROBE_PMU: &str = "/sys/bus/event_source/devices/kprobe/type";
 pub struct Attempt {
     pub mechanism: String,
     pub target: String,
-    pub reason: String,
+    pub reason: AttachFailure,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -93,12 +96,12 @@ impl Plan {
 
 pub struct Planner<'k> {
     kernel: &'k Kernel,
-    tracefs: Result<PathBuf, String>,
+    tracefs: Result<PathBuf, AttachFailure>,
 }
 
 impl<'k> Planner<'k> {
     pub fn new(kernel: &'k Kernel) -> Self {
-        Self { kernel, tracefs: tracefs::root().map_err(|e| format!("{e:#}")) }
+        Self { kernel, tracefs: tracefs::root().map_err(|e| AttachFailure::TracefsUnusable(format!("{e:#}"))) }
     }
 
     /// Attaches every probe it can, in catalog order.
@@ -137,7 +140,7 @@ impl<'k> Planner<'k> {
         ebpf: &mut Ebpf,
         candidate: &Candidate,
         target: &str,
-    ) -> Result<(String, Option<String>), String> {
+    ) -> Result<(String, Option<String>), AttachFailure> {
         let mut attached: Vec<&Hook> = Vec::new();
         let mut resolved = (target.to_string(), None);
         for hook in candidate.hooks {
@@ -159,11 +162,14 @@ impl<'k> Planner<'k> {
 
     /// Loads and attaches one program to one target. Public so that capabilities that attach one
     /// program to many user-chosen functions (`latency --func`) use the same checks.
-    pub fn attach_hook(&self, ebpf: &mut Ebpf, hook: &Hook, target: &str) -> Result<(String, Option<String>), String> {
+    pub fn attach_hook(
+        &self,
+        ebpf: &mut Ebpf,
+        hook: &Hook,
+        target: &str,
+    ) -> Result<(String, Option<String>), AttachFailure> {
         let symbol = self.preflight(hook.mechanism, target)?;
-        let program = ebpf
-            .program_mut(hook.program)
-            .ok_or_else(|| format!("program {} is missing from mm-probe's object", hook.program))?;
+        let program = ebpf.program_mut(hook.program).ok_or(AttachFailure::ProgramMissing { program: hook.program })?;
         // A half-loaded program would make the next candidate's load fail: unload it first.
         load_and_attach(self.kernel, program, hook.mechanism, &symbol.0).inspect_err(|_| unload_program(program))?;
         Ok(symbol)
@@ -171,41 +177,41 @@ impl<'k> Planner<'k> {
 
     /// Checks that make a failure's reason plain before trying: the symbol or event exists, the
     /// kernel has the facility. Returns the exact name to attach to, and any caveat.
-    fn preflight(&self, mechanism: Mechanism, target: &str) -> Result<(String, Option<String>), String> {
+    fn preflight(&self, mechanism: Mechanism, target: &str) -> Result<(String, Option<String>), AttachFailure> {
         match mechanism {
             Mechanism::Fentry | Mechanism::Fexit => {
-                let btf = self.kernel.btf().map_err(|e| format!("no kernel BTF ({e})"))?;
+                let btf = self.kernel.btf().map_err(|e| AttachFailure::NoBtf(e.to_string()))?;
                 btf.function_params(target)
-                    .ok_or_else(|| format!("{target} is not in this kernel's BTF (absent, renamed or inlined)"))?;
+                    .ok_or_else(|| AttachFailure::FunctionNotInBtf { function: target.to_string() })?;
                 Ok((target.to_string(), None))
             }
             Mechanism::Kprobe | Mechanism::Kretprobe => {
                 if !Path::new(KPROBE_PMU).exists() {
-                    return Err("kprobes are not built into this kernel (CONFIG_KPROBES is off)".into());
+                    return Err(AttachFailure::KprobesNotBuiltIn);
                 }
-                let kallsyms = self.kernel.kallsyms().map_err(|e| format!("cannot read kallsyms ({e})"))?;
+                let kallsyms = self.kernel.kallsyms().map_err(|e| AttachFailure::KallsymsUnreadable(e.to_string()))?;
                 match kallsyms.resolve(target) {
                     Some(SymbolMatch::Exact(name)) => Ok((name, None)),
                     Some(SymbolMatch::Clone(name)) => Ok((
                         name.clone(),
                         Some(format!("only the compiler clone {name} exists; calls inlined elsewhere are not seen")),
                     )),
-                    None => Err(format!("no function {target} in /proc/kallsyms on this kernel")),
+                    None => Err(AttachFailure::FunctionNotInKallsyms { function: target.to_string() }),
                 }
             }
             Mechanism::Tracepoint => {
                 let root = self.tracefs.as_ref().map_err(Clone::clone)?;
                 let (category, event) = split_event(target)?;
                 if !tracefs::event_exists(root, category, event) {
-                    return Err(format!("no tracepoint {target} on this kernel"));
+                    return Err(AttachFailure::TracepointAbsent { event: target.to_string() });
                 }
                 Ok((target.to_string(), None))
             }
             Mechanism::RawTracepoint => Ok((target.to_string(), None)),
             Mechanism::BtfTracepoint => {
-                let btf = self.kernel.btf().map_err(|e| format!("no kernel BTF ({e})"))?;
+                let btf = self.kernel.btf().map_err(|e| AttachFailure::NoBtf(e.to_string()))?;
                 if !btf.has_type(&format!("btf_trace_{target}")) {
-                    return Err(format!("no BTF-typed tracepoint {target} on this kernel"));
+                    return Err(AttachFailure::BtfTracepointAbsent { event: target.to_string() });
                 }
                 Ok((target.to_string(), None))
             }
@@ -213,36 +219,44 @@ impl<'k> Planner<'k> {
     }
 }
 
-fn split_event(target: &str) -> Result<(&str, &str), String> {
-    target.split_once(':').ok_or_else(|| format!("tracepoint {target} is not written category:event"))
+fn split_event(target: &str) -> Result<(&str, &str), AttachFailure> {
+    target.split_once(':').ok_or_else(|| AttachFailure::NotCategoryEvent { target: target.to_string() })
 }
 
-fn load_and_attach(kernel: &Kernel, program: &mut Program, mechanism: Mechanism, target: &str) -> Result<(), String> {
-    let btf = || kernel.btf().map(|b| &b.aya).map_err(|e| format!("no kernel BTF ({e})"));
+fn load_and_attach(
+    kernel: &Kernel,
+    program: &mut Program,
+    mechanism: Mechanism,
+    target: &str,
+) -> Result<(), AttachFailure> {
+    let btf = || kernel.btf().map(|b| &b.aya).map_err(|e| AttachFailure::NoBtf(e.to_string()));
     let result = match mechanism {
         Mechanism::Fentry => {
-            let p: &mut FEntry = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut FEntry = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load(target, btf()?).and_then(|()| p.attach().map(drop))
         }
         Mechanism::Fexit => {
-            let p: &mut FExit = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut FExit = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load(target, btf()?).and_then(|()| p.attach().map(drop))
         }
         Mechanism::Kprobe | Mechanism::Kretprobe => {
-            let p: &mut KProbe = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut KProbe = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load().and_then(|()| p.attach(target, 0).map(drop))
         }
         Mechanism::Tracepoint => {
             let (category, event) = split_event(target)?;
-            let p: &mut TracePoint = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut TracePoint =
+                program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load().and_then(|()| p.attach(category, event).map(drop))
         }
         Mechanism::RawTracepoint => {
-            let p: &mut RawTracePoint = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut RawTracePoint =
+                program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load().and_then(|()| p.attach(target).map(drop))
         }
         Mechanism::BtfTracepoint => {
-            let p: &mut BtfTracePoint = program.try_into().map_err(|e| describe(&e))?;
+            let p: &mut BtfTracePoint =
+                program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
             p.load(target, btf()?).and_then(|()| p.attach().map(drop))
         }
     };
@@ -250,25 +264,22 @@ fn load_and_attach(kernel: &Kernel, program: &mut Program, mechanism: Mechanism,
 }
 
 /// Turns aya's error into the reason a kernel engineer wants to read.
-fn explain(mechanism: Mechanism, error: &aya::programs::ProgramError) -> String {
+fn explain(mechanism: Mechanism, error: &aya::programs::ProgramError) -> AttachFailure {
     use aya::programs::ProgramError;
-    let text = describe(error);
     match error {
         ProgramError::LoadError { io_error, .. } if io_error.raw_os_error() == Some(libc::EPERM) => {
             if matches!(mechanism, Mechanism::Fentry | Mechanism::Fexit) {
-                "the kernel refused to load it (EPERM): BPF trampolines are not permitted on this \
-                 kernel (lockdown, or no DYNAMIC_FTRACE_WITH_DIRECT_CALLS)"
-                    .to_string()
+                AttachFailure::TrampolinesRefused
             } else {
-                format!("the kernel refused to load it (EPERM): {text}")
+                AttachFailure::LoadRefused { errno: libc::EPERM, detail: describe(error) }
             }
         }
         ProgramError::LoadError { verifier_log, .. } => {
             let last = verifier_log.to_string();
             let last = last.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
-            format!("the verifier rejected it: {last}")
+            AttachFailure::VerifierRejected(last)
         }
-        _ => text,
+        _ => AttachFailure::Other(describe(error)),
     }
 }
 

@@ -6,6 +6,10 @@ use std::fmt::Write as _;
 
 /// Width of the bar column, as in BCC.
 const BAR_WIDTH: u64 = 40;
+/// Width of each bucket bound, as in BCC (enough for 2^33).
+const BOUND_WIDTH: usize = 10;
+/// Width of the count column before its bar, as in BCC.
+const COUNT_WIDTH: usize = 9;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Log2Histogram {
@@ -42,14 +46,22 @@ impl Log2Histogram {
         let first = self.buckets.iter().position(|&c| c > 0).unwrap_or(0);
         let peak = self.buckets.iter().copied().max().unwrap_or(1).max(1);
         let marked = threshold.map(Self::bucket_of);
-        let _ = writeln!(out, "{:>20} : count     distribution", unit);
+        // Columns as wide as BCC's, wider when a bound or count needs it, so that the header's
+        // colon stays above the rows' colons and "distribution" above the bars.
+        let digits = |n: u64| n.to_string().len();
+        let low_width = (first..=last).map(|k| digits(Self::bounds(k).0)).max().unwrap_or(0).max(BOUND_WIDTH);
+        let high_width = (first..=last).map(|k| digits(Self::bounds(k).1)).max().unwrap_or(0).max(BOUND_WIDTH);
+        let count_width = digits(peak).max(COUNT_WIDTH);
+        let label_width = low_width + " -> ".len() + high_width;
+        let _ = writeln!(out, "{unit:>w$} : {:<c$}distribution", "count", w = label_width - 1, c = count_width + 1);
         for k in first..=last {
             let (low, high) = Self::bounds(k);
             let count = self.buckets[k];
             let stars = (count * BAR_WIDTH).div_ceil(peak).min(BAR_WIDTH) as usize;
             let stars = if count == 0 { 0 } else { stars };
             let mark = if marked == Some(k) { " <- threshold" } else { "" };
-            let _ = writeln!(out, "{low:>10} -> {high:<10}: {count:<9}|{:<40}|{mark}", "*".repeat(stars));
+            let bar = format!("{:<w$}", "*".repeat(stars), w = BAR_WIDTH as usize);
+            let _ = writeln!(out, "{low:>low_width$} -> {high:<high_width$}: {count:<count_width$}|{bar}|{mark}");
         }
         out
     }
@@ -87,6 +99,26 @@ mod tests {
         assert_eq!(marked.len(), 1, "{text}");
         assert!(marked[0].contains("256 -> 511"), "{text}");
         assert_eq!(lines.len(), 1 + 8, "rows from bucket 3 to bucket 10: {text}");
+    }
+
+    #[test]
+    fn the_header_colon_is_above_the_row_colons_and_distribution_above_the_bars() {
+        for (buckets, unit) in [
+            (vec![0, 0, 0, 10, 0, 0, 0, 0, 5], "usecs"),
+            // Bounds past 10 digits and a count past the column: everything moves together.
+            ((0..40).map(|k| if k == 38 { 123_456_789_012 } else { u64::from(k % 3 == 0) }).collect(), "nsecs"),
+        ] {
+            let text = Log2Histogram::new(buckets).render(unit, None);
+            let lines: Vec<&str> = text.lines().collect();
+            let colon = lines[0].find(" : ").unwrap() + 1;
+            let distribution = lines[0].find("distribution").unwrap();
+            let count = lines[0].find("count").unwrap();
+            for row in &lines[1..] {
+                assert_eq!(row.find(':'), Some(colon), "{text}");
+                assert_eq!(row.find('|').map(|bar| bar + 1), Some(distribution), "{text}");
+                assert_eq!(row[colon + 1..].find(|c: char| c != ' ').map(|i| i + colon + 1), Some(count), "{text}");
+            }
+        }
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! Rendering: BCC-style log2 histograms, percentiles, NDJSON lines, SVG plots.
+//! Rendering: BCC-style log2 histograms, percentiles, NDJSON lines, SVG plots, and text that
+//! fits the terminal.
 
 pub mod json;
 pub mod log2;
 pub mod percentiles;
 pub mod plot;
+pub mod text;
 
 /// The end-to-end tests' schema checks, shared with the unit tests that build lines with every
 /// optional part present: shapes the host kernel never produces, that only the guests would.

@@ -47,10 +47,10 @@ pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
             }
             Outcome::Unavailable => {
                 let _ = writeln!(out, "  NOT observable {:<24} lost: {}", probe.probe, probe.purpose);
-                let _ = writeln!(out, "      why: {}", probe.why_unavailable());
             }
         }
     }
+    out += &plan.unavailable_summary(crate::report::text::stderr_width());
     for statement in &seen.statements {
         let _ = writeln!(out, "  {statement}");
     }

@@ -211,7 +211,7 @@ pub fn lost_json(snapshot: &Snapshot) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::{
-        probes::{Attempt, Outcome, ProbePlan},
+        probes::{AttachFailure, Attempt, Outcome, ProbePlan},
         report::schema_check::tool_line,
         retry_storm::judge::{Evidence, judge},
     };
@@ -280,7 +280,7 @@ pub(crate) mod tests {
 
     fn plan() -> Plan {
         let failed =
-            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: "EPERM".into() };
+            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: AttachFailure::TrampolinesRefused };
         let attached = ProbePlan {
             probe: "hmm_range_fault walk",
             purpose: "walks",

@@ -153,6 +153,10 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
                 target.comm,
                 crate::units::format_nanos(args.duration.as_nanos() as u64)
             );
+            // The allow-check and the faults are explained in the report; the others here.
+            let reported = [probes::ALLOW_CHECK.name, probes::PAGE_FAULTS.name];
+            let others = l.plan.unavailable().filter(|p| !reported.contains(&p.probe));
+            eprint!("{}", crate::probes::unavailable_summary(others, crate::report::text::stderr_width()));
             runtime.block_on(watch(l, &target.proc, args.duration, &mut prctl_events))
         }
         None => "not_run",

@@ -1,0 +1,138 @@
+//! The capabilities, defined once: each one's name on the command line and in metric labels,
+//! its subcommand, the family of maps its kernel programs use, and the probe catalog `doctor`
+//! tries for it. `exporter --only`, the exporter's labels, the object loader and `doctor` all
+//! read this table, so a capability cannot be known to one of them and missing from another.
+
+use clap::{ValueEnum, builder::PossibleValue};
+
+use crate::probes::{LogicalProbe, MapFamily};
+
+/// What one capability is, as the rest of the program sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Definition {
+    /// `exporter --only` value and the `capability` label of the exporter's series.
+    pub name: &'static str,
+    /// The subcommand that runs it alone, which `doctor` names its plan after.
+    pub command: &'static str,
+    /// The maps its programs use (named with the family's prefix on the kernel side).
+    pub map_family: MapFamily,
+    /// Every logical probe it may attach, as `doctor` tries them.
+    pub catalog: &'static [LogicalProbe],
+}
+
+/// Declares [`Capability`], [`Capability::ALL`] and [`Capability::definition`] from one list,
+/// so that a capability with no definition, or a definition outside `ALL`, cannot be written.
+macro_rules! capabilities {
+    ($($(#[$doc:meta])* $variant:ident => $definition:expr,)*) => {
+        /// A diagnosis mm-probe can run and the exporter can keep attached.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Capability {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Capability {
+            /// Every capability, in the order `doctor` prints them and the exporter attaches them.
+            pub const ALL: &'static [Capability] = &[$(Capability::$variant,)*];
+
+            pub fn definition(self) -> Definition {
+                match self {
+                    $(Capability::$variant => $definition,)*
+                }
+            }
+        }
+    };
+}
+
+capabilities! {
+    /// HMM / MMU-notifier retry storms (`retry-storm`).
+    RetryStorm => Definition {
+        name: "retry-storm",
+        command: "retry-storm",
+        map_family: MapFamily::RetryStorm,
+        catalog: crate::retry_storm::probes::PROBES,
+    },
+    /// Why a process gets no transparent huge pages (`thp-why`).
+    Thp => Definition {
+        name: "thp",
+        command: "thp-why",
+        map_family: MapFamily::Thp,
+        catalog: crate::thp_why::probes::PROBES,
+    },
+    /// Wakeup latency of real-time tasks and the mm code that delays them (`latency`).
+    Latency => Definition {
+        name: "latency",
+        command: "latency",
+        map_family: MapFamily::Latency,
+        catalog: crate::latency::probes::PROBES,
+    },
+}
+
+impl Capability {
+    /// The `--only` value and `capability` label: "latency", "retry-storm", "thp".
+    pub fn name(self) -> &'static str {
+        self.definition().name
+    }
+
+    /// The subcommand: "latency", "retry-storm", "thp-why".
+    pub fn command(self) -> &'static str {
+        self.definition().command
+    }
+
+    /// The maps this capability's programs use.
+    pub fn map_family(self) -> MapFamily {
+        self.definition().map_family
+    }
+
+    /// The logical probes `doctor` tries for it.
+    pub fn catalog(self) -> &'static [LogicalProbe] {
+        self.definition().catalog
+    }
+}
+
+/// `--only latency,retry-storm,thp`: the values are the table's names.
+impl ValueEnum for Capability {
+    fn value_variants<'a>() -> &'a [Self] {
+        Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    #[test]
+    fn the_exporter_only_list_takes_the_capability_names() {
+        let cli = Cli::try_parse_from(["mm-probe", "exporter", "--only", "latency,retry-storm,thp"]).unwrap();
+        let Command::Exporter(args) = cli.command else { panic!("not the exporter") };
+        assert_eq!(args.only, [Capability::Latency, Capability::RetryStorm, Capability::Thp]);
+        assert!(Cli::try_parse_from(["mm-probe", "exporter", "--only", "thp-why"]).is_err(), "thp is the label name");
+    }
+
+    #[test]
+    fn names_commands_and_map_families_are_distinct() {
+        let distinct = |values: Vec<String>| {
+            let mut sorted = values.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), values.len(), "{values:?}");
+        };
+        distinct(Capability::ALL.iter().map(|c| c.name().to_string()).collect());
+        distinct(Capability::ALL.iter().map(|c| c.command().to_string()).collect());
+        distinct(Capability::ALL.iter().map(|c| format!("{:?}", c.map_family())).collect());
+        assert!(Capability::ALL.iter().all(|c| MapFamily::ALL.contains(&c.map_family())));
+    }
+
+    #[test]
+    fn every_capability_has_a_catalog() {
+        for capability in Capability::ALL {
+            assert!(!capability.catalog().is_empty(), "{capability:?}");
+        }
+    }
+}

@@ -13,7 +13,7 @@ mod latency_support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, ChildStdout, Command, Stdio},
@@ -256,7 +256,16 @@ fn connections_over_the_cap_are_closed_at_once() {
     drop((held, last));
     // Once the held ones are gone, scrapes are served again.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while http_get_opt(port, "/metrics").is_none_or(|(status, _)| status != 200) {
+    // Until then a new connection is still closed at once (a reset, or an empty answer).
+    let served = || -> Option<bool> {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"))
+    };
+    while served() != Some(true) {
         assert!(Instant::now() < deadline, "not serving again after the held connections closed");
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -1,6 +1,6 @@
 //! HMM mirror walks: hmm_range_fault() entry/return, mmu_interval_read_begin(), and
 //! mmu_interval_notifier_remove(). Read from mm/hmm.c and mm/mmu_notifier.c of 5.15, 6.1,
-//! 6.12 and 6.18 (see kernel-facts §3): `int hmm_range_fault(struct hmm_range *)` and
+//! 6.12 and 6.18 (docs/kernel-facts.md#hmm-range-fault): `int hmm_range_fault(struct hmm_range *)` and
 //! `unsigned long mmu_interval_read_begin(struct mmu_interval_notifier *)` are unchanged
 //! across them and out of line; mmu_interval_read_retry() is static inline and invisible.
 //!

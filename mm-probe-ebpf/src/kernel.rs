@@ -59,6 +59,35 @@ pub fn wakeup_flags(ring: &aya_ebpf::maps::RingBuf, wake_at_bytes: u64) -> u64 {
     if ring.query(BPF_RB_AVAIL_DATA) >= wake_at_bytes { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
 }
 
+/// The field of a classic tracepoint's record at the offset user space read from the event's
+/// tracefs `format` file (offsets move between kernels). The mask bounds the offset for the
+/// verifier: every record mm-probe reads is far smaller than 4 KiB.
+#[inline(always)]
+pub fn tp_field<T>(ctx: &aya_ebpf::programs::TracePointContext, offset: &aya_ebpf::Global<u32>) -> Option<T> {
+    unsafe { ctx.read_at::<T>((offset.load() & 0xfff) as usize) }.ok()
+}
+
+/// bpf_map_update_elem's flag: insert only if absent (include/uapi/linux/bpf.h).
+pub const BPF_NOEXIST: u64 = 1;
+
+/// `map[key]` as a pointer, inserting `init` first when the key is absent; `None` when the map
+/// is full. Works for every hash-map type (aya-ebpf gives them no common trait, hence a macro).
+/// The insert is BPF_NOEXIST so that a value another CPU inserted in between is kept, and the
+/// second lookup finds whichever value won.
+macro_rules! get_or_insert {
+    ($map:expr, $key:expr, $init:expr) => {
+        match $map.get_ptr_mut($key) {
+            Some(value) => Some(value),
+            None => {
+                let _ = $map.insert($key, $init, $crate::kernel::BPF_NOEXIST);
+                $map.get_ptr_mut($key)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use get_or_insert;
+
 /// Adds `delta` to slot `index` of a per-CPU counter array.
 #[inline(always)]
 pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {

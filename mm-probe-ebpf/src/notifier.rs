@@ -1,5 +1,5 @@
 //! MMU-notifier invalidations: __mmu_notifier_invalidate_range_start/_end and KVM's
-//! kvm_unmap_hva_range / kvm_age_hva tracepoints. See kernel-facts §4.
+//! kvm_unmap_hva_range / kvm_age_hva tracepoints. See docs/kernel-facts.md#mmu-notifier.
 //!
 //! The `__` functions run only for mms with at least one subscriber, and only mirrored mms
 //! (seen by a walk or a read_begin, see `hmm.rs`) are streamed; others are counted.

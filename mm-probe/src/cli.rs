@@ -4,7 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::units::parse_duration;
+use crate::units::{parse_duration, parse_interval, parse_pid};
 
 #[derive(Debug, Parser)]
 #[command(name = "mm-probe", version, about = "Diagnose Linux memory-management performance problems with eBPF", long_about = None)]
@@ -16,19 +16,27 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// What this kernel offers: BTF, program types (tried, not guessed) and each capability's attach plan.
+    #[command(after_help = DOCTOR_EXAMPLES)]
     Doctor(DoctorArgs),
     /// Why a process gets no transparent huge pages, with evidence and the fix.
+    #[command(after_help = THP_WHY_EXAMPLES)]
     ThpWhy(ThpWhyArgs),
     /// Wakeup latency of real-time tasks and the mm code that delays them.
+    #[command(after_help = LATENCY_EXAMPLES)]
     Latency(LatencyArgs),
     /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
+    #[command(after_help = RETRY_STORM_EXAMPLES)]
     RetryStorm(RetryStormArgs),
     /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
+    #[command(after_help = EXPORTER_EXAMPLES)]
     Exporter(ExporterArgs),
     /// Benchmark hook (cargo xtask bench): one ring-buffer record per getppid(2) call of PID,
     /// until SIGINT; prints records received and lost, and this process's CPU time and RSS.
     #[command(hide = true)]
-    BenchRing { pid: u32 },
+    BenchRing {
+        #[arg(value_parser = pid)]
+        pid: u32,
+    },
     /// Benchmark hook (cargo xtask bench): a program that returns at once on each named BTF
     /// tracepoint, until SIGINT: what the hooks alone cost a workload.
     #[command(hide = true)]
@@ -37,6 +45,37 @@ pub enum Command {
         tracepoints: Vec<String>,
     },
 }
+
+const DOCTOR_EXAMPLES: &str = "\
+Examples:
+    mm-probe doctor              # what this kernel lets mm-probe see, and why not
+    mm-probe doctor --json       # the same as one JSON line";
+
+const THP_WHY_EXAMPLES: &str = "\
+Examples:
+    mm-probe thp-why 4242                 # why pid 4242 gets no huge pages (5 s live)
+    mm-probe thp-why -p 4242 --duration 30s --all-vmas
+    mm-probe thp-why 4242 --duration 0s   # /proc and /sys facts only, nothing attached
+    mm-probe thp-why 4242 --json | jq .verdict";
+
+const LATENCY_EXAMPLES: &str = "\
+Examples:
+    mm-probe latency --threshold 500us          # real-time tasks, until Ctrl-C
+    mm-probe latency -p 4242 --duration 1m      # every thread of process 4242
+    mm-probe latency --all-tasks --interval 1s  # every task, a line per second
+    mm-probe latency --func zap_pte_range --plot latency.svg";
+
+const RETRY_STORM_EXAMPLES: &str = "\
+Examples:
+    mm-probe retry-storm                        # every process that mirrors memory, until Ctrl-C
+    mm-probe retry-storm -p 4242 --duration 10s --interval 1s
+    mm-probe retry-storm --retry-rate-warn 2 --retry-rate-crit 10 --json";
+
+const EXPORTER_EXAMPLES: &str = "\
+Examples:
+    mm-probe exporter                                  # http://127.0.0.1:9479/metrics
+    mm-probe exporter --listen :9479 --only latency,thp
+    mm-probe exporter --threshold 1ms -p 4242";
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -49,12 +88,25 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
 
+fn interval(text: &str) -> Result<Duration, String> {
+    parse_interval(text).map_err(|e| e.to_string())
+}
+
+fn pid(text: &str) -> Result<u32, String> {
+    parse_pid(text).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Args)]
+#[group(id = "target", required = true, multiple = false, args = ["target_pid", "pid_option"])]
 pub struct ThpWhyArgs {
     /// The process to examine.
-    pub pid: u32,
-    /// How long to watch THP checks and page faults live (e.g. 5s, 500ms; 0s skips live tracing).
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    #[arg(value_name = "PID", value_parser = pid)]
+    pub target_pid: Option<u32>,
+    /// The process to examine (the same as the positional PID, as other tracing tools take it).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = pid)]
+    pub pid_option: Option<u32>,
+    /// How long to watch THP checks and page faults live (e.g. 5s, 500ms, 1m; 0s skips live tracing).
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = duration)]
     pub duration: Duration,
     /// List every VMA, not only the largest.
     #[arg(long)]
@@ -64,20 +116,27 @@ pub struct ThpWhyArgs {
     pub json: bool,
 }
 
+impl ThpWhyArgs {
+    /// The process to examine, given either way (clap requires exactly one).
+    pub fn pid(&self) -> u32 {
+        self.target_pid.or(self.pid_option).unwrap_or_default()
+    }
+}
+
 /// What `latency` measures; `latency` and `exporter` share it.
 #[derive(Debug, Clone, Args)]
 pub struct LatencySelection {
-    /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s).
-    #[arg(long, default_value = "500us", value_parser = duration)]
+    /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s, m, h).
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = duration)]
     pub threshold: Duration,
-    /// Only these tasks (repeatable); default: every real-time task.
-    #[arg(short = 'p', long = "pid")]
+    /// Only these processes, every thread of each (repeatable, or comma-separated); default: every real-time task.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
     pub pids: Vec<u32>,
     /// Measure every task's wakeup latency, not only real-time ones.
     #[arg(long)]
     pub all_tasks: bool,
     /// Also time this kernel function, entry to return (repeatable).
-    #[arg(long = "func")]
+    #[arg(long = "func", value_name = "FUNCTION")]
     pub functions: Vec<String>,
 }
 
@@ -86,10 +145,10 @@ pub struct LatencyArgs {
     #[command(flatten)]
     pub selection: LatencySelection,
     /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub duration: Option<Duration>,
-    /// Print a line per interval.
-    #[arg(long, value_parser = duration)]
+    /// Print a line per interval (at least 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
     pub interval: Option<Duration>,
     /// How many spikes to list, worst first.
     #[arg(long, default_value_t = 10)]
@@ -105,16 +164,16 @@ pub struct LatencyArgs {
 #[derive(Debug, Args)]
 pub struct RetryStormArgs {
     /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub duration: Option<Duration>,
-    /// Print a line per interval.
-    #[arg(long, value_parser = duration)]
+    /// Print a line per interval (at least 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
     pub interval: Option<Duration>,
-    /// Only these processes (repeatable); default: every process that mirrors memory.
-    #[arg(short = 'p', long = "pid")]
+    /// Only these processes (repeatable, or comma-separated); default: every process that mirrors memory.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
     pub pids: Vec<u32>,
     /// A retry chain longer than this counts as a timeout (the driver's HMM timeout).
-    #[arg(long, default_value = "1000ms", value_parser = duration)]
+    #[arg(long, default_value = "1000ms", value_name = "DURATION", value_parser = duration)]
     pub timeout: Duration,
     /// Newline-delimited JSON: one object per interval, then a summary.
     #[arg(long)]
@@ -136,10 +195,10 @@ pub struct RetryStormArgs {
     #[arg(long, default_value_t = 1.0, value_name = "PERCENT")]
     pub timeout_rate_crit: f64,
     /// Mean hmm_range_fault duration from which the verdict is WARN.
-    #[arg(long, default_value = "100us", value_parser = duration)]
+    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = duration)]
     pub avg_latency_warn: Duration,
     /// Mean hmm_range_fault duration above which the verdict is CRIT.
-    #[arg(long, default_value = "500us", value_parser = duration)]
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = duration)]
     pub avg_latency_crit: Duration,
     /// Invalidations per second of mirrored memory from which the verdict is WARN.
     #[arg(long, default_value_t = 1000.0, value_name = "PER_SECOND")]

@@ -6,12 +6,9 @@ use mm_probe::{
 };
 
 fn main() {
-    // Bad input is a usage error (exit 1), not clap's default 2, which mm-probe keeps for its
-    // own failures.
-    let cli = Cli::try_parse().unwrap_or_else(|e| {
-        let _ = e.print();
-        std::process::exit(if e.use_stderr() { error::EXIT_USAGE } else { 0 });
-    });
+    end_quietly_on_a_closed_pipe();
+    report_panics_as_internal_errors();
+    let cli = Cli::try_parse().unwrap_or_else(|e| exit_on_bad_command_line(&e));
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(&args),
         Command::ThpWhy(args) => thp_why::run(&args),
@@ -25,4 +22,52 @@ fn main() {
         eprintln!("mm-probe: {err:#}");
         std::process::exit(error::exit_code(&err));
     }
+}
+
+/// Bad input is a usage error (exit 1), not clap's default 2, which mm-probe keeps for its own
+/// failures. A bad value is one line that quotes it (`--interval 0s`); clap's usage block is
+/// kept for missing or unknown arguments, where it helps.
+fn exit_on_bad_command_line(e: &clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if !e.use_stderr() {
+        let _ = e.print();
+        std::process::exit(0);
+    }
+    match e.kind() {
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            eprintln!("mm-probe: {}", first.strip_prefix("error: ").unwrap_or(first));
+        }
+        _ => {
+            let _ = e.print();
+        }
+    }
+    std::process::exit(error::EXIT_USAGE);
+}
+
+/// `mm-probe latency --json | head -1`: once the reader is gone, the next write ends the process
+/// by SIGPIPE, as it ends `cat` or `ls`, instead of Rust's default (SIGPIPE ignored, then a
+/// panic on the failed print). Nothing stays attached: the kernel detaches every program when
+/// the process's descriptors close. The exporter's sockets are not affected: Rust writes to
+/// sockets with MSG_NOSIGNAL.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: restoring the default disposition of one signal, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// A panic is mm-probe's own failure: one line and exit 2 (the documented code), not Rust's
+/// backtrace banner and 101.
+fn report_panics_as_internal_errors() {
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let place = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("mm-probe: internal error: {what}{place} (a bug in mm-probe; please report it)");
+        std::process::exit(error::EXIT_INTERNAL);
+    }));
 }

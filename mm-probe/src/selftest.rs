@@ -10,6 +10,7 @@ use mm_probe_common::selftest::{self as names, Slot};
 use serde::Serialize;
 
 use crate::{
+    collect::run::{Limits, Stopper, run},
     kernel::Kernel,
     probes::{
         Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target, load_object,
@@ -201,11 +202,9 @@ fn self_usage() -> RingCheck {
 pub fn run_ring_check(tgid: u32) -> Result<()> {
     crate::kernel::privileges::require_tracing()?;
     let kernel = Kernel::running()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let check = runtime.block_on(async {
-        let mut signals = crate::collect::StopSignals::install()?;
+    let check = run(Limits::default(), async |stopper: &mut Stopper| {
         check_ring(&kernel, tgid, || println!("attached"), async {
-            signals.wait(None).await;
+            stopper.wait().await;
         })
         .await
     })?;
@@ -221,9 +220,7 @@ const NOOP_HOOK: Hook = Hook { mechanism: Mechanism::BtfTracepoint, program: "se
 pub fn hold_noop_programs(tracepoints: &[String]) -> Result<()> {
     crate::kernel::privileges::require_tracing()?;
     let kernel = Kernel::running()?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(async {
-        let mut signals = crate::collect::StopSignals::install()?;
+    run(Limits::default(), async |stopper: &mut Stopper| {
         let planner = Planner::new(&kernel);
         let mut held = Vec::new();
         for tracepoint in tracepoints {
@@ -234,7 +231,7 @@ pub fn hold_noop_programs(tracepoints: &[String]) -> Result<()> {
             held.push(ebpf);
         }
         println!("attached");
-        signals.wait(None).await;
+        stopper.wait().await;
         Ok(())
     })
 }

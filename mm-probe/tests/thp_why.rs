@@ -719,7 +719,7 @@ fn the_allow_check_layout_comes_from_btf() {
     assert_eq!(check.decided_from, "btf", "every kernel of the matrix has BTF");
     let params: Vec<&str> = check.params.iter().map(String::as_str).collect();
     let kernel = Kernel::running().unwrap();
-    // The prototypes of kernel-facts §1.1, as this kernel's BTF states them.
+    // The prototypes of docs/kernel-facts.md#thp-allow-check, as this kernel's BTF states them.
     let expected: &[&str] = if kernel.release.at_least(6, 18) {
         &["vma", "vm_flags", "type", "orders"]
     } else if kernel.release.at_least(6, 10) {

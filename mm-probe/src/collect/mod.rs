@@ -1,11 +1,13 @@
-//! Getting data out of the kernel: ring-buffer readers on tokio, per-CPU counters, and the end
-//! of a run (duration elapsed or Ctrl-C).
+//! Getting data out of the kernel: ring-buffer readers on tokio, per-CPU counters, and the run
+//! skeleton every command shares (`run`: runtime, stop handlers, ticks, the end of a run).
 
 pub mod counters;
 pub mod ringbuf;
+pub mod run;
 pub mod shutdown;
 
 pub use ringbuf::RingReader;
+pub use run::{Limits, Stopper, Ticker};
 pub use shutdown::{Stop, StopSignals, wait_for_stop};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock bpf_ktime_get_ns() reads, so user-space times line

@@ -10,6 +10,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 pub enum Stop {
     DurationElapsed,
     Interrupted,
+    /// Every `-p` target exited (or became a zombie) during the run.
+    TargetExited,
 }
 
 impl Stop {
@@ -18,6 +20,7 @@ impl Stop {
         match self {
             Stop::DurationElapsed => "duration",
             Stop::Interrupted => "interrupted",
+            Stop::TargetExited => "target_exited",
         }
     }
 }

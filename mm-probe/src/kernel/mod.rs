@@ -1,10 +1,11 @@
 //! What the running kernel is: its release, its BTF (and the struct layouts resolved from it),
-//! its symbols, tracefs, and the privileges this process holds.
+//! its symbols, tracefs, the privileges this process holds, and the processes it is asked to trace.
 
 pub mod btf;
 pub mod kallsyms;
 pub mod layout;
 pub mod privileges;
+pub mod process;
 pub mod release;
 pub mod tracefs;
 

@@ -11,7 +11,7 @@ use crate::probes::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 
 /// The function every run traces unless told otherwise: it walks up to 512 PTEs under the PTE
 /// lock per call, and without the cond_resched() of upstream b2f557a21bc8 (v6.7) it can hold
-/// the CPU for milliseconds (kernel-facts §5).
+/// the CPU for milliseconds (docs/kernel-facts.md#madvise-pageout).
 pub const DEFAULT_FUNCTION: &str = "madvise_cold_or_pageout_pte_range";
 
 /// A sched hook: the BTF tracepoint program first (the kernel's recursion guard for those is

@@ -8,7 +8,7 @@ use serde::Serialize;
 pub const EBUSY: i32 = -16;
 
 /// `enum mmu_notifier_event` (include/linux/mmu_notifier.h): the same values in every kernel
-/// from 5.15 to 6.18 (kernel-facts §4).
+/// from 5.15 to 6.18 (docs/kernel-facts.md#mmu-notifier-events).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum NotifierEvent {
     #[serde(rename = "UNMAP")]

@@ -1,5 +1,5 @@
 //! The kernel hooks retry-storm uses, best first. None of these functions has a tracepoint
-//! upstream (kernel-facts §4: no `mmu_notifier:*` events in 5.15 → 6.18), so each has a
+//! upstream (docs/kernel-facts.md#mmu-notifier: no `mmu_notifier:*` events in 5.15 → 6.18), so each has a
 //! fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own tracepoints add the
 //! secondary-MMU view where kvm is loaded.
 

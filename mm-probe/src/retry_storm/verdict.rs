@@ -1,4 +1,4 @@
-//! Judging the metrics against the health thresholds (shared/reference/thresholds.md; every
+//! Judging the metrics against the health thresholds (docs/thresholds.md#retry-storm; every
 //! band overridable from the command line) and tying advice to the evidence.
 
 use serde::Serialize;
@@ -45,7 +45,7 @@ impl Band {
     }
 }
 
-/// The defaults are thresholds.md's table.
+/// The defaults are docs/thresholds.md's table.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Thresholds {
     /// -EBUSY returns ÷ invalidations (fraction).
@@ -81,11 +81,11 @@ pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MetricVerdict {
-    /// thresholds.md's name for it.
+    /// docs/thresholds.md's name for it.
     pub metric: &'static str,
     pub definition: &'static str,
     /// What `value`, `warn` and `crit` are counted in: `fraction` (0–1), `ns` or `per_second`.
-    /// The metric names are thresholds.md's, which do not carry a unit.
+    /// The metric names are docs/thresholds.md's, which do not carry a unit.
     pub unit: &'static str,
     pub value: Option<f64>,
     pub level: Level,
@@ -137,7 +137,7 @@ pub struct Evidence {
 /// Walks larger than this are "large": the material's and amdgpu's advice is 2 MiB chunks.
 pub const CHUNK_BYTES: u64 = 2 << 20;
 /// Callbacks slower than this look like device TLB flushes inside the critical section
-/// (thresholds.md: 10–500 µs each).
+/// (docs/thresholds.md#slow-callbacks: 10–500 µs each).
 pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {

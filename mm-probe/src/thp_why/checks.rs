@@ -1,6 +1,6 @@
 //! The kernel's THP allow-check, per version, stated as data: which function it is, how its
 //! arguments say who is asking (page fault, smaps, khugepaged, MADV_COLLAPSE), and the order in
-//! which it returns "no" (shared kernel-facts §1.2–1.4). The argument layout is read from the
+//! which it returns "no" (docs/kernel-facts.md#thp-check-order). The argument layout is read from the
 //! function's BTF parameter names; the release number is only a fallback without BTF.
 
 use serde::Serialize;
@@ -247,7 +247,7 @@ impl AllowCheck {
         })
     }
 
-    /// Without BTF: the layout each release line is known to have (kernel-facts §1.1; whether
+    /// Without BTF: the layout each release line is known to have (docs/kernel-facts.md#thp-allow-check; whether
     /// tva_flags arrived in 6.10 or 6.11 is unverified).
     pub fn from_release(release: &Release) -> Self {
         let bools = CallEncoding::Bools { smaps: 2, in_pf: 3, enforce_sysfs: 4 };

@@ -42,7 +42,7 @@ const MAX_ANCESTORS: usize = 64;
 const ALIVE_POLL: Duration = Duration::from_millis(100);
 
 pub fn run(args: &ThpWhyArgs) -> Result<()> {
-    let target = validate_target(args.pid)?;
+    let target = validate_target(args.pid())?;
     // The ring-buffer reader needs a reactor when it is created, before the run loop starts.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let _reactor = runtime.enter();

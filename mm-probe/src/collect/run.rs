@@ -1,0 +1,227 @@
+//! The run skeleton every command shares, written once:
+//!
+//! 1. one tokio runtime (current-thread, inside a `LocalSet` so the exporter can serve its
+//!    connections next to the maps they read);
+//! 2. the stop handlers (SIGINT, SIGTERM) installed before the command's body runs, so before
+//!    anything attaches: a signal that arrives before its handler exists would kill the tool
+//!    without its summary (or be lost, when a non-interactive parent shell ignores SIGINT);
+//! 3. one way to wait for the end ([`Stopper::wait`]): a signal, the `--duration`, or the exit
+//!    of every target process;
+//! 4. one interval tick ([`Ticker`]) with one missed-tick policy;
+//! 5. the order at the end, which each body follows: detach (`probes::detach_all`), then drain
+//!    the rings, then read the final counts, then print, so that counters and rings describe the
+//!    same events.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    signal::unix::{Signal, SignalKind, signal},
+    time::{Instant, Interval, MissedTickBehavior},
+};
+
+use super::Stop;
+use crate::kernel::process;
+
+/// What ends a run besides a signal.
+#[derive(Clone, Debug, Default)]
+pub struct Limits {
+    /// `--duration`; `None` runs until a signal (or the targets' exit).
+    pub duration: Option<Duration>,
+    /// Processes (`-p`) whose exit ends the run once every one of them has exited.
+    pub targets: Vec<u32>,
+}
+
+/// How often the targets are checked for exit: /proc is cheap to read, and a tenth of a second
+/// is well under any `--interval` a user can ask for.
+const TARGET_POLL: Duration = Duration::from_millis(100);
+
+/// Builds the runtime, installs the stop handlers, then runs `body` to completion.
+pub fn run<T>(limits: Limits, body: impl AsyncFnOnce(&mut Stopper) -> Result<T>) -> Result<T> {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let mut stopper = Stopper::install(limits)?;
+        body(&mut stopper).await
+    })
+}
+
+/// The end of a run, waited for in every command's loop.
+pub struct Stopper {
+    interrupt: Signal,
+    terminate: Signal,
+    deadline: Option<Instant>,
+    targets: Vec<u32>,
+    exited: Vec<u32>,
+    poll: Interval,
+}
+
+impl Stopper {
+    /// Must run inside the runtime (tokio registers the signal handlers with its driver).
+    fn install(limits: Limits) -> Result<Self> {
+        let mut poll = tokio::time::interval(TARGET_POLL);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            deadline: limits.duration.map(|d| Instant::now() + d),
+            targets: limits.targets,
+            exited: Vec::new(),
+            poll,
+        })
+    }
+
+    /// Resolves when the run should end. Cancel-safe: call it again in every `select!` turn.
+    pub async fn wait(&mut self) -> Stop {
+        let deadline = async {
+            match self.deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let targets_gone = async {
+            if self.targets.is_empty() {
+                return std::future::pending().await;
+            }
+            loop {
+                self.poll.tick().await;
+                note_exits(&self.targets, &mut self.exited);
+                if self.exited.len() == self.targets.len() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = self.interrupt.recv() => Stop::Interrupted,
+            _ = self.terminate.recv() => Stop::Interrupted,
+            () = deadline => Stop::DurationElapsed,
+            () = targets_gone => Stop::TargetExited,
+        }
+    }
+
+    /// Whether the run should already end, without waiting (for bodies that do long blocking
+    /// work between attaching and their loop).
+    pub async fn poll_now(&mut self) -> Option<Stop> {
+        tokio::select! {
+            biased;
+            stop = self.wait() => Some(stop),
+            () = std::future::ready(()) => None,
+        }
+    }
+
+    /// Targets seen to exit so far (a note for the summary: "process N exited while being
+    /// traced; partial results below"), checked once more now.
+    pub fn exited_targets(&mut self) -> Vec<u32> {
+        note_exits(&self.targets, &mut self.exited);
+        self.exited.clone()
+    }
+}
+
+/// Adds to `exited` every target that is gone or a zombie now.
+fn note_exits(targets: &[u32], exited: &mut Vec<u32>) {
+    for &pid in targets {
+        if !exited.contains(&pid) && !process::is_alive(pid) {
+            exited.push(pid);
+        }
+    }
+}
+
+/// A tick every `period`, or never. The first tick is one period from now (a tick at once
+/// would print an empty interval); a late tick delays the next instead of making up the missed
+/// ones in a burst of near-empty intervals.
+pub struct Ticker(Option<Interval>);
+
+impl Ticker {
+    pub fn every(period: Option<Duration>) -> Self {
+        Self(period.filter(|p| !p.is_zero()).map(|p| {
+            let mut tick = tokio::time::interval_at(Instant::now() + p, p);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            tick
+        }))
+    }
+
+    /// Resolves at the next tick; never without a period. Cancel-safe.
+    pub async fn tick(&mut self) {
+        match self.0.as_mut() {
+            Some(tick) => {
+                tick.tick().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A raised signal reaches every Stopper alive in this test binary: one test at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    #[test]
+    fn the_duration_ends_a_run() {
+        let _serial = serial();
+        let limits = Limits { duration: Some(Duration::from_millis(20)), targets: vec![] };
+        let stop = run(limits, async |stopper: &mut Stopper| Ok(stopper.wait().await)).unwrap();
+        assert_eq!(stop, Stop::DurationElapsed);
+    }
+
+    #[test]
+    fn a_signal_sent_before_the_wait_is_not_lost() {
+        let _serial = serial();
+        // Raised after the handlers exist but before anyone waits: the moment between attaching
+        // and the first turn of a command's loop.
+        let stop = run(Limits::default(), async |stopper: &mut Stopper| {
+            // SAFETY: raise() sends SIGTERM to this thread; tokio's handler is installed.
+            unsafe { libc::raise(libc::SIGTERM) };
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(stopper.wait().await)
+        })
+        .unwrap();
+        assert_eq!(stop, Stop::Interrupted);
+    }
+
+    #[test]
+    fn the_exit_of_every_target_ends_a_run() {
+        let _serial = serial();
+        let mut child = std::process::Command::new("sleep").arg("0.2").spawn().unwrap();
+        let pid = child.id();
+        // Reap it from another thread so that it does not stay a zombie of this test.
+        let reaper = std::thread::spawn(move || child.wait());
+        let limits = Limits { duration: Some(Duration::from_secs(10)), targets: vec![pid] };
+        let (stop, exited) =
+            run(limits, async |stopper: &mut Stopper| Ok((stopper.wait().await, stopper.exited_targets()))).unwrap();
+        reaper.join().unwrap().unwrap();
+        assert_eq!(stop, Stop::TargetExited);
+        assert_eq!(exited, [pid]);
+    }
+
+    #[test]
+    fn poll_now_does_not_wait() {
+        let _serial = serial();
+        let limits = Limits { duration: Some(Duration::from_secs(10)), targets: vec![] };
+        let polled = run(limits, async |stopper: &mut Stopper| Ok(stopper.poll_now().await)).unwrap();
+        assert_eq!(polled, None);
+    }
+
+    #[test]
+    fn a_ticker_without_a_period_never_ticks() {
+        let _serial = serial();
+        let ticked = run(Limits::default(), async |_: &mut Stopper| {
+            let mut never = Ticker::every(None);
+            let mut fast = Ticker::every(Some(Duration::from_millis(5)));
+            Ok(tokio::select! {
+                () = never.tick() => "never",
+                () = fast.tick() => "fast",
+            })
+        })
+        .unwrap();
+        assert_eq!(ticked, "fast");
+    }
+}

@@ -1,0 +1,263 @@
+//! Every command behaves like a Unix tool: a closed pipe ends it quietly, Ctrl-C right after it
+//! attached still prints the summary, bad input is one line and exit 1, and a `-p` target that
+//! is a zombie, or exits mid-run, is handled the same way by every command.
+
+mod common;
+
+use std::{
+    io::{BufRead as _, BufReader, Read as _},
+    os::unix::process::ExitStatusExt as _,
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// A child that exited and that its parent (this test) has not reaped: a zombie.
+struct Zombie(Child);
+
+impl Zombie {
+    fn new() -> Self {
+        let child = Command::new("true").spawn().expect("spawning true");
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !std::fs::read_to_string(&stat).is_ok_and(|s| s.contains(") Z ")) {
+            assert!(Instant::now() < deadline, "true did not become a zombie");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self(child)
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+}
+
+impl Drop for Zombie {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits for `child` up to `limit`, killing it (and failing) past that.
+fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for mm-probe") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: mm-probe still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut text = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut text);
+    }
+    text
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(mm_probe())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning mm-probe")
+}
+
+/// `mm-probe ARGS | head -1`: reads one line, closes the pipe, and returns how mm-probe ended.
+fn first_line_then_close(args: &[&str]) -> (String, ExitStatus, String) {
+    let mut child = spawn(args);
+    let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("reading the first line");
+    drop(reader);
+    let status = wait_within(&mut child, Duration::from_secs(60), &args.join(" "));
+    let stderr = stderr_of(&mut child);
+    eprintln!("$ mm-probe {} | head -1\n{line}{stderr}", args.join(" "));
+    (line, status, stderr)
+}
+
+fn ended_quietly(status: ExitStatus) -> bool {
+    status.success() || status.signal() == Some(libc::SIGPIPE)
+}
+
+#[test]
+fn a_closed_pipe_ends_every_command_quietly() {
+    require_root();
+    let sleeper = Command::new("sleep").arg("60").spawn().expect("spawning sleep");
+    let pid = sleeper.id().to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["doctor"],
+        vec!["doctor", "--json"],
+        vec!["latency", "--json", "--all-tasks", "--interval", "100ms", "--duration", "5s"],
+        vec!["latency", "--all-tasks", "--interval", "100ms", "--duration", "5s"],
+        vec!["retry-storm", "--json", "--interval", "100ms", "--duration", "5s"],
+        vec!["retry-storm", "--interval", "100ms", "--duration", "5s"],
+        vec!["thp-why", &pid, "--json", "--duration", "1s"],
+        vec!["thp-why", &pid, "--duration", "1s"],
+    ];
+    for args in &commands {
+        let (line, status, stderr) = first_line_then_close(args);
+        assert!(!line.is_empty(), "mm-probe {} printed nothing", args.join(" "));
+        assert!(ended_quietly(status), "mm-probe {} | head -1 ended with {status:?}:\n{stderr}", args.join(" "));
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{stderr}");
+    }
+    let mut sleeper = sleeper;
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+}
+
+/// The run skeleton installs the handlers before anything attaches: a SIGINT sent the moment the
+/// plan is out (the first line of --json output, printed once attached) ends the run with its
+/// summary, exit 0, nothing left attached.
+#[test]
+fn ctrl_c_right_after_attaching_still_prints_the_summary() {
+    require_root();
+    for args in [vec!["latency", "--json", "--all-tasks"], vec!["retry-storm", "--json"]] {
+        let before = our_programs();
+        let mut child = spawn(&args);
+        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut plan = String::new();
+        reader.read_line(&mut plan).expect("reading the plan");
+        let attached_at = Instant::now();
+        interrupt(&child);
+        let sent_after = attached_at.elapsed();
+        let mut rest = String::new();
+        reader.read_to_string(&mut rest).expect("reading the rest");
+        let status = wait_within(&mut child, Duration::from_secs(30), &args.join(" "));
+        let stderr = stderr_of(&mut child);
+        eprintln!("$ mm-probe {} (SIGINT {sent_after:?} after the plan)\n{plan}{rest}{stderr}", args.join(" "));
+        assert!(sent_after < Duration::from_millis(100), "the signal went out late: {sent_after:?}");
+        assert!(plan.contains("\"probe_plan\""), "{plan}");
+        assert!(status.success(), "{} ended with {status:?}", args.join(" "));
+        let lines = json_lines(rest.as_bytes());
+        let summary = first_of(&lines, "summary").unwrap_or_else(|| panic!("no summary after SIGINT:\n{rest}"));
+        assert_eq!(summary["stopped_by"], "interrupted");
+        assert_eq!(leftover_programs(&before), Vec::<String>::new());
+    }
+}
+
+/// A signal that arrives while the command is still loading and attaching is not lost: the run
+/// ends as soon as it is attached, with its summary.
+#[test]
+fn ctrl_c_while_attaching_still_prints_the_summary() {
+    require_root();
+    for args in [vec!["latency", "--json", "--all-tasks"], vec!["retry-storm", "--json"]] {
+        let mut child = spawn(&args);
+        std::thread::sleep(Duration::from_millis(30));
+        interrupt(&child);
+        let status = wait_within(&mut child, Duration::from_secs(30), &args.join(" "));
+        let mut out = String::new();
+        child.stdout.take().expect("stdout").read_to_string(&mut out).expect("reading stdout");
+        let stderr = stderr_of(&mut child);
+        eprintln!("$ mm-probe {} (SIGINT 30ms after start)\n{out}{stderr}", args.join(" "));
+        assert!(status.success(), "{} ended with {status:?}", args.join(" "));
+        let lines = json_lines(out.as_bytes());
+        assert_eq!(first_of(&lines, "summary").expect("a summary")["stopped_by"], "interrupted");
+    }
+}
+
+#[test]
+fn zero_or_tiny_intervals_are_refused_with_one_line() {
+    for command in ["latency", "retry-storm"] {
+        for interval in ["0s", "1ns"] {
+            let output = run_tool(&[command, "--interval", interval]);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(1), "{command} --interval {interval}: {stderr}");
+            assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+            assert!(stderr.contains(&format!("\"{interval}\"")), "the value typed is not quoted: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn bad_units_and_pids_are_usage_errors_that_quote_the_value() {
+    for args in [
+        vec!["latency", "--threshold", "5x"],
+        vec!["latency", "--duration", "10"],
+        vec!["retry-storm", "-p", "abc"],
+        vec!["thp-why", "-p", "abc"],
+    ] {
+        let output = run_tool(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn pid_lists_minutes_and_hours_are_accepted() {
+    let me = std::process::id().to_string();
+    let list = format!("{me},{me}");
+    for args in [vec!["latency", "-p", &list, "--help"], vec!["retry-storm", "--duration", "1h", "--help"]] {
+        let output = run_tool(&args);
+        assert!(output.status.success(), "{args:?}");
+    }
+}
+
+#[test]
+fn every_help_ends_with_examples() {
+    for command in ["doctor", "thp-why", "latency", "retry-storm", "exporter"] {
+        let output = run_tool(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success());
+        let examples = help.rfind("Examples:").unwrap_or_else(|| panic!("{command} --help has no examples:\n{help}"));
+        assert!(help[examples..].contains(&format!("mm-probe {command}")), "{help}");
+    }
+}
+
+/// `-p` of a process that has exited but is not reaped yet: every command refuses it the same
+/// way, with one line and exit 1.
+#[test]
+fn a_zombie_target_is_refused_by_every_command() {
+    require_root();
+    let zombie = Zombie::new();
+    let pid = zombie.pid();
+    for args in [
+        vec!["latency", "-p", &pid, "--duration", "1s"],
+        vec!["retry-storm", "-p", &pid, "--duration", "1s"],
+        vec!["thp-why", "-p", &pid, "--duration", "1s"],
+        vec!["exporter", "--listen", "127.0.0.1:0", "-p", &pid],
+    ] {
+        let output = run_tool(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+        assert!(stderr.contains("zombie") && stderr.contains(&pid), "{stderr}");
+    }
+}
+
+/// A `-p` target that exits while being traced ends the run early with a note and the partial
+/// results, exit 0.
+#[test]
+fn a_target_that_exits_mid_run_ends_the_run_with_a_note() {
+    require_root();
+    for command in ["latency", "retry-storm", "thp-why"] {
+        let mut target = Command::new("sleep").arg("2").spawn().expect("spawning sleep");
+        let pid = target.id().to_string();
+        let reaper = std::thread::spawn(move || target.wait());
+        let started = Instant::now();
+        let output = run_tool(&[command, "-p", &pid, "--duration", "30s", "--json"]);
+        reaper.join().expect("reaper").expect("sleep");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{command}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(20), "{command} did not stop when its target exited");
+        let lines = json_lines(&output.stdout);
+        let summary = first_of(&lines, "summary").unwrap_or_else(|| panic!("{command}: no summary"));
+        assert_eq!(summary["stopped_by"], "target_exited", "{command}");
+        assert!(
+            stderr.contains(&format!("process {pid} exited")) || output.stdout.windows(7).any(|w| w == b"exited "),
+            "{command}: no note that {pid} exited:\n{stderr}"
+        );
+    }
+}

@@ -253,15 +253,16 @@ pub struct ExporterArgs {
     pub allow_empty: bool,
     /// Wakeups and function calls slower than this are counted apart, and the histograms get an
     /// exact bucket edge here (units: ns, us/µs, ms, s) [default: 500us].
-    #[arg(long, value_parser = duration, help_heading = "Latency")]
+    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = "Latency")]
     pub threshold: Option<Duration>,
-    /// Only these tasks' wakeups (comma-separated or repeated); default: every real-time task.
-    #[arg(short = 'p', long = "pid", value_delimiter = ',', help_heading = "Latency")]
+    /// Only these processes' wakeups, every thread of each (repeatable, or comma-separated);
+    /// default: every real-time task.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid, help_heading = "Latency")]
     pub pids: Vec<u32>,
     /// Measure every task's wakeup latency, not only real-time ones.
     #[arg(long, help_heading = "Latency")]
     pub all_tasks: bool,
     /// Also time this kernel function, entry to return (repeatable).
-    #[arg(long = "func", help_heading = "Latency")]
+    #[arg(long = "func", value_name = "FUNCTION", help_heading = "Latency")]
     pub functions: Vec<String>,
 }

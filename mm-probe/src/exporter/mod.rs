@@ -29,9 +29,9 @@ use self::{
 };
 use crate::{
     cli::{Capability, ExporterArgs, LatencySelection},
-    collect::StopSignals,
+    collect::run::{Limits, Stopper},
     error::UserError,
-    kernel::{Kernel, layout::ThpDisableBits, privileges},
+    kernel::{Kernel, layout::ThpDisableBits, privileges, process::running_process},
     latency,
     probes::{GlobalValue, LogicalProbe, MapFamily, Planner, detach_all, load_object},
     retry_storm,
@@ -48,16 +48,22 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
     let listen = listen::parse_listen(&args.listen)?;
     let capabilities = chosen(&args.only);
     refuse_ignored_flags(args, &capabilities)?;
+    for &pid in &args.pids {
+        running_process(pid)?;
+    }
     let latency_options = capabilities.contains(&Capability::Latency).then(|| latency_options(args)).transpose()?;
     privileges::require_tracing()?;
     let kernel = Kernel::running()?;
     if let Some(options) = &latency_options {
         latency::check_functions_exist(&kernel, options)?;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    // The HTTP connections are served on this one thread, next to the maps they read.
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, export(&kernel, &listen, &capabilities, latency_options.as_ref(), args.allow_empty))
+    // Runs until a signal: the exporter has no duration, and -p's exit does not end it (a
+    // restarted process is measured again once the exporter is restarted with its new pid).
+    // The HTTP connections are served on the skeleton's one thread, next to the maps they read.
+    let limits = Limits { duration: None, targets: vec![] };
+    crate::collect::run::run(limits, async |stopper: &mut Stopper| {
+        export(&kernel, &listen, &capabilities, latency_options.as_ref(), args.allow_empty, stopper).await
+    })
 }
 
 /// `--only`, or every capability.
@@ -113,11 +119,10 @@ async fn export(
     capabilities: &[Capability],
     latency_options: Option<&latency::Options>,
     allow_empty: bool,
+    stopper: &mut Stopper,
 ) -> Result<()> {
     let listener = http::bind(listen).await?;
     let address = listener.local_addr().context("reading the listening address")?;
-    // Before attaching: a SIGINT from now on ends the run with everything detached.
-    let mut signals = StopSignals::install()?;
     let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
     let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
     let mut ebpf =
@@ -135,7 +140,7 @@ async fn export(
     let object = Rc::new(RefCell::new(Some(ebpf)));
     let exporter = Rc::new(Exporter { sources, object: object.clone() });
     let served = tokio::select! {
-        _ = signals.wait(None) => Ok(()),
+        _ = stopper.wait() => Ok(()),
         served = http::serve(listener, exporter) => served,
     };
     // Taken out, so that a connection still served during the detach's grace period answers

@@ -208,15 +208,33 @@ pub struct RetryStormArgs {
     pub invalidate_freq_crit: f64,
 }
 
+/// The exporter's options. The latency ones are `Option` or empty by default, so that a flag the
+/// chosen capabilities would ignore is known to be given and can be refused.
 #[derive(Debug, Args)]
 pub struct ExporterArgs {
-    /// Address and port to serve /metrics on (an all-interfaces address only if you give one).
+    /// Where to serve /metrics: ADDRESS:PORT, HOST:PORT (resolved, e.g. localhost:9479) or :PORT,
+    /// which serves every interface (IPv6 and IPv4), as Go exporters read it.
     #[arg(long, default_value = "127.0.0.1:9479", value_name = "ADDRESS:PORT")]
     pub listen: String,
     /// Only these capabilities (comma-separated); default: all.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Capability>,
-    /// What latency measures (the exporter's histograms get an exact bucket edge at the threshold).
-    #[command(flatten, next_help_heading = "Latency")]
-    pub latency: LatencySelection,
+    /// Serve even when none of the chosen capabilities' probes attach on this kernel (only the
+    /// exporter's own metrics); without it that is an error.
+    #[arg(long)]
+    pub allow_empty: bool,
+    /// Wakeups and function calls slower than this are counted apart, and the histograms get an
+    /// exact bucket edge here (units: ns, us/µs, ms, s) [default: 500us].
+    #[arg(long, value_name = "DURATION", value_parser = duration, help_heading = "Latency")]
+    pub threshold: Option<Duration>,
+    /// Only these processes' wakeups, every thread of each (repeatable, or comma-separated);
+    /// default: every real-time task.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid, help_heading = "Latency")]
+    pub pids: Vec<u32>,
+    /// Measure every task's wakeup latency, not only real-time ones.
+    #[arg(long, help_heading = "Latency")]
+    pub all_tasks: bool,
+    /// Also time this kernel function, entry to return (repeatable).
+    #[arg(long = "func", value_name = "FUNCTION", help_heading = "Latency")]
+    pub functions: Vec<String>,
 }

@@ -13,7 +13,7 @@ mod latency_support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{BufRead, BufReader, Read as _, Write as _},
     net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, ChildStdout, Command, Stdio},
@@ -94,12 +94,19 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
             .filter(|s| s.name == "mm_probe_probe_attached" && s.labels["capability"] == capability)
             .collect();
         assert!(!probes.is_empty(), "{capability} has no mm_probe_probe_attached series:\n{classic}");
+        let listed = attached_in_startup(&exporter.startup, capability);
         for probe in probes {
-            // The startup line and the gauge tell the same story.
+            // The start-up lines and the gauge tell the same story.
             let name = &probe.labels["probe"];
-            let listed = exporter.startup.contains(&format!("{name} (")) || exporter.startup.contains(name.as_str());
-            assert!(listed, "{name} is not in the startup line: {}", exporter.startup);
+            assert_eq!(listed.contains(name), probe.value == 1.0, "{name}: {:#?}", exporter.startup);
         }
+    }
+    let unavailable = served.iter().filter(|s| s.name == "mm_probe_probe_attached" && s.value == 0.0).count();
+    let said = exporter.startup.last().unwrap();
+    match unavailable {
+        0 => assert_eq!(said, "  unavailable: none"),
+        1 => assert_eq!(said, "  unavailable: 1 probe, see `mm-probe doctor`"),
+        n => assert_eq!(*said, format!("  unavailable: {n} probes, see `mm-probe doctor`")),
     }
     let attached =
         |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
@@ -113,7 +120,7 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
         let checks: f64 = served.iter().filter(|s| s.name == "mm_probe_thp_checks_total").map(|s| s.value).sum();
         assert!(checks > 0.0, "no THP check counted after faulting 16 MiB of MADV_HUGEPAGE memory:\n{classic}");
     } else if let Some(kernel) = vm_kernel().filter(|k| !k.ends_with("-rt")) {
-        panic!("the THP allow-check must attach on {kernel}: {}", exporter.startup);
+        panic!("the THP allow-check must attach on {kernel}: {:#?}", exporter.startup);
     }
     exporter.stop_and_check_nothing_left(&before);
 }
@@ -122,7 +129,9 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
 fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
     require_root();
     let out = run_tool(&["exporter", "--listen", "localhost"]);
-    assert_one_line_usage_error(&out, "not an address:port");
+    assert_one_line_usage_error(&out, "--listen \"localhost\" has no :PORT");
+    let out = run_tool(&["exporter", "--listen", "no-such-host.invalid:9479"]);
+    assert_one_line_usage_error(&out, "does not resolve");
     match loopback() {
         Ok(()) => {
             let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port to take");
@@ -142,6 +151,269 @@ fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
     }
 }
 
+#[test]
+fn latency_flags_with_an_only_that_leaves_latency_out_are_refused_in_one_line() {
+    let out = run_tool(&["exporter", "--only", "thp", "--threshold", "1ms"]);
+    assert_one_line_usage_error(&out, "--threshold applies only to latency, which --only thp leaves out");
+    let out = run_tool(&["exporter", "--only", "retry-storm", "-p", "1", "--func", "do_madvise"]);
+    assert_one_line_usage_error(&out, "-p, --func apply only to latency");
+}
+
+#[test]
+fn localhost_and_a_bare_port_listen_where_go_exporters_would() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let port = free_port();
+    let exporter = Exporter::start_with(
+        &format!("localhost:{port}"),
+        &[&format!("127.0.0.1:{port}")],
+        &[],
+        &["--only", "retry-storm"],
+    );
+    assert!(exporter.get_metrics(false).contains("mm_probe_build_info"));
+    exporter.stop_and_check_nothing_left(&our_programs());
+    // Every interface: IPv6 and IPv4 on one socket, or IPv4 alone on a host without IPv6.
+    let port = free_port();
+    let (v6, v4) = (format!("[::]:{port}"), format!("0.0.0.0:{port}"));
+    let exporter = Exporter::start_with(&format!(":{port}"), &[&v6, &v4], &[], &["--only", "retry-storm"]);
+    assert!(exporter.get_metrics(false).contains("mm_probe_build_info"), "reached on 127.0.0.1");
+    exporter.stop_and_check_nothing_left(&our_programs());
+}
+
+/// The header timeout the tests give the exporter, instead of its 10 s.
+const TEST_HEADER_TIMEOUT: Duration = Duration::from_millis(1500);
+
+#[test]
+fn idle_and_half_sent_connections_are_closed_after_the_header_timeout() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = our_programs();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let timeout_ms = TEST_HEADER_TIMEOUT.as_millis().to_string();
+    let exporter = Exporter::start_with(
+        &listen,
+        &[&listen],
+        &[("MM_PROBE_HEADER_TIMEOUT_MS", &timeout_ms)],
+        &["--only", "retry-storm"],
+    );
+    let idle = TcpStream::connect(&listen).unwrap();
+    let mut half = TcpStream::connect(&listen).unwrap();
+    half.write_all(b"GET /metr").unwrap();
+    let mut headers_unfinished = TcpStream::connect(&listen).unwrap();
+    headers_unfinished.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
+    let opened = Instant::now();
+    for (what, stream) in [("idle", idle), ("half a request line", half), ("unfinished headers", headers_unfinished)] {
+        let closed = closed_after(stream, opened);
+        eprintln!("{what}: closed after {closed:?}");
+        assert!(closed >= TEST_HEADER_TIMEOUT - Duration::from_millis(100), "{what} closed early: {closed:?}");
+        assert!(closed < TEST_HEADER_TIMEOUT + Duration::from_secs(3), "{what} held for {closed:?}");
+    }
+    // A kept-alive connection idle after its answer goes the same way.
+    let mut kept = TcpStream::connect(&listen).unwrap();
+    kept.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut answer = [0; 512];
+    let n = kept.read(&mut answer).unwrap();
+    assert!(answer[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer[..n]));
+    let answered = Instant::now();
+    let closed = closed_after(kept, answered);
+    assert!(closed < TEST_HEADER_TIMEOUT + Duration::from_secs(3), "kept-alive and idle, held for {closed:?}");
+    assert_eq!(http_get(port, "/metrics", "text/plain").0, 200, "served as before");
+    exporter.stop_and_check_nothing_left(&before);
+}
+
+#[test]
+fn connections_over_the_cap_are_closed_at_once() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const CAP: usize = 64;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // Long enough that none of the held connections times out during the test.
+    let exporter = Exporter::start_with(
+        &listen,
+        &[&listen],
+        &[("MM_PROBE_HEADER_TIMEOUT_MS", "20000")],
+        &["--only", "retry-storm"],
+    );
+    let held: Vec<TcpStream> = (0..CAP).map(|_| TcpStream::connect(&listen).unwrap()).collect();
+    // Answered: the server has accepted (and counted) every held connection before this one.
+    let mut last = held.last().unwrap().try_clone().unwrap();
+    last.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    assert!(last.read(&mut [0; 512]).unwrap() > 0, "the 64th connection is served");
+    let over = TcpStream::connect(&listen).unwrap();
+    let closed = closed_after(over, Instant::now());
+    assert!(closed < Duration::from_secs(2), "the 65th connection was held {closed:?}");
+    drop((held, last));
+    // Once the held ones are gone, scrapes are served again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Until then a new connection is still closed at once (a reset, or an empty answer).
+    let served = || -> Option<bool> {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"))
+    };
+    while served() != Some(true) {
+        assert!(Instant::now() < deadline, "not serving again after the held connections closed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    exporter.stop_and_check_nothing_left(&our_programs());
+}
+
+/// How long after `since` the server closed `stream` (read gives end of file or a reset),
+/// reading and discarding whatever it answered first; at most 30 s.
+fn closed_after(mut stream: TcpStream, since: Instant) -> Duration {
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut buffer = [0; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return since.elapsed(),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return since.elapsed(),
+            Err(e) => panic!("the connection was not closed ({e}) after {:?}", since.elapsed()),
+        }
+    }
+}
+
+#[test]
+fn a_selection_of_which_nothing_attaches_is_refused_unless_allowed() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = our_programs();
+    let port = free_port();
+    let (mut child, _stdout, startup) = spawn_exporter(&format!("127.0.0.1:{port}"), &[], &["--only", "thp"]);
+    if !startup.is_empty() {
+        // This kernel lets the allow-check attach: the refusal cannot be shown here.
+        assert_eq!(attached_in_startup(&startup, "thp"), ["THP allow-check"], "{startup:#?}");
+        interrupt(&child);
+        assert_eq!(child.wait().unwrap().code(), Some(0));
+        eprintln!("skipped: the THP allow-check attaches on this kernel");
+        return;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_one_line_usage_error(&out, "no probe of thp (THP allow-check) attached on this kernel");
+    assert_one_line_usage_error(&out, "--allow-empty");
+    assert!(leftover_programs(&before).is_empty(), "the refused exporter left programs loaded");
+
+    let exporter = Exporter::start(&["--only", "thp", "--allow-empty"]);
+    assert_eq!(exporter.startup[1], "  thp: nothing attached", "{:#?}", exporter.startup);
+    let served = samples(&exporter.get_metrics(false));
+    assert_eq!(value_of(&served, "mm_probe_probe_attached", &[("capability", "thp")]), 0.0);
+    assert!(served.iter().all(|s| s.name != "mm_probe_thp_checks_total"), "nothing unmeasured is served");
+    exporter.stop_and_check_nothing_left(&before);
+}
+
+#[test]
+fn kvm_unmap_hva_range_is_counted_when_a_vms_memory_is_dropped() {
+    require_root();
+    if let Err(why) = loopback() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let before = our_programs();
+    let exporter = Exporter::start(&["--only", "retry-storm"]);
+    let served = samples(&exporter.get_metrics(false));
+    let attached = |probe: &str| {
+        value_of(&served, "mm_probe_probe_attached", &[("capability", "retry-storm"), ("probe", probe)]) == 1.0
+    };
+    let family = "mm_probe_kvm_mmu_notifier_events_total";
+    for (probe, event) in [("kvm_unmap_hva_range", "unmap_hva_range"), ("kvm_age_hva", "age_hva")] {
+        let series = served.iter().find(|s| s.name == family && s.labels.get("event").is_some_and(|e| e == event));
+        assert_eq!(series.is_some(), attached(probe), "{event} is served exactly where {probe} attached");
+    }
+    if !attached("kvm_unmap_hva_range") {
+        eprintln!("skipped the VM: kvm_unmap_hva_range does not attach here ({:?})", exporter.startup);
+        exporter.stop_and_check_nothing_left(&before);
+        return;
+    }
+    let unmaps = |text: &str| value_of(&samples(text), family, &[("event", "unmap_hva_range")]);
+    let start = unmaps(&exporter.get_metrics(false));
+    let dropped = match drop_vm_memory() {
+        Ok(dropped) => dropped,
+        Err(why) => {
+            // No /dev/kvm (or no VM allowed): the family is served, the kernel did not fire.
+            eprintln!("skipped the VM: {why}");
+            exporter.stop_and_check_nothing_left(&before);
+            return;
+        }
+    };
+    let end = unmaps(&exporter.get_metrics(true));
+    eprintln!("kvm_unmap_hva_range: {start} -> {end} after {dropped} MADV_DONTNEED calls on the memslot");
+    assert!(end - start >= dropped as f64, "{dropped} unmaps of the VM's memory, {} counted", end - start);
+    exporter.stop_and_check_nothing_left(&before);
+}
+
+/// Creates a VM whose one memslot is 2 MiB of this process's memory, touches it, and drops it
+/// with MADV_DONTNEED page by page a few times: each drop is an MMU-notifier invalidation of the
+/// VM's mm, which KVM traces as kvm_unmap_hva_range. Returns the number of drops.
+fn drop_vm_memory() -> Result<usize, String> {
+    const KVM_CREATE_VM: libc::c_ulong = 0xAE01;
+    // _IOW(KVMIO, 0x46, struct kvm_userspace_memory_region): 32 bytes.
+    const KVM_SET_USER_MEMORY_REGION: libc::c_ulong = 0x4020_AE46;
+    #[repr(C)]
+    struct MemoryRegion {
+        slot: u32,
+        flags: u32,
+        guest_phys_addr: u64,
+        memory_size: u64,
+        userspace_addr: u64,
+    }
+    const LEN: usize = 2 << 20;
+    const DROPS: usize = 16;
+    let error = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: our own descriptors and mapping, closed and unmapped before returning.
+    unsafe {
+        let kvm = libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if kvm < 0 {
+            return Err(error("opening /dev/kvm"));
+        }
+        let vm = libc::ioctl(kvm, KVM_CREATE_VM, 0);
+        libc::close(kvm);
+        if vm < 0 {
+            return Err(error("KVM_CREATE_VM"));
+        }
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        let memory = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
+        assert_ne!(memory, libc::MAP_FAILED);
+        let region = MemoryRegion {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: LEN as u64,
+            userspace_addr: memory as u64,
+        };
+        let result = if libc::ioctl(vm, KVM_SET_USER_MEMORY_REGION, &region) != 0 {
+            Err(error("KVM_SET_USER_MEMORY_REGION"))
+        } else {
+            for _ in 0..DROPS {
+                for offset in (0..LEN).step_by(4096) {
+                    memory.cast::<u8>().add(offset).write_volatile(1);
+                }
+                assert_eq!(libc::madvise(memory, LEN, libc::MADV_DONTNEED), 0);
+            }
+            Ok(DROPS)
+        };
+        libc::close(vm);
+        libc::munmap(memory, LEN);
+        result
+    }
+}
+
 fn assert_one_line_usage_error(out: &std::process::Output, says: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -154,28 +426,25 @@ struct Exporter {
     child: Option<Child>,
     _stdout: BufReader<ChildStdout>,
     port: u16,
-    startup: String,
+    /// The start-up lines, the `listening` line first, the `unavailable` line last.
+    startup: Vec<String>,
 }
 
 impl Exporter {
     fn start(args: &[&str]) -> Self {
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
-        let mut child = Command::new(mm_probe())
-            .args(["exporter", "--listen", &listen])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting mm-probe exporter");
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut startup = String::new();
-        stdout.read_line(&mut startup).expect("reading the startup line");
-        eprintln!("{startup}");
-        assert!(
-            startup.starts_with(&format!("mm-probe exporter: listening on http://{listen}/metrics; ")),
-            "{startup}"
-        );
+        Self::start_with(&listen, &[&listen], &[], args)
+    }
+
+    /// `--listen listen`, expected to listen on one of `addresses`, with `env` added.
+    fn start_with(listen: &str, addresses: &[&str], env: &[(&str, &str)], args: &[&str]) -> Self {
+        let (child, stdout, startup) = spawn_exporter(listen, env, args);
+        assert!(!startup.is_empty(), "the exporter printed nothing");
+        let listening =
+            addresses.iter().find(|a| startup[0] == format!("mm-probe exporter: listening on http://{a}/metrics"));
+        let address = listening.unwrap_or_else(|| panic!("not listening on any of {addresses:?}: {startup:#?}"));
+        let port = address.rsplit_once(':').unwrap().1.parse().unwrap();
         Self { child: Some(child), _stdout: stdout, port, startup }
     }
 
@@ -196,6 +465,52 @@ impl Exporter {
         let left = leftover_programs(before);
         assert!(left.is_empty(), "programs still loaded after SIGINT: {left:?}");
     }
+}
+
+/// `mm-probe exporter --listen listen ARGS`, and its start-up lines (none: it exited).
+fn spawn_exporter(listen: &str, env: &[(&str, &str)], args: &[&str]) -> (Child, BufReader<ChildStdout>, Vec<String>) {
+    let mut child = Command::new(mm_probe())
+        .args(["exporter", "--listen", listen])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting mm-probe exporter");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let startup = startup_lines(&mut stdout);
+    (child, stdout, startup)
+}
+
+/// The start-up lines, up to the `unavailable` line that ends them (all of stdout, should it
+/// end before); each fits 100 columns.
+fn startup_lines(stdout: &mut impl BufRead) -> Vec<String> {
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).expect("reading the start-up lines") == 0 {
+            break;
+        }
+        let line = line.trim_end_matches('\n').to_string();
+        eprintln!("{line}");
+        assert!(line.chars().count() <= 100, "a start-up line over 100 columns: {line}");
+        let last = line.starts_with("  unavailable: ");
+        lines.push(line);
+        if last {
+            break;
+        }
+    }
+    lines
+}
+
+/// The probes the start-up lines list as attached for `capability` (its line and the lines
+/// continuing it, indented by four).
+fn attached_in_startup(startup: &[String], capability: &str) -> Vec<String> {
+    let head = format!("  {capability}: attached ");
+    let Some(at) = startup.iter().position(|l| l.starts_with(&head)) else { return Vec::new() };
+    let continued = startup[at + 1..].iter().take_while(|l| l.starts_with("    ")).map(|l| l.trim_start());
+    let text = std::iter::once(&startup[at][head.len()..]).chain(continued).collect::<Vec<_>>().join(" ");
+    text.split(", ").map(str::to_string).collect()
 }
 
 impl Drop for Exporter {

@@ -87,6 +87,12 @@ impl Collector for Families {
         }
         counters(
             &mut encoder,
+            "mm_probe_kvm_mmu_notifier_events",
+            "KVM's MMU-notifier tracepoints on every VMM: kvm_unmap_hva_range (its guest mappings of the range are dropped), kvm_age_hva (aged for reclaim).",
+            &s.kvm_notifier_events,
+        )?;
+        counters(
+            &mut encoder,
             "mm_probe_thp_checks",
             "THP allow-checks on every process by verdict, and for denials the reason code thp-why uses (other: needs the VMA).",
             &s.thp_checks,
@@ -212,6 +218,7 @@ mod tests {
                 ],
             }),
             wakeups_over_threshold: Some(1),
+            kvm_notifier_events: vec![series(&[("event", "unmap_hva_range")], 7)],
             ..Snapshot::default()
         }
     }
@@ -229,6 +236,8 @@ mod tests {
         assert!(text.contains("mm_probe_wakeup_latency_seconds_count 3\n"), "{text}");
         assert!(text.contains("mm_probe_wakeups_over_threshold_total 1\n"), "{text}");
         assert!(text.contains("mm_probe_build_info{version=\"0.1.0\",kernel=\"6.18.44\"} 1\n"), "{text}");
+        assert!(text.contains("# TYPE mm_probe_kvm_mmu_notifier_events counter\n"), "{text}");
+        assert!(text.contains("mm_probe_kvm_mmu_notifier_events_total{event=\"unmap_hva_range\"} 7\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
         assert!(!text.contains("mm_probe_thp_checks"), "families without series are left out: {text}");
     }

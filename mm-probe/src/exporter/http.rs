@@ -1,7 +1,12 @@
 //! The HTTP side: bind the listening socket (a taken port or a bad address is a user error),
 //! then answer `GET /metrics` with a fresh scrape, on one thread, until the caller stops.
+//!
+//! The exporter may listen on every interface, so a client is not trusted to behave: a
+//! connection that sends no complete request head within [`header_timeout`] is closed (also
+//! between the requests of a kept-alive connection), and at most [`MAX_CONNECTIONS`] are served
+//! at once.
 
-use std::{convert::Infallible, io, net::SocketAddr, rc::Rc};
+use std::{cell::Cell, convert::Infallible, io, net::SocketAddr, rc::Rc, time::Duration};
 
 use anyhow::Result;
 use http_body_util::Full;
@@ -12,53 +17,71 @@ use hyper::{
     server::conn::http1,
     service::service_fn,
 };
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+pub use super::negotiate::Format;
+use super::negotiate::negotiate;
 use crate::error::UserError;
 
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Which text format the client asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    OpenMetrics,
-    Classic,
-}
 
 /// What answers a scrape: the body in the asked format, or why it failed.
 pub trait Exposition {
     fn render(&self, format: Format) -> Result<String, String>;
 }
 
-/// `--listen` as a socket address, or a one-line error that shows the expected form.
-pub fn parse_listen(text: &str) -> Result<SocketAddr, UserError> {
-    text.parse().map_err(|_| {
-        UserError::new(format!(
-            "--listen {text:?} is not an address:port: write e.g. 127.0.0.1:9479 or [::1]:9479 (0.0.0.0:9479 serves every interface)"
-        ))
-    })
+/// At most this many connections are served at once. A connection over the cap is closed at
+/// once, unanswered, rather than told 503: answering needs its request read, which is what a
+/// client holding connections open withholds, and a scraper refused retries at its next scrape.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long a connection may take to send a complete request head (Prometheus sends its in one
+/// packet). `MM_PROBE_HEADER_TIMEOUT_MS` overrides it, for the tests that wait it out.
+pub fn header_timeout() -> Duration {
+    std::env::var("MM_PROBE_HEADER_TIMEOUT_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
-/// Binds before any probe is attached, so that a taken port costs nothing to report.
-pub async fn bind(address: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(address).await.map_err(|e| {
-        let why = match e.kind() {
-            io::ErrorKind::AddrInUse => {
-                "the port is in use (another exporter?): pick another with --listen".to_string()
+/// Binds the first of `addresses` this host has (`:PORT` falls back to IPv4 where it has no
+/// IPv6), before any probe is attached, so that a taken port costs nothing to report. A taken
+/// port or a refusal ends the search: the next address would listen somewhere else than asked.
+pub async fn bind(addresses: &[SocketAddr]) -> Result<TcpListener> {
+    let mut first_error = None;
+    for &address in addresses {
+        match TcpListener::bind(address).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied) => {
+                return Err(bind_error(address, e));
             }
-            io::ErrorKind::AddrNotAvailable => "no interface of this machine has that address".to_string(),
-            io::ErrorKind::PermissionDenied => "not permitted (ports below 1024 need CAP_NET_BIND_SERVICE)".to_string(),
-            _ => e.to_string(),
-        };
-        UserError::new(format!("cannot listen on {address}: {why}")).into()
-    })
+            Err(e) => {
+                first_error.get_or_insert((address, e));
+            }
+        }
+    }
+    let (address, e) = first_error.expect("parse_listen gives at least one address");
+    Err(bind_error(address, e))
+}
+
+fn bind_error(address: SocketAddr, e: io::Error) -> anyhow::Error {
+    let why = match e.kind() {
+        io::ErrorKind::AddrInUse => "the port is in use (another exporter?): pick another with --listen".to_string(),
+        io::ErrorKind::AddrNotAvailable => "no interface of this machine has that address".to_string(),
+        io::ErrorKind::PermissionDenied => "not permitted (ports below 1024 need CAP_NET_BIND_SERVICE)".to_string(),
+        _ => e.to_string(),
+    };
+    UserError::new(format!("cannot listen on {address}: {why}")).into()
 }
 
 /// Accepts connections until the future is dropped; each connection is served on this thread
 /// (a `LocalSet` must be running), so scrapes never run at the same time.
 pub async fn serve(listener: TcpListener, exposition: Rc<dyn Exposition>) -> Result<()> {
+    let timeout = header_timeout();
+    let open = Rc::new(Cell::new(0usize));
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -69,15 +92,41 @@ pub async fn serve(listener: TcpListener, exposition: Rc<dyn Exposition>) -> Res
                 continue;
             }
         };
+        if open.get() >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        let counted = Counted::new(&open);
         let exposition = exposition.clone();
         tokio::task::spawn_local(async move {
+            let _counted = counted;
             let service = service_fn(move |request| {
                 let response = respond(&request, exposition.as_ref());
                 async move { Ok::<_, Infallible>(response) }
             });
-            // A client that goes away mid-request is its own business.
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            // A client that goes away mid-request, or times out, is its own business.
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
+    }
+}
+
+/// One open connection, counted while it lives.
+struct Counted(Rc<Cell<usize>>);
+
+impl Counted {
+    fn new(open: &Rc<Cell<usize>>) -> Self {
+        open.set(open.get() + 1);
+        Self(open.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() - 1);
     }
 }
 
@@ -87,7 +136,8 @@ fn respond(request: &Request<Incoming>, exposition: &dyn Exposition) -> Response
     }
     match request.uri().path() {
         "/metrics" => {
-            let format = negotiate(request);
+            let accept = request.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok());
+            let format = negotiate(accept);
             match exposition.render(format) {
                 Ok(body) => {
                     let content_type = if format == Format::OpenMetrics { OPENMETRICS } else { CLASSIC };
@@ -101,12 +151,6 @@ fn respond(request: &Request<Incoming>, exposition: &dyn Exposition) -> Response
     }
 }
 
-/// OpenMetrics when the client accepts it (Prometheus does), else the classic text format.
-fn negotiate(request: &Request<Incoming>) -> Format {
-    let accept = request.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if accept.contains("application/openmetrics-text") { Format::OpenMetrics } else { Format::Classic }
-}
-
 fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     with_type(status, body, "text/plain; charset=utf-8")
 }
@@ -116,18 +160,4 @@ fn with_type(status: StatusCode, body: String, content_type: &'static str) -> Re
     *response.status_mut() = status;
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listen_addresses_parse_or_explain() {
-        assert_eq!(parse_listen("127.0.0.1:9479").unwrap().port(), 9479);
-        assert!(parse_listen("[::1]:1").unwrap().is_ipv6());
-        let err = parse_listen("localhost").unwrap_err().to_string();
-        assert!(err.contains("not an address:port") && !err.contains('\n'), "{err}");
-        assert!(parse_listen("127.0.0.1").is_err(), "a port is required");
-    }
 }

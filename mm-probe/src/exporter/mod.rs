@@ -5,14 +5,19 @@
 //! capability's own catalog; the rings stay off (the programs' STREAM globals), so the kernel
 //! side only aggregates. Stages, one per file: `scrape` reads the maps into a snapshot,
 //! `buckets` turns kernel histograms into exact `le` buckets, `families` encodes the snapshot,
-//! `http` serves it.
+//! `http` serves it (`listen` reads `--listen`, `negotiate` picks the format); `startup` says
+//! what attached. A selection of which nothing attaches is an error (unless `--allow-empty`),
+//! and so is a flag the chosen capabilities would ignore.
 
 pub mod buckets;
 pub mod families;
 pub mod http;
+pub mod listen;
+pub mod negotiate;
 pub mod scrape;
+pub mod startup;
 
-use std::{cell::RefCell, net::SocketAddr, rc::Rc};
+use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Duration};
 
 use anyhow::{Context as _, Result};
 use aya::Ebpf;
@@ -23,11 +28,12 @@ use self::{
     scrape::{LatencySource, RetryStormSource, Sources, ThpSource},
 };
 use crate::{
-    cli::{Capability, ExporterArgs},
-    collect::StopSignals,
-    kernel::{Kernel, layout::ThpDisableBits, privileges},
+    cli::{Capability, ExporterArgs, LatencySelection},
+    collect::run::{Limits, Stopper},
+    error::UserError,
+    kernel::{Kernel, layout::ThpDisableBits, privileges, process::running_process},
     latency,
-    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, ProbePlan, detach_all, load_object},
+    probes::{GlobalValue, LogicalProbe, MapFamily, Planner, detach_all, load_object},
     retry_storm,
     thp_why::{self, checks::AllowCheck, reasons::DisableMode},
 };
@@ -35,19 +41,29 @@ use crate::{
 /// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
 type ThpDecoding = (AllowCheck, ThpDisableBits);
 
+/// `--threshold` when not given, as `mm-probe latency` has it.
+const DEFAULT_THRESHOLD: Duration = Duration::from_micros(500);
+
 pub fn run(args: &ExporterArgs) -> Result<()> {
-    let listen = http::parse_listen(&args.listen)?;
+    let listen = listen::parse_listen(&args.listen)?;
     let capabilities = chosen(&args.only);
+    refuse_ignored_flags(args, &capabilities)?;
+    for &pid in &args.pids {
+        running_process(pid)?;
+    }
     let latency_options = capabilities.contains(&Capability::Latency).then(|| latency_options(args)).transpose()?;
     privileges::require_tracing()?;
     let kernel = Kernel::running()?;
     if let Some(options) = &latency_options {
         latency::check_functions_exist(&kernel, options)?;
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    // The HTTP connections are served on this one thread, next to the maps they read.
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&runtime, export(&kernel, listen, &capabilities, latency_options.as_ref()))
+    // Runs until a signal: the exporter has no duration, and -p's exit does not end it (a
+    // restarted process is measured again once the exporter is restarted with its new pid).
+    // The HTTP connections are served on the skeleton's one thread, next to the maps they read.
+    let limits = Limits { duration: None, targets: vec![] };
+    crate::collect::run::run(limits, async |stopper: &mut Stopper| {
+        export(&kernel, &listen, &capabilities, latency_options.as_ref(), args.allow_empty, stopper).await
+    })
 }
 
 /// `--only`, or every capability.
@@ -58,32 +74,69 @@ fn chosen(only: &[Capability]) -> Vec<Capability> {
     capabilities
 }
 
+/// Latency's flags are latency's only: given with an `--only` that leaves latency out, they
+/// would be silently ignored, so they are refused.
+fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[Capability]) -> Result<(), UserError> {
+    if capabilities.contains(&Capability::Latency) {
+        return Ok(());
+    }
+    let flags = [
+        (args.threshold.is_some(), "--threshold"),
+        (!args.pids.is_empty(), "-p"),
+        (args.all_tasks, "--all-tasks"),
+        (!args.functions.is_empty(), "--func"),
+    ];
+    let given: Vec<&str> = flags.into_iter().filter(|(given, _)| *given).map(|(_, flag)| flag).collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    let only: Vec<&str> = capabilities.iter().map(|c| c.name()).collect();
+    let (verb, pronoun) = if given.len() == 1 { ("applies", "it") } else { ("apply", "them") };
+    Err(UserError::new(format!(
+        "{} {verb} only to latency, which --only {} leaves out: drop {pronoun}, or add latency to --only",
+        given.join(", "),
+        only.join(",")
+    )))
+}
+
 /// The latency selection, checked exactly as `mm-probe latency` checks it.
 fn latency_options(args: &ExporterArgs) -> Result<latency::Options> {
-    latency::Options::from_selection(&args.latency)
+    latency::Options::from_selection(&LatencySelection {
+        threshold: args.threshold.unwrap_or(DEFAULT_THRESHOLD),
+        pids: args.pids.clone(),
+        all_tasks: args.all_tasks,
+        functions: args.functions.clone(),
+    })
 }
 
 async fn export(
     kernel: &Kernel,
-    listen: SocketAddr,
+    listen: &[SocketAddr],
     capabilities: &[Capability],
     latency_options: Option<&latency::Options>,
+    allow_empty: bool,
+    stopper: &mut Stopper,
 ) -> Result<()> {
     let listener = http::bind(listen).await?;
-    let address = listener.local_addr().unwrap_or(listen);
-    // Before attaching: a SIGINT from now on ends the run with everything detached.
-    let mut signals = StopSignals::install()?;
+    let address = listener.local_addr().context("reading the listening address")?;
     let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
     let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
     let mut ebpf =
         load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
     let sources =
         attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
-    println!("mm-probe exporter: listening on http://{address}/metrics; {}", startup_summary(&sources));
+    let plans = sources.plans();
+    if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
+        detach_all(&mut ebpf).await;
+        return Err(error.into());
+    }
+    for line in startup::lines(address, &plans) {
+        println!("{line}");
+    }
     let object = Rc::new(RefCell::new(Some(ebpf)));
     let exporter = Rc::new(Exporter { sources, object: object.clone() });
     let served = tokio::select! {
-        _ = signals.wait(None) => Ok(()),
+        _ = stopper.wait() => Ok(()),
         served = http::serve(listener, exporter) => served,
     };
     // Taken out, so that a connection still served during the detach's grace period answers
@@ -163,32 +216,6 @@ fn programs(probes: &[LogicalProbe]) -> Vec<&'static str> {
     probes.iter().flat_map(|p| p.candidates).flat_map(|c| c.hooks).map(|h| h.program).collect()
 }
 
-/// "latency: attached …; unavailable … (why)" for each capability, on one line.
-fn startup_summary(sources: &Sources) -> String {
-    let mut parts = Vec::new();
-    if let Some(s) = &sources.latency {
-        parts.push(capability_summary(Capability::Latency, &s.plan));
-    }
-    if let Some(s) = &sources.retry_storm {
-        parts.push(capability_summary(Capability::RetryStorm, &s.plan));
-    }
-    if let Some(s) = &sources.thp {
-        parts.push(capability_summary(Capability::Thp, &s.plan));
-    }
-    parts.join("; ")
-}
-
-fn capability_summary(capability: Capability, plan: &Plan) -> String {
-    let attached: Vec<&str> = plan.probes.iter().filter(|p| p.attached()).map(|p| p.probe).collect();
-    let unavailable: Vec<String> =
-        plan.unavailable().map(|p: &ProbePlan| format!("{} ({})", p.probe, p.why_unavailable())).collect();
-    let mut text = format!("{}: attached [{}]", capability.name(), attached.join(", "));
-    if !unavailable.is_empty() {
-        text += &format!(", unavailable [{}]", unavailable.join("; "));
-    }
-    text
-}
-
 /// What answers the scrapes: the attached sources and the object whose maps they read (`None`
 /// once shutting down).
 struct Exporter {
@@ -203,5 +230,38 @@ impl Exposition for Exporter {
         let snapshot = self.sources.read(ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;
         let text = families::openmetrics(snapshot).map_err(|e| format!("encoding the metrics: {e}"))?;
         Ok(if format == Format::OpenMetrics { text } else { families::classic(&text) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn refusal(command_line: &[&str]) -> Option<String> {
+        let cli = Cli::try_parse_from(["mm-probe", "exporter"].iter().chain(command_line)).unwrap();
+        let Command::Exporter(args) = cli.command else { unreachable!() };
+        refuse_ignored_flags(&args, &chosen(&args.only)).err().map(|e| e.to_string())
+    }
+
+    #[test]
+    fn latency_flags_without_latency_are_refused_in_one_line() {
+        let error = refusal(&["--only", "thp", "--threshold", "1ms"]).unwrap();
+        assert_eq!(
+            error,
+            "--threshold applies only to latency, which --only thp leaves out: drop it, or add latency to --only"
+        );
+        let error = refusal(&["--only", "retry-storm,thp", "-p", "1", "--all-tasks", "--func", "f"]).unwrap();
+        assert!(error.starts_with("-p, --all-tasks, --func apply only to latency, which --only retry-storm,thp"));
+        // The default value of --threshold is not a flag given.
+        assert_eq!(refusal(&["--only", "thp"]), None);
+    }
+
+    #[test]
+    fn latency_flags_with_latency_chosen_are_taken() {
+        assert_eq!(refusal(&["--threshold", "1ms", "-p", "1"]), None);
+        assert_eq!(refusal(&["--only", "latency,thp", "--func", "f"]), None);
     }
 }

@@ -75,10 +75,19 @@ pub struct Snapshot {
     pub hmm_range_fault_returns: Vec<Series>,
     pub mmu_invalidations: Vec<Series>,
     pub mmu_invalidation_callback: Option<Histogram>,
+    pub kvm_notifier_events: Vec<Series>,
     pub thp_checks: Vec<Series>,
 }
 
 impl Sources {
+    /// Each attached capability's plan, in the capabilities' order.
+    pub fn plans(&self) -> Vec<(Capability, &Plan)> {
+        let latency = self.latency.as_ref().map(|s| (Capability::Latency, &s.plan));
+        let retry_storm = self.retry_storm.as_ref().map(|s| (Capability::RetryStorm, &s.plan));
+        let thp = self.thp.as_ref().map(|s| (Capability::Thp, &s.plan));
+        [latency, retry_storm, thp].into_iter().flatten().collect()
+    }
+
     /// Reads every attached capability's kernel totals.
     pub fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
         let mut snapshot = Snapshot {
@@ -169,6 +178,17 @@ fn read_retry_storm(ebpf: &Ebpf, source: &RetryStormSource, snapshot: &mut Snaps
         snapshot.mmu_invalidation_callback =
             Some(log2_ns_histogram(&totals.callback_ns, c.get(hmm::Counter::CallbackNs)));
     }
+    // KVM's own tracepoints (the secondary MMU's side of the same invalidations), each only
+    // where it attached.
+    let kvm = [
+        (source.seen.kvm_unmap, "unmap_hva_range", hmm::Counter::KvmUnmap),
+        (source.seen.kvm_age, "age_hva", hmm::Counter::KvmAge),
+    ];
+    snapshot.kvm_notifier_events = kvm
+        .into_iter()
+        .filter(|(seen, ..)| *seen)
+        .map(|(_, event, counter)| Series::new(&[("event", event)], c.get(counter)))
+        .collect();
     Ok(())
 }
 

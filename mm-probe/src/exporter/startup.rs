@@ -84,7 +84,11 @@ mod tests {
         let failed_attempts = if attached {
             vec![]
         } else {
-            vec![Attempt { mechanism: "kprobe".into(), target: probe.into(), reason: "x".repeat(300) }]
+            vec![Attempt {
+                mechanism: "kprobe".into(),
+                target: probe.into(),
+                reason: crate::probes::AttachFailure::VerifierRejected("x".repeat(300)),
+            }]
         };
         ProbePlan { probe, purpose: "", outcome, failed_attempts }
     }

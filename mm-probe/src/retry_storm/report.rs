@@ -279,8 +279,11 @@ pub(crate) mod tests {
     }
 
     fn plan() -> Plan {
-        let failed =
-            Attempt { mechanism: "fentry+fexit".into(), target: "hmm_range_fault".into(), reason: AttachFailure::TrampolinesRefused };
+        let failed = Attempt {
+            mechanism: "fentry+fexit".into(),
+            target: "hmm_range_fault".into(),
+            reason: AttachFailure::TrampolinesRefused,
+        };
         let attached = ProbePlan {
             probe: "hmm_range_fault walk",
             purpose: "walks",

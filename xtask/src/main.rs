@@ -5,6 +5,7 @@
 mod bench;
 mod cmd;
 mod modules;
+mod paths;
 mod run;
 mod setup;
 mod test;

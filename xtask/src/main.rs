@@ -14,8 +14,10 @@ mod vm;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// mm-probe's development tasks, run as `cargo xtask <TASK>`: set the machine up, build and run
+/// the tool, test it on the host and on real kernels under qemu, benchmark it.
 #[derive(Parser)]
-#[command(name = "xtask")]
+#[command(name = "xtask", bin_name = "cargo xtask", subcommand_value_name = "TASK", subcommand_help_heading = "Tasks")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -23,22 +25,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what building and testing need (idempotent): rust-src, bpf-linker, Debian packages.
+    /// Install what building and testing need (idempotent): nightly rust-src, bpf-linker, Debian packages, validators.
     Setup,
     /// Build mm-probe and run it with these arguments (as root; via sudo when not root).
     Run {
+        /// mm-probe's command line, after `--` (e.g. `cargo xtask run -- thp-why 1234`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Every test: unit tests, host end-to-end tests, and the real-kernel matrix.
+    /// Run every test: unit tests, host end-to-end tests (root), and the real-kernel matrix.
     Test {
         /// Skip the real-kernel matrix (for quick iterations; CI never sets this).
         #[arg(long)]
         no_vm: bool,
     },
-    /// The real-kernel matrix: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
+    /// Run the test executables on real kernels: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
     VmTest(vm::VmTestArgs),
-    /// Overhead, capacity and start-up, against a baseline and bpftrace measured in the same run.
+    /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),
 }
 

@@ -4,6 +4,8 @@
 
 mod bench;
 mod cmd;
+#[cfg(test)]
+mod import_graph;
 mod modules;
 mod paths;
 mod run;

@@ -1,9 +1,11 @@
 //! mm-probe's own tasks: `setup` (toolchain and packages on a fresh machine), `run` (build and
 //! run the tool, with sudo only when not root), `test` (everything: unit, host end-to-end, and
-//! the real-kernel matrix), `vm-test` (the matrix alone) and `bench`.
+//! the real-kernel matrix), `vm-test` (the matrix alone), `bench`, and `dist` (the release
+//! binary with its man pages and shell completions).
 
 mod bench;
 mod cmd;
+mod dist;
 #[cfg(test)]
 mod import_graph;
 mod modules;
@@ -17,7 +19,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 /// mm-probe's development tasks, run as `cargo xtask <TASK>`: set the machine up, build and run
-/// the tool, test it on the host and on real kernels under qemu, benchmark it.
+/// the tool, test it on the host and on real kernels under qemu, benchmark it, package it.
 #[derive(Parser)]
 #[command(name = "xtask", bin_name = "cargo xtask", subcommand_value_name = "TASK", subcommand_help_heading = "Tasks")]
 struct Cli {
@@ -45,6 +47,8 @@ enum Task {
     VmTest(vm::VmTestArgs),
     /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),
+    /// Build the release binary and generate its man pages and shell completions, into target/dist/.
+    Dist,
 }
 
 fn main() -> Result<()> {
@@ -58,5 +62,6 @@ fn main() -> Result<()> {
         // Inside a guest the machine is read-only and already set up by the host.
         Task::Bench(args) if args.in_guest.is_some() => bench::run(&args),
         Task::Bench(args) => setup::run().and_then(|()| bench::run(&args)),
+        Task::Dist => setup::run().and_then(|()| dist::run()),
     }
 }

@@ -45,6 +45,13 @@ pub enum Command {
         #[arg(long = "btf-tracepoint", value_name = "NAME", required = true)]
         tracepoints: Vec<String>,
     },
+    /// Packaging hook (cargo xtask dist): write man pages and shell completions, generated from
+    /// these definitions, under DIR/man/ and DIR/completions/.
+    #[command(hide = true)]
+    GenerateDocs {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 const DOCTOR_EXAMPLES: &str = "\

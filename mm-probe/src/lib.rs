@@ -7,6 +7,7 @@ pub mod collect;
 pub mod doctor;
 pub mod error;
 pub mod exporter;
+pub mod generate;
 pub mod kernel;
 pub mod latency;
 pub mod probes;

@@ -2,7 +2,7 @@ use clap::Parser as _;
 
 use mm_probe::{
     cli::{Cli, Command},
-    doctor, error, exporter, latency, retry_storm, selftest, thp_why,
+    doctor, error, exporter, generate, latency, retry_storm, selftest, thp_why,
 };
 
 fn main() {
@@ -17,6 +17,7 @@ fn main() {
         Command::Exporter(args) => exporter::run(&args),
         Command::BenchRing { pid } => selftest::run_ring_check(pid),
         Command::BenchHooks { tracepoints } => selftest::hold_noop_programs(&tracepoints),
+        Command::GenerateDocs { out } => generate::run(&out),
     };
     if let Err(err) = result {
         eprintln!("mm-probe: {err:#}");

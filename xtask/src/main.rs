@@ -1,10 +1,15 @@
 //! mm-probe's own tasks: `setup` (toolchain and packages on a fresh machine), `run` (build and
 //! run the tool, with sudo only when not root), `test` (everything: unit, host end-to-end, and
-//! the real-kernel matrix), `vm-test` (the matrix alone) and `bench`.
+//! the real-kernel matrix), `vm-test` (the matrix alone), `bench`, and `dist` (the release
+//! binary with its man pages and shell completions).
 
 mod bench;
 mod cmd;
+mod dist;
+#[cfg(test)]
+mod import_graph;
 mod modules;
+mod paths;
 mod run;
 mod setup;
 mod test;
@@ -13,8 +18,10 @@ mod vm;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// mm-probe's development tasks, run as `cargo xtask <TASK>`: set the machine up, build and run
+/// the tool, test it on the host and on real kernels under qemu, benchmark it, package it.
 #[derive(Parser)]
-#[command(name = "xtask")]
+#[command(name = "xtask", bin_name = "cargo xtask", subcommand_value_name = "TASK", subcommand_help_heading = "Tasks")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -22,23 +29,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what building and testing need (idempotent): rust-src, bpf-linker, Debian packages.
+    /// Install what building and testing need (idempotent): nightly rust-src, bpf-linker, Debian packages, validators.
     Setup,
     /// Build mm-probe and run it with these arguments (as root; via sudo when not root).
     Run {
+        /// mm-probe's command line, after `--` (e.g. `cargo xtask run -- thp-why 1234`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Every test: unit tests, host end-to-end tests, and the real-kernel matrix.
+    /// Run every test: unit tests, host end-to-end tests (root), and the real-kernel matrix.
     Test {
         /// Skip the real-kernel matrix (for quick iterations; CI never sets this).
         #[arg(long)]
         no_vm: bool,
     },
-    /// The real-kernel matrix: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
+    /// Run the test executables on real kernels: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
     VmTest(vm::VmTestArgs),
-    /// Overhead, capacity and start-up, against a baseline and bpftrace measured in the same run.
+    /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),
+    /// Build the release binary and generate its man pages and shell completions, into target/dist/.
+    Dist,
 }
 
 fn main() -> Result<()> {
@@ -52,5 +62,6 @@ fn main() -> Result<()> {
         // Inside a guest the machine is read-only and already set up by the host.
         Task::Bench(args) if args.in_guest.is_some() => bench::run(&args),
         Task::Bench(args) => setup::run().and_then(|()| bench::run(&args)),
+        Task::Dist => setup::run().and_then(|()| dist::run()),
     }
 }

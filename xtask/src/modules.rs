@@ -28,7 +28,7 @@ const FINGERPRINT_FILE: &str = ".fingerprint";
 pub fn build_for_release(release: &str) -> Result<PathBuf> {
     let sources = module_sources()?;
     let headers = ensure_headers(release)?;
-    let root = crate::test::target_dir()?.join("kmod").join(release);
+    let root = crate::paths::target_dir()?.join("kmod").join(release);
     let out_dir = root.join("modules");
     let fingerprint = fingerprint(&sources, &headers)?;
     if fs::read_to_string(out_dir.join(FINGERPRINT_FILE)).is_ok_and(|f| f == fingerprint) {

@@ -8,7 +8,7 @@ use crate::cmd;
 
 pub fn run(args: &[String]) -> Result<()> {
     cmd::run(Command::new("cargo").args(["build", "--package", "mm-probe", "--bin", "mm-probe"]))?;
-    let binary = crate::test::target_dir()?.join("debug/mm-probe");
+    let binary = crate::paths::target_dir()?.join("debug/mm-probe");
     let mut command = if cmd::is_root() { Command::new(&binary) } else { sudo(&binary) };
     command.args(args);
     let status = command.status()?;

@@ -1,9 +1,9 @@
 //! `cargo xtask test`: unit tests, host end-to-end tests (these load real eBPF programs, so they
 //! need root), and the real-kernel matrix.
 
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::{cmd, vm};
 
@@ -21,11 +21,4 @@ pub fn run(no_vm: bool) -> Result<()> {
         return Ok(());
     }
     vm::run(&vm::VmTestArgs::default())
-}
-
-/// The workspace's target directory (honours CARGO_TARGET_DIR).
-pub fn target_dir() -> Result<PathBuf> {
-    let metadata = cmd::output(Command::new("cargo").args(["metadata", "--format-version=1", "--no-deps"]))?;
-    let value: serde_json::Value = serde_json::from_str(&metadata).context("parsing cargo metadata")?;
-    value["target_directory"].as_str().map(PathBuf::from).context("cargo metadata has no target_directory")
 }

@@ -9,7 +9,7 @@ use std::{fmt::Write as _, process::Command, time::Duration};
 use anyhow::{Context as _, Result};
 
 use super::{
-    Binaries,
+    binaries::Binaries,
     process::{Ready, Tracer, WaitingWorkload},
 };
 

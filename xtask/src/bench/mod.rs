@@ -2,29 +2,19 @@
 //! baseline measured in the same run (never as timed assertions in tests), side by side with
 //! the bpftrace script a user would otherwise run.
 
+mod binaries;
 mod capacity;
 mod overhead;
 mod process;
 mod startup;
+mod stats;
 
 use std::{fmt::Write as _, path::PathBuf, process::Command, time::Duration};
 
 use anyhow::Result;
 
-use self::overhead::Place;
+use self::{binaries::Binaries, overhead::Place};
 use crate::{cmd, vm::binaries::GuestProgram};
-
-/// Binaries the benchmarks run, built in release mode: overhead is judged on optimised code.
-pub struct Binaries {
-    pub mm_probe: PathBuf,
-    pub workloads: PathBuf,
-}
-
-impl Binaries {
-    pub fn workload(&self, name: &str) -> PathBuf {
-        self.workloads.join(name)
-    }
-}
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -59,7 +49,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     cmd::run(Command::new("cargo").args(["build", "--release", "--bins"]))?;
-    let release = crate::test::target_dir()?.join("release");
+    let release = crate::paths::target_dir()?.join("release");
     let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
     let mut report = header()?;
     let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
@@ -75,7 +65,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if wanted("startup") {
         report += &startup::run(&bins, args.rounds)?;
     }
-    let dir = crate::test::target_dir()?.join("bench");
+    let dir = crate::paths::target_dir()?.join("bench");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("results.md");
     std::fs::write(&path, &report)?;
@@ -123,27 +113,4 @@ fn header() -> Result<String> {
     let _ = writeln!(out, "- mm-probe {} (release build); {}", env!("CARGO_PKG_VERSION"), bpftrace.trim());
     out.push('\n');
     Ok(out)
-}
-
-/// Median and range of a sample.
-pub fn median_and_range(values: &mut [f64]) -> (f64, f64, f64) {
-    if values.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    let mid = values.len() / 2;
-    let median = if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 };
-    (median, values[0], values[values.len() - 1])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn median_of_odd_and_even_samples() {
-        assert_eq!(median_and_range(&mut [3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
-        assert_eq!(median_and_range(&mut [4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
-        assert!(median_and_range(&mut []).0.is_nan());
-    }
 }

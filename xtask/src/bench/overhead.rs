@@ -9,8 +9,9 @@ use std::{fmt::Write as _, process::Command, time::Duration};
 use anyhow::Result;
 
 use super::{
-    Binaries, median_and_range,
+    binaries::Binaries,
     process::{Ready, Tracer, WaitingWorkload},
+    stats::median_and_range,
 };
 
 struct Scenario {

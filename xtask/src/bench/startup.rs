@@ -6,8 +6,9 @@ use std::{fmt::Write as _, process::Command, time::Duration};
 use anyhow::Result;
 
 use super::{
-    Binaries, median_and_range,
+    binaries::Binaries,
     process::{Ready, Tracer},
+    stats::median_and_range,
 };
 
 /// bpftrace prints `Attaching` before it attaches; give it this long to finish.

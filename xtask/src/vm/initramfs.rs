@@ -197,7 +197,7 @@ fn collect_paths(base: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
 fn paths_to_keep() -> Result<Vec<PathBuf>> {
     let workspace =
         Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("xtask has no parent directory")?.to_path_buf();
-    let target = crate::test::target_dir()?;
+    let target = crate::paths::target_dir()?;
     let mut keep = vec![workspace.clone()];
     if !target.starts_with(&workspace) {
         keep.push(target);

@@ -118,7 +118,7 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
     let programs: Vec<GuestProgram> = binaries.iter().map(|b| b.in_guest(&args.libtest_args)).collect();
     let matrix = Matrix {
         programs: &programs,
-        work_root: crate::test::target_dir()?.join("vm-test"),
+        work_root: crate::paths::target_dir()?.join("vm-test"),
         timeout: args.timeout.unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32),
         accel,
         host_tools: Mutex::new(()),
@@ -241,7 +241,7 @@ pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Resu
     let programs = [program];
     let matrix = Matrix {
         programs: &programs,
-        work_root: crate::test::target_dir()?.join("vm-run"),
+        work_root: crate::paths::target_dir()?.join("vm-run"),
         timeout,
         accel: OnceLock::new(),
         host_tools: Mutex::new(()),

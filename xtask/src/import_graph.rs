@@ -1,0 +1,224 @@
+//! A check that xtask's modules import one another without cycles: each module may use only
+//! modules below it (shared pieces such as `paths::target_dir` live low), so any task can be read
+//! and changed without the ones that call it. Read from the sources: `use` trees, `crate::` and
+//! `super::` paths, and `mod` declarations (a module depends on the children it declares).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    path::Path,
+};
+
+/// Module path (`["vm", "qemu"]`; the crate root is `[]`) → the modules it refers to.
+type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
+
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let file = parts.pop().unwrap_or_default();
+    let stem = file.trim_end_matches(".rs");
+    if stem != "mod" && stem != "main" {
+        parts.push(stem.to_owned());
+    }
+    parts
+}
+
+fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(Vec<String>, String)>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, root, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let source = fs::read_to_string(&path).unwrap();
+            out.push((module_path(path.strip_prefix(root).unwrap()), source));
+        }
+    }
+}
+
+/// The code that is compiled into xtask: comments and the unit tests (which may `use super::*`)
+/// left out.
+fn non_test_code(source: &str) -> String {
+    let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The tree of each `use` declaration, whitespace removed (`crate::{cmd,vm}`).
+fn use_trees(code: &str) -> Vec<String> {
+    let mut trees = Vec::new();
+    for (at, _) in code.match_indices("use ") {
+        let line_start = code[..at].rfind('\n').map_or(0, |i| i + 1);
+        let before = code[line_start..at].trim();
+        if before.is_empty() || before == "pub" || before == "pub(crate)" {
+            let tree = code[at + 4..].split(';').next().unwrap_or_default();
+            trees.push(tree.split_whitespace().collect());
+        }
+    }
+    trees
+}
+
+/// Every path a `use` tree names: `a::{b, c::{d, e as f}}` → `a::b`, `a::c::d`, `a::c::e`.
+fn expand_use_tree(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        return vec![tree.split(" as ").next().unwrap_or_default().trim().to_owned()];
+    };
+    let prefix = tree[..open].trim_end_matches("::");
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&inner[start..]);
+    let nested = items.into_iter().filter(|i| !i.trim().is_empty()).flat_map(expand_use_tree);
+    nested.map(|p| if prefix.is_empty() { p } else { format!("{prefix}::{p}") }).collect()
+}
+
+/// Paths written out in the code (`crate::vm::run_program(…)`, `super::initramfs::MARKER`).
+fn qualified_paths(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for keyword in ["crate::", "super::"] {
+        for (at, _) in code.match_indices(keyword) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &code[at..];
+            let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+            if !rest[..end].ends_with("::") {
+                found.push(rest[..end].to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// The deepest module of `modules` that `path`, written inside `module`, lies in.
+fn resolve(module: &[String], path: &str, modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    let mut segments = path.split("::").filter(|s| !s.is_empty()).peekable();
+    let mut base: Vec<String> = match *segments.peek()? {
+        "crate" => Vec::new(),
+        "super" => module[..module.len().checked_sub(1)?].to_vec(),
+        "self" => module.to_vec(),
+        // A path starting with a child module's name (`use report::Verdict`).
+        child if modules.contains(&[module, &[child.to_owned()]].concat()) => {
+            return resolve(module, &format!("self::{path}"), modules);
+        }
+        _ => return None,
+    };
+    segments.next();
+    for segment in segments {
+        let deeper = [base.as_slice(), &[segment.to_owned()]].concat();
+        if !modules.contains(&deeper) {
+            break;
+        }
+        base = deeper;
+    }
+    Some(base)
+}
+
+fn declared_children(code: &str) -> Vec<String> {
+    code.lines().filter_map(|l| child_declaration(l.trim())).map(str::to_owned).collect()
+}
+
+/// `mod name;` or `pub mod name;` → `name`.
+fn child_declaration(line: &str) -> Option<&str> {
+    line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod "))?.strip_suffix(';')
+}
+
+fn graph(files: &[(Vec<String>, String)]) -> Graph {
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|(m, _)| m.clone()).collect();
+    let mut graph = Graph::new();
+    for (module, source) in files {
+        let code = non_test_code(source);
+        let mut paths: Vec<String> = use_trees(&code).iter().flat_map(|tree| expand_use_tree(tree)).collect();
+        paths.extend(qualified_paths(&code));
+        paths.extend(declared_children(&code).into_iter().map(|c| format!("self::{c}")));
+        let edges = graph.entry(module.clone()).or_default();
+        for target in paths.iter().filter_map(|p| resolve(module, p, &modules)) {
+            if &target != module {
+                edges.insert(target);
+            }
+        }
+    }
+    graph
+}
+
+/// One cycle, as the modules along it, if there is any.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        node: &Vec<String>,
+        graph: &Graph,
+        stack: &mut Vec<Vec<String>>,
+        done: &mut BTreeSet<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|n| n == node) {
+            let cycle = stack[at..].iter().chain([node]);
+            return Some(cycle.map(|m| format!("crate::{}", m.join("::"))).collect());
+        }
+        if !done.insert(node.clone()) {
+            return None;
+        }
+        stack.push(node.clone());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, stack, done) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph.keys().find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+fn module(path: &str) -> Vec<String> {
+    path.split("::").filter(|s| !s.is_empty()).map(str::to_owned).collect()
+}
+
+#[test]
+fn no_xtask_module_imports_one_that_imports_it_back() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&root, &root, &mut files);
+    let graph = graph(&files);
+    // The reader must see the edges that made cycles before: a blind parser would pass too.
+    assert!(graph[&module("vm")].contains(&module("paths")));
+    assert!(graph[&module("vm::qemu")].contains(&module("vm::initramfs")));
+    assert!(graph[&module("test")].contains(&module("vm")));
+    assert!(graph[&module("bench::overhead")].contains(&module("bench::stats")));
+    assert_eq!(find_cycle(&graph), None);
+}
+
+#[test]
+fn a_child_that_uses_its_parent_is_a_cycle() {
+    let files = [
+        (module(""), "mod bench;".to_owned()),
+        (module("bench"), "mod overhead;\nuse self::overhead::Place;".to_owned()),
+        (module("bench::overhead"), "use super::{Binaries, process::Tracer};".to_owned()),
+    ];
+    assert_eq!(
+        find_cycle(&graph(&files)),
+        Some(["crate::bench", "crate::bench::overhead", "crate::bench"].map(String::from).to_vec())
+    );
+}
+
+#[test]
+fn qualified_paths_count_as_imports() {
+    let files = [
+        (module(""), "mod cmd;\nmod test;\nmod vm;".to_owned()),
+        (module("cmd"), String::new()),
+        (module("test"), "use crate::{cmd, vm};".to_owned()),
+        (module("vm"), "fn f() { crate::test::target_dir(); }".to_owned()),
+    ];
+    assert_eq!(
+        find_cycle(&graph(&files)),
+        Some(["crate::test", "crate::vm", "crate::test"].map(String::from).to_vec())
+    );
+}

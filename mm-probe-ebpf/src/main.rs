@@ -5,11 +5,10 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
-mod func_latency;
 mod hmm;
 mod kernel;
+mod latency;
 mod notifier;
-mod sched;
 mod selftest;
 mod thp;
 

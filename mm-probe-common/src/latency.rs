@@ -1,4 +1,4 @@
-//! Records shared by the latency programs (`sched.rs`, `func_latency.rs`) and `mm-probe latency`.
+//! Records shared by the latency programs (mm-probe-ebpf's `latency.rs`) and `mm-probe latency`.
 //!
 //! Two quantities are measured in the kernel: the wakeup latency of a task (sched_wakeup to the
 //! sched_switch that runs it) and the duration of traced kernel functions (entry to return).
@@ -63,26 +63,45 @@ pub const STACKS_MAP: &str = "LAT_STACKS";
 pub const WAKEUP_SPIKES_RING: &str = "LAT_WAKEUP_SPIKES";
 pub const FUNC_SPIKES_RING: &str = "LAT_FUNC_SPIKES";
 pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
+/// Per-CPU ring of the last run slices ([`CpuSlices`]).
+pub const SLICES_MAP: &str = "LAT_SLICES";
 /// Slot 0 set to 1 once a function probe is attached.
 pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
 
-/// Slots of the per-CPU counter array [`COUNTERS_MAP`].
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// A wakeup spike could not be reserved in its ring buffer.
-    LostWakeupSpikes = 0,
-    /// A function spike could not be reserved in its ring buffer.
-    LostFuncSpikes = 1,
-    /// A wakeup could not be remembered (the pending-wakeup map was full).
-    LostWakeups = 2,
-    /// A function entry could not be remembered (the per-task map was full).
-    LostFuncEntries = 3,
-    /// bpf_get_stackid failed (bucket collision or map full); the spike has no stack.
-    StackErrors = 4,
+/// Defines a `#[repr(u32)]` enum of counter slots numbered 0, 1, … in order, with `ALL` and
+/// `COUNT` derived from the list, so adding a counter cannot leave the array size behind.
+macro_rules! counter_slots {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+            /// Entries of the counter array.
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+        }
+    };
 }
 
-pub const COUNTER_COUNT: u32 = 5;
+counter_slots! {
+    /// Slots of the per-CPU counter array [`COUNTERS_MAP`].
+    pub enum Counter {
+        /// A wakeup spike could not be reserved in its ring buffer.
+        LostWakeupSpikes,
+        /// A function spike could not be reserved in its ring buffer.
+        LostFuncSpikes,
+        /// A wakeup could not be remembered (the pending-wakeup map was full).
+        LostWakeups,
+        /// A function entry could not be remembered (the per-task map was full).
+        LostFuncEntries,
+        /// bpf_get_stackid failed (bucket collision or map full); the spike has no stack.
+        StackErrors,
+    }
+}
 
 /// One quantity's histogram on one CPU (value of the per-CPU array [`HIST_MAP`]). The slots
 /// count values in microseconds: slot `k * SUB_BUCKETS + s` counts values whose highest set bit
@@ -173,6 +192,37 @@ pub struct TaskWakeups {
     pub comm: [u8; 16],
 }
 
+/// Run slices remembered per CPU: enough to tell one task holding the CPU through a wait from
+/// several taking turns (a power of two, so the ring index is a mask).
+pub const MAX_SLICES: usize = 8;
+
+/// One stay of a task on a CPU, closed by the sched_switch that took it off.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunSlice {
+    /// When it was switched in; 0 when that switch was not seen (before tracing started).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// How it left, in sched_switch's prev_state encoding (0x100: preempted; 1: slept; …).
+    pub prev_state: i64,
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: [u8; 16],
+    /// Bit `i` set: the task was inside the traced function of slot `i` when it switched out.
+    pub in_funcs: u32,
+    pub _pad: u32,
+}
+
+/// The last [`MAX_SLICES`] run slices of one CPU (value of the per-CPU [`SLICES_MAP`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuSlices {
+    /// Slices written so far: slice `n` is at index `n % MAX_SLICES`, the newest at
+    /// `(written - 1) % MAX_SLICES`.
+    pub written: u64,
+    pub slices: [RunSlice; MAX_SLICES],
+}
+
 /// A wakeup over the threshold, sent at the sched_switch that finally ran the task.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -199,6 +249,9 @@ pub struct WakeupSpike {
     pub prev_stack_id: i64,
     pub prev_funcs: FuncState,
     pub prev_syscall: SyscallState,
+    /// The run CPU's last slices at the switch (the newest is `prev`'s, just closed): user
+    /// space keeps those overlapping the wait to see who held the CPU during it.
+    pub slices: CpuSlices,
 }
 
 /// A traced function call over the threshold, sent at its return.
@@ -217,7 +270,18 @@ pub struct FuncSpike {
     pub syscall: SyscallState,
 }
 
-crate::user_pod!(LatencyHist, FuncState, SyscallState, CpuCurrent, WakeupStart, TaskWakeups, WakeupSpike, FuncSpike);
+crate::user_pod!(
+    LatencyHist,
+    FuncState,
+    SyscallState,
+    CpuCurrent,
+    WakeupStart,
+    TaskWakeups,
+    RunSlice,
+    CpuSlices,
+    WakeupSpike,
+    FuncSpike
+);
 
 /// Histogram slot of `value`, given its log2 bucket (the kernel computes the bucket with an
 /// unrolled search; user space uses the same function to decode).

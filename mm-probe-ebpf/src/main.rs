@@ -5,10 +5,9 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
-mod func_latency;
 mod kernel;
+mod latency;
 mod retry_storm;
-mod sched;
 mod selftest;
 mod thp;
 

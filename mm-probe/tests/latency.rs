@@ -404,3 +404,51 @@ fn an_madvise_pageout_storm_is_timed_call_by_call() {
     let (fewest, most) = (madvise_calls * REGION_MIB / 2, madvise_calls * (REGION_MIB / 2 + 1));
     assert!((fewest..=most).contains(&walks), "{walks} walks for {madvise_calls} madvise calls: {walk}");
 }
+
+/// Two CPU hogs and a few tasks sleeping 1 ms at a time: every late wakeup waited for what ran
+/// on its CPU (a hog, or several tasks in turn), never for a task's sleep.
+#[test]
+fn under_cpu_load_spikes_are_blamed_on_what_held_the_cpu_never_on_a_sleepers_syscall() {
+    require_root();
+    let hogs = CpuHogs::start(2);
+    let sleepers = Sleepers::start(3, "nap_1ms");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = run_tool(&["latency", "--all-tasks", "--duration", "5s", "--json", "--top", "200"]);
+    drop(sleepers);
+    let hog = hogs.comm;
+    drop(hogs);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = common::json_lines(&out.stdout);
+    let summary = only(&lines, "summary");
+    let wakeups = spikes(&lines, "wakeup");
+    assert!(!wakeups.is_empty(), "two CPU hogs on this machine must delay some wakeup past 500µs: {summary}");
+    let sleeping_cause = |cause: &str| WAITING_SYSCALLS.iter().any(|s| cause == format!("syscall {s}"));
+    let mut blamed_on_load = 0;
+    for spike in &wakeups {
+        let cause = spike["cause"].as_str().unwrap();
+        assert!(!sleeping_cause(cause), "a sleeping syscall is never a cause: {spike}");
+        assert!(!["syscall", "other", "syscall other"].contains(&cause), "causes name what they are: {spike}");
+        if let Some(number) = cause.strip_prefix("syscall ") {
+            assert!(number.parse::<u64>().is_err(), "syscalls are named, not numbered: {spike}");
+        }
+        if !spike["syscall"].is_null() {
+            assert!(spike["syscall"]["name"].is_string(), "the blocker's syscall has a name: {spike}");
+        }
+        let held_by = &spike["held_by"];
+        assert!(held_by.is_null() || held_by["comm"] != "nap_1ms", "a 1 ms sleeper never holds a CPU: {spike}");
+        let ran = spike["ran_during_wait"].as_array().unwrap_or_else(|| panic!("who ran is listed: {spike}"));
+        let by_a_hog = held_by["comm"].as_str().is_some_and(|c| c.starts_with(hog));
+        let contention = cause == "cpu contention"
+            && ran.iter().filter(|t| t["pid"] != 0).count() >= 2
+            && spike["explanation"].as_str().unwrap().contains("CPU contention: ");
+        if by_a_hog || contention {
+            blamed_on_load += 1;
+        }
+    }
+    assert!(blamed_on_load > 0, "some spike names {hog} (what held the CPU) or CPU contention: {wakeups:#?}");
+    for pair in summary["verdict"]["causes"].as_array().unwrap() {
+        let cause = pair[0].as_str().unwrap();
+        assert!(!sleeping_cause(cause), "the verdict counts no sleeping syscall as a cause: {summary}");
+    }
+    assert!(!summary["verdict"]["text"].as_str().unwrap().contains("nanosleep"), "{summary}");
+}

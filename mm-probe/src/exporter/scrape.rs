@@ -11,7 +11,7 @@ use crate::{
     cli::Capability,
     collect::counters::recursion_misses,
     kernel::layout::ThpDisableBits,
-    latency::{self, render::FunctionPlan},
+    latency::{self, report::FunctionPlan},
     probes::Plan,
     retry_storm::{KernelTotals, events::NotifierEvent, report::Observability},
     thp_why::{checks::AllowCheck, live::read_counts, sysfs::SystemPolicy, verdict::system_wide_outcome},

@@ -1,20 +1,30 @@
-//! Why a wakeup was late: who held the CPU, whether it ran through the whole wait without
-//! rescheduling, how much of the wait it spent inside each traced function, and which syscall
-//! it was in — then one sentence that says so.
+//! Why a wakeup was late: who held the CPU during the wait (one task, several in turn, or
+//! nobody), what the one holding it was doing (a traced function, a syscall that works, a page
+//! fault…), and one sentence that says so.
 //!
-//! The kernel hands over two copies of the task's function state (at the wakeup and at the
-//! switch); the time inside a function during the wait is their difference, corrected for the
-//! calls that straddle either end of the wait.
+//! The kernel hands over the run CPU's last stays (run slices): those overlapping the wait say
+//! who ran there between the wakeup and the switch-in. A task that went to sleep did not delay
+//! anyone by sleeping: its sleeping syscall is told as context, never as the cause. For the
+//! task that switched away last the kernel adds its stack, syscall and function state; the time
+//! inside a traced function during the wait is the difference of two copies of that state (at
+//! the wakeup and at the switch), corrected for calls that straddle either end of the wait.
+
+use std::cmp::Reverse;
 
 use mm_probe_common::latency::{FuncState, MAX_FUNCS};
 use serde::Serialize;
 
-use super::decoder::{Syscall, Wakeup};
+use super::{
+    decoder::{KernelEntry, Slice, Syscall, TaskRef, Wakeup, prev_state_name},
+    syscalls,
+};
 use crate::units::format_nanos;
 
 /// Time one traced function took out of a wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FunctionShare {
+    #[serde(skip)]
+    pub slot: usize,
     pub function: String,
     /// Time inside the function during the wait.
     pub in_wait_ns: u64,
@@ -25,6 +35,99 @@ pub struct FunctionShare {
     pub running_call_ns: Option<u64>,
 }
 
+/// A task that ran on the woken task's CPU during the wait.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    pub pid: u32,
+    pub comm: String,
+    /// Its time on the CPU within the wait.
+    pub on_cpu_ns: u64,
+    /// How it last left the CPU within the wait ("preempted (R+)", "sleeping (S)"…).
+    pub left: String,
+    #[serde(skip)]
+    pub tgid: u32,
+    #[serde(skip)]
+    pub state: i64,
+    #[serde(skip)]
+    pub in_funcs: u32,
+    /// It switched away to let the woken task run: its stack, syscall and functions are known.
+    #[serde(skip)]
+    pub is_prev: bool,
+}
+
+impl Holder {
+    fn task(&self) -> TaskRef {
+        TaskRef { pid: self.pid, comm: self.comm.clone() }
+    }
+}
+
+/// Why a wakeup waited. Serialized by [`Cause::label`] (the strings the JSON always had).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cause {
+    /// The task holding the CPU spent most of the wait inside the traced function of this slot.
+    Function(usize),
+    /// It was preempted while running this syscall (one that works, not one that waits).
+    Syscall(i64),
+    /// It was in a syscall whose number could not be read (no saved registers here).
+    UnnamedSyscall,
+    PageFault,
+    Exception,
+    /// A kernel thread held the CPU, outside the traced functions.
+    KernelThread,
+    /// It held the CPU until preempted, in user space or in untraced kernel code.
+    Preempted,
+    /// Several tasks took turns on the CPU, none for most of the wait.
+    CpuContention,
+    /// The CPU was idle: the wait was waking it and interrupts.
+    Idle,
+    /// mm-probe's own start-up (loading and attaching its programs) held the CPU.
+    OwnStartup,
+    /// It held the CPU and then slept, or nothing recorded says what it ran.
+    Unknown,
+}
+
+impl Cause {
+    /// The cause as the JSON and the verdict name it; `functions[slot]` names each slot.
+    pub fn label(self, functions: &[String]) -> String {
+        match self {
+            Cause::Function(slot) => functions.get(slot).cloned().unwrap_or_else(|| format!("function slot {slot}")),
+            Cause::Syscall(nr) => match syscalls::name(nr) {
+                Some(name) => format!("syscall {name}"),
+                None => format!("unknown syscall number {nr}"),
+            },
+            Cause::UnnamedSyscall => "syscall (number not readable)".into(),
+            Cause::PageFault => "page fault".into(),
+            Cause::Exception => "exception".into(),
+            Cause::KernelThread => "kernel thread".into(),
+            Cause::Preempted => "preempted".into(),
+            Cause::CpuContention => "cpu contention".into(),
+            Cause::Idle => "idle".into(),
+            Cause::OwnStartup => "mm-probe start-up".into(),
+            Cause::Unknown => "unknown".into(),
+        }
+    }
+
+    /// The cause in a sentence of the verdict.
+    pub fn describe(self, functions: &[String]) -> String {
+        match self {
+            Cause::Function(_) => format!("the blocker was inside {}", self.label(functions)),
+            Cause::Syscall(_) => format!(
+                "the blocker was running {}, outside the traced functions",
+                self.label(functions).trim_start_matches("syscall ")
+            ),
+            Cause::UnnamedSyscall => "the blocker was in a syscall whose number could not be read".into(),
+            Cause::PageFault => "the blocker was in a page fault, outside the traced functions".into(),
+            Cause::Exception => "the blocker was in an exception handler".into(),
+            Cause::KernelThread => "a kernel thread held the CPU, outside the traced functions".into(),
+            Cause::Preempted => "the blocker held the CPU until preempted (user space or untraced kernel code)".into(),
+            Cause::CpuContention => "CPU contention: several tasks ran in turn, none for most of the wait".into(),
+            Cause::Idle => "the CPU was idle (wakeup from idle, interrupts)".into(),
+            Cause::OwnStartup => "mm-probe's own start-up (loading its programs)".into(),
+            Cause::Unknown => "the blocker ran outside the traced functions and syscalls (then slept)".into(),
+        }
+    }
+}
+
 /// The explanation of one wakeup spike.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Attribution {
@@ -33,18 +136,39 @@ pub struct Attribution {
     pub blocker_ran_until_switch: bool,
     /// That task was on the CPU from before the wakeup until the switch.
     pub without_rescheduling: bool,
-    /// Traced functions the blocker spent time in during the wait, most first.
+    /// Traced functions the last task spent time in during the wait, most first.
     pub functions: Vec<FunctionShare>,
-    /// The leading cause: a function name, `syscall <name>`, `idle`, or `unknown`.
-    pub cause: String,
+    /// The one task that held the CPU (nearly) all the wait; `None` for contention or idle.
+    pub held_by: Option<Holder>,
+    /// Every task that ran on the CPU during the wait, longest first (idle as pid 0).
+    pub ran_during_wait: Vec<Holder>,
+    /// False when the start of the wait fell out of the kernel's slice ring.
+    pub ran_during_wait_complete: bool,
+    /// The syscall the last task went to sleep in: context, never the cause.
+    pub slept_in: Option<&'static str>,
+    #[serde(skip)]
+    pub cause: Cause,
     pub explanation: String,
 }
 
 /// A share at least this large of the wait makes a function the cause.
 const CAUSE_SHARE: f64 = 0.5;
+/// A task on the CPU for at least this share of the wait held it (the rest: short switches,
+/// interrupts).
+const HOLD_SHARE: f64 = 0.8;
 
-/// Explains `wakeup`; `functions[slot]` names the traced function of each slot.
-pub fn attribute(wakeup: &Wakeup, functions: &[String]) -> Attribution {
+/// Who held the CPU during a wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Occupancy {
+    /// `holders[i]` held it.
+    Held(usize),
+    Contention,
+    Idle,
+}
+
+/// Explains `wakeup`; `functions[slot]` names the traced function of each slot; `own_tgid` is
+/// mm-probe's pid (its start-up can delay others).
+pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attribution {
     let same_task = wakeup.blocker.task.pid == wakeup.prev.task.pid
         && wakeup.blocker.since_ns.is_some()
         && wakeup.target_cpu == wakeup.run_cpu;
@@ -55,15 +179,157 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String]) -> Attribution {
         (0..MAX_FUNCS.min(functions.len()))
             .filter_map(|slot| {
                 share(slot, before, &wakeup.prev_funcs, window).map(|(in_wait_ns, calls, running_call_ns)| {
-                    FunctionShare { function: functions[slot].clone(), in_wait_ns, calls, running_call_ns }
+                    FunctionShare { slot, function: functions[slot].clone(), in_wait_ns, calls, running_call_ns }
                 })
             })
             .collect();
-    shares.sort_by_key(|s| std::cmp::Reverse(s.in_wait_ns));
+    shares.sort_by_key(|s| Reverse(s.in_wait_ns));
+    let holders = holders(wakeup);
+    let occupancy = occupancy(&holders, wakeup.latency_ns);
     let syscall = wakeup.prev_syscall.as_ref().and_then(Option::as_ref);
-    let cause = cause(wakeup, &shares, syscall);
-    let explanation = explain(wakeup, same_task, without_rescheduling, &shares, syscall);
-    Attribution { blocker_ran_until_switch: same_task, without_rescheduling, functions: shares, cause, explanation }
+    let slept_in = syscall.filter(|_| !running(wakeup.prev_state)).and_then(|call| call.name);
+    let facts = Facts { wakeup, shares: &shares, syscall, functions };
+    let cause = match occupancy {
+        Occupancy::Idle => Cause::Idle,
+        Occupancy::Contention if holders[0].tgid == own_tgid => Cause::OwnStartup,
+        Occupancy::Contention => Cause::CpuContention,
+        Occupancy::Held(i) => held_cause(&facts, &holders[i], own_tgid),
+    };
+    let explanation = explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
+    Attribution {
+        blocker_ran_until_switch: same_task,
+        without_rescheduling,
+        functions: shares,
+        held_by: match occupancy {
+            Occupancy::Held(i) => Some(holders[i].clone()),
+            _ => None,
+        },
+        ran_during_wait_complete: !wakeup.slices_truncated,
+        ran_during_wait: holders,
+        slept_in,
+        cause,
+        explanation,
+    }
+}
+
+/// What the explanation of a spike draws on.
+struct Facts<'a> {
+    wakeup: &'a Wakeup,
+    shares: &'a [FunctionShare],
+    syscall: Option<&'a Syscall>,
+    functions: &'a [String],
+}
+
+/// Whether a task that left the CPU in `state` was still running (preempted, or yielded).
+fn running(state: i64) -> bool {
+    state == 0x100 || state == 0
+}
+
+/// Bit `slot` set for each function the state shows in progress.
+fn in_progress(funcs: &FuncState) -> u32 {
+    funcs.entry_ns.iter().enumerate().filter(|(_, entry)| **entry != 0).fold(0, |bits, (slot, _)| bits | 1 << slot)
+}
+
+/// Each task's time on the CPU within the wait, longest first. Without recorded slices, the
+/// task that switched away stands for the whole of its stay.
+fn holders(w: &Wakeup) -> Vec<Holder> {
+    let synthesized;
+    let slices: &[Slice] = if w.slices.is_empty() {
+        synthesized = [Slice {
+            task: w.prev.task.clone(),
+            tgid: 0,
+            start_ns: w.prev.since_ns,
+            end_ns: w.run_ns,
+            state: w.prev_state,
+            in_funcs: in_progress(&w.prev_funcs),
+        }];
+        &synthesized
+    } else {
+        &w.slices
+    };
+    let mut holders: Vec<Holder> = Vec::new();
+    for (i, slice) in slices.iter().enumerate() {
+        let start = slice.start_ns.unwrap_or(0).max(w.wakeup_ns);
+        let on_cpu_ns = slice.end_ns.min(w.run_ns).saturating_sub(start);
+        let is_prev = i + 1 == slices.len() && slice.task.pid == w.prev.task.pid;
+        if on_cpu_ns == 0 && !is_prev {
+            continue;
+        }
+        let left = prev_state_name(slice.state);
+        match holders.iter_mut().find(|h| h.pid == slice.task.pid) {
+            Some(h) => {
+                h.on_cpu_ns += on_cpu_ns;
+                (h.state, h.in_funcs, h.left, h.is_prev) = (slice.state, slice.in_funcs, left, h.is_prev || is_prev);
+            }
+            None => holders.push(Holder {
+                pid: slice.task.pid,
+                comm: slice.task.comm.clone(),
+                on_cpu_ns,
+                left,
+                tgid: slice.tgid,
+                state: slice.state,
+                in_funcs: slice.in_funcs,
+                is_prev,
+            }),
+        }
+    }
+    holders.sort_by_key(|h| Reverse(h.on_cpu_ns));
+    holders
+}
+
+/// One task held the CPU when it ran for most of the wait, or was the only one to run for
+/// longer than the CPU idled; otherwise a mostly idle CPU is idle, and a busy one contended.
+fn occupancy(holders: &[Holder], wait_ns: u64) -> Occupancy {
+    let idle_ns: u64 = holders.iter().filter(|h| h.pid == 0).map(|h| h.on_cpu_ns).sum();
+    let busy: Vec<usize> = (0..holders.len()).filter(|&i| holders[i].pid != 0).collect();
+    let Some(&top) = busy.first() else { return Occupancy::Idle };
+    let top_ns = holders[top].on_cpu_ns;
+    let busy_ns: u64 = busy.iter().map(|&i| holders[i].on_cpu_ns).sum();
+    if top_ns as f64 >= HOLD_SHARE * wait_ns.max(1) as f64 || (busy.len() == 1 && top_ns >= idle_ns) {
+        Occupancy::Held(top)
+    } else if idle_ns >= busy_ns {
+        Occupancy::Idle
+    } else {
+        Occupancy::Contention
+    }
+}
+
+/// What the one task holding the CPU was doing. Only the last task has a stack and syscall; an
+/// earlier one has how it left and the functions it was inside.
+fn held_cause(f: &Facts, holder: &Holder, own_tgid: u32) -> Cause {
+    let w = f.wakeup;
+    if holder.tgid == own_tgid && own_tgid != 0 {
+        return Cause::OwnStartup;
+    }
+    if !holder.is_prev {
+        return match (0..f.functions.len().min(MAX_FUNCS)).find(|slot| holder.in_funcs & (1 << slot) != 0) {
+            Some(slot) => Cause::Function(slot),
+            None if running(holder.state) => Cause::Preempted,
+            None => Cause::Unknown,
+        };
+    }
+    if let Some(top) = f.shares.first().filter(|s| s.in_wait_ns as f64 >= CAUSE_SHARE * w.latency_ns.max(1) as f64) {
+        return Cause::Function(top.slot);
+    }
+    if w.prev.task.pid == 0 {
+        return Cause::Idle;
+    }
+    if !running(w.prev_state) {
+        // It went to sleep: the syscall it slept in held nobody up.
+        return Cause::Unknown;
+    }
+    match f.syscall {
+        Some(call) if call.name.is_some_and(|name| syscalls::only_waits(name, &call.args)) => Cause::Preempted,
+        Some(call) => Cause::Syscall(call.nr),
+        None => match w.prev_stack.entry() {
+            Some(KernelEntry::PageFault) => Cause::PageFault,
+            Some(KernelEntry::Exception) => Cause::Exception,
+            Some(KernelEntry::KernelThread) => Cause::KernelThread,
+            Some(KernelEntry::Idle) => Cause::Idle,
+            Some(KernelEntry::Syscall) if w.prev_syscall.is_none() => Cause::UnnamedSyscall,
+            _ => Cause::Preempted,
+        },
+    }
 }
 
 /// Time in slot `slot` during `window`, the calls that overlapped it, and the running call's
@@ -110,62 +376,58 @@ fn share(
     (in_wait > 0 || calls > 0).then_some((in_wait.min(wait), calls, running_call_ns))
 }
 
-fn cause(wakeup: &Wakeup, shares: &[FunctionShare], syscall: Option<&Syscall>) -> String {
-    let wait = wakeup.latency_ns.max(1) as f64;
-    if let Some(top) = shares.first().filter(|s| s.in_wait_ns as f64 >= CAUSE_SHARE * wait) {
-        return top.function.clone();
-    }
-    if wakeup.prev.task.pid == 0 && wakeup.blocker.task.pid == 0 {
-        return "idle".into();
-    }
-    match (syscall, wakeup.prev_stack.entry()) {
-        (Some(call), _) => format!("syscall {}", call.name.unwrap_or("other")),
-        (None, Some(entry)) => entry.cause().into(),
-        (None, None) => "unknown".into(),
-    }
-}
-
 fn explain(
-    wakeup: &Wakeup,
+    f: &Facts,
+    occupancy: Occupancy,
+    holders: &[Holder],
+    cause: Cause,
     same_task: bool,
     without_rescheduling: bool,
-    shares: &[FunctionShare],
-    syscall: Option<&Syscall>,
+    slept_in: Option<&str>,
 ) -> String {
-    let mut text = format!("{} waited {} on CPU {}", wakeup.task, format_nanos(wakeup.latency_ns), wakeup.run_cpu);
-    if wakeup.target_cpu != wakeup.run_cpu {
-        text += &format!(" (woken for CPU {})", wakeup.target_cpu);
-    } else if wakeup.waker_cpu != wakeup.run_cpu {
+    let w = f.wakeup;
+    let mut text = format!("{} waited {} on CPU {}", w.task, format_nanos(w.latency_ns), w.run_cpu);
+    if w.target_cpu != w.run_cpu {
+        text += &format!(" (woken for CPU {})", w.target_cpu);
+    } else if w.waker_cpu != w.run_cpu {
         // The woken task could only preempt once CPU `run_cpu` took the reschedule IPI.
-        text += &format!(" (woken from CPU {})", wakeup.waker_cpu);
+        text += &format!(" (woken from CPU {})", w.waker_cpu);
     }
     text += ": ";
-    if wakeup.blocker.since_ns.is_none() && wakeup.target_cpu == wakeup.run_cpu {
-        text += "no task switch had been seen on that CPU since tracing started; ";
-    } else if wakeup.blocker.task.pid == 0 && wakeup.prev.task.pid == 0 {
-        return text + "the CPU was idle, so the wait was spent waking it and handling interrupts";
-    } else if !same_task {
-        text +=
-            &format!("{} was running at the wakeup, {} ran last before it; ", wakeup.blocker.task, wakeup.prev.task);
-    }
-    text += &format!("{} was ", wakeup.prev.task);
-    text += &match (syscall, wakeup.prev_stack.entry()) {
-        (Some(call), _) => format!("in {}", call.summary),
-        (None, Some(entry)) => entry.phrase().to_string(),
-        (None, None) if wakeup.prev_syscall.is_some() => "in user space or an interrupt".to_string(),
-        (None, None) => "running".to_string(),
+    let holder = match occupancy {
+        Occupancy::Idle => return text + "the CPU was idle, so the wait was spent waking it and handling interrupts",
+        Occupancy::Contention => return text + &contention(w, holders, cause),
+        Occupancy::Held(i) => &holders[i],
     };
-    match shares.first() {
-        Some(top) if top.in_wait_ns as f64 >= CAUSE_SHARE * wakeup.latency_ns.max(1) as f64 => {
-            text += &format!(" → {} for {}", top.function, format_nanos(top.in_wait_ns));
-            if top.calls > 1 {
-                text += &format!(" over {} calls", top.calls);
-            }
+    if !holder.is_prev {
+        text += &format!("{} held the CPU for {} of it", holder.task(), format_nanos(holder.on_cpu_ns));
+        match cause {
+            Cause::Function(_) => text += &format!(" inside {}", cause.label(f.functions)),
+            Cause::OwnStartup => text += " (mm-probe's own start-up)",
+            _ => {}
         }
-        Some(top) => {
-            text += &format!(" (in {} for only {} of the wait)", top.function, format_nanos(top.in_wait_ns));
+        return text + &format!(" and left it {}; {} ran last before it", prev_state_name(holder.state), w.prev.task);
+    }
+    if w.blocker.since_ns.is_none() && w.target_cpu == w.run_cpu {
+        text += "no task switch had been seen on that CPU since tracing started; ";
+    } else if !same_task {
+        text += &format!("{} was running at the wakeup, {} ran last before it; ", w.blocker.task, w.prev.task);
+    }
+    if cause == Cause::OwnStartup {
+        text += "mm-probe's own start-up: ";
+    }
+    if running(w.prev_state) {
+        text += &format!("{} was {}", w.prev.task, what_it_ran(f));
+    } else {
+        text += &format!("{} held the CPU for {} of it", w.prev.task, format_nanos(holder.on_cpu_ns));
+    }
+    text += &function_text(f.shares, w.latency_ns);
+    if !running(w.prev_state) {
+        // The sleep is context: it began when the CPU was given up.
+        match slept_in {
+            Some(name) => text += &format!(", then slept in {name}"),
+            None => text += &format!(", then left it {}", prev_state_name(w.prev_state)),
         }
-        None => text += " (outside the traced functions)",
     }
     if without_rescheduling {
         text += " without rescheduling";
@@ -173,10 +435,58 @@ fn explain(
     text
 }
 
+/// "CPU contention: 3 tasks ran, longest stress-ng-264 (1.2ms)".
+fn contention(w: &Wakeup, holders: &[Holder], cause: Cause) -> String {
+    let busy: Vec<&Holder> = holders.iter().filter(|h| h.pid != 0).collect();
+    let mut text = format!(
+        "CPU contention: {} tasks ran, longest {} ({})",
+        busy.len(),
+        busy[0].task(),
+        format_nanos(busy[0].on_cpu_ns)
+    );
+    if cause == Cause::OwnStartup {
+        text += ", mm-probe's own start-up";
+    }
+    if w.slices_truncated {
+        text += "; more tasks ran than the kernel kept, the earliest are not counted";
+    }
+    text
+}
+
+/// What the last task was running when it was preempted.
+fn what_it_ran(f: &Facts) -> String {
+    match (f.syscall, f.wakeup.prev_stack.entry()) {
+        (Some(call), _) if call.name.is_some_and(|name| syscalls::only_waits(name, &call.args)) => {
+            format!("preempted around {}, a syscall that waits", call.summary)
+        }
+        (Some(call), _) => format!("in {}", call.summary),
+        (None, Some(entry)) => entry.phrase().to_string(),
+        (None, None) if f.wakeup.prev_syscall.is_some() => "in user space or an interrupt".to_string(),
+        (None, None) => "running".to_string(),
+    }
+}
+
+fn function_text(shares: &[FunctionShare], latency_ns: u64) -> String {
+    match shares.first() {
+        Some(top) if top.in_wait_ns as f64 >= CAUSE_SHARE * latency_ns.max(1) as f64 => {
+            let mut text = format!(" → {} for {}", top.function, format_nanos(top.in_wait_ns));
+            if top.calls > 1 {
+                text += &format!(" over {} calls", top.calls);
+            }
+            text
+        }
+        Some(top) => format!(" (in {} for only {} of the wait)", top.function, format_nanos(top.in_wait_ns)),
+        None => " (outside the traced functions)".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::latency::decoder::{OnCpu, Stack, TaskRef, decode_syscall};
+
+    /// mm-probe's pid in these tests.
+    const MM_PROBE: u32 = 4000;
     use mm_probe_common::latency::SyscallState;
 
     const MS: u64 = 1_000_000;
@@ -210,6 +520,8 @@ mod tests {
                 regs_read: 1,
                 args: [0, 2 << 30, 21, 0],
             })),
+            slices: Vec::new(),
+            slices_truncated: false,
         }
     }
 
@@ -225,13 +537,13 @@ mod tests {
         w.blocker_funcs.total_ns[0] = 40 * MS;
         w.blocker_funcs.calls[0] = 100;
         w.prev_funcs = w.blocker_funcs;
-        let a = attribute(&w, &names());
+        let a = attribute(&w, &names(), MM_PROBE);
         assert!(a.blocker_ran_until_switch && a.without_rescheduling);
         assert_eq!(a.functions.len(), 1);
         assert_eq!(a.functions[0].in_wait_ns, 1953 * US);
         assert_eq!(a.functions[0].calls, 1);
         assert_eq!(a.functions[0].running_call_ns, Some(1965 * US));
-        assert_eq!(a.cause, "madvise_cold_or_pageout_pte_range");
+        assert_eq!(a.cause, Cause::Function(0));
         assert_eq!(
             a.explanation,
             "cyclictest-250 waited 1.95ms on CPU 1: stress-ng-264 was in madvise(MADV_PAGEOUT, 2 GiB) \
@@ -251,12 +563,12 @@ mod tests {
         w.prev_funcs.total_ns[0] = 5 * MS + 500 * US + 800 * US;
         w.prev_funcs.calls[0] = 13;
         w.prev_funcs.entry_ns[0] = 12 * MS - 100 * US;
-        let a = attribute(&w, &names());
+        let a = attribute(&w, &names(), MM_PROBE);
         let share = &a.functions[0];
         assert_eq!(share.in_wait_ns, 200 * US + 800 * US + 100 * US);
         assert_eq!(share.calls, 4);
         assert_eq!(share.running_call_ns, Some(100 * US));
-        assert_eq!(a.cause, "madvise_cold_or_pageout_pte_range");
+        assert_eq!(a.cause, Cause::Function(0));
         assert!(a.explanation.contains("for 1.1ms over 4 calls"), "{}", a.explanation);
     }
 
@@ -265,9 +577,10 @@ mod tests {
         let mut w = wakeup(2 * MS);
         w.prev_funcs.total_ns[1] = 100 * US;
         w.prev_funcs.calls[1] = 1;
-        let a = attribute(&w, &names());
+        let a = attribute(&w, &names(), MM_PROBE);
         assert_eq!(a.functions[0].function, "zap_pte_range");
-        assert_eq!(a.cause, "syscall madvise");
+        assert_eq!(a.cause, Cause::Syscall(libc::SYS_madvise));
+        assert_eq!(a.cause.label(&names()), "syscall madvise");
         assert!(a.explanation.contains("(in zap_pte_range for only 100µs of the wait)"), "{}", a.explanation);
         assert!(a.explanation.ends_with("without rescheduling"), "{}", a.explanation);
     }
@@ -279,7 +592,7 @@ mod tests {
         w.prev_funcs.entry_ns[0] = 11 * MS;
         w.prev_funcs.total_ns[0] = 99 * MS;
         w.prev_syscall = None;
-        let a = attribute(&w, &names());
+        let a = attribute(&w, &names(), MM_PROBE);
         assert!(!a.blocker_ran_until_switch && !a.without_rescheduling);
         assert_eq!(a.functions[0].in_wait_ns, 2 * MS, "from 11 ms to the switch at 13 ms");
         assert!(
@@ -294,7 +607,7 @@ mod tests {
     fn a_wakeup_from_another_cpu_says_so() {
         let mut w = wakeup(2 * MS);
         w.waker_cpu = 0;
-        let a = attribute(&w, &names());
+        let a = attribute(&w, &names(), MM_PROBE);
         assert!(
             a.explanation.starts_with("cyclictest-250 waited 2ms on CPU 1 (woken from CPU 0): "),
             "{}",
@@ -309,8 +622,8 @@ mod tests {
         w.blocker = idle.clone();
         w.prev = idle;
         w.prev_syscall = None;
-        let a = attribute(&w, &names());
-        assert_eq!(a.cause, "idle");
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Idle);
         assert!(
             a.explanation.ends_with("the CPU was idle, so the wait was spent waking it and handling interrupts"),
             "{}",
@@ -330,8 +643,8 @@ mod tests {
             ],
             error: None,
         };
-        let a = attribute(&w, &names());
-        assert_eq!(a.cause, "page fault");
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::PageFault);
         assert!(
             a.explanation.contains("stress-ng-264 was in a page fault (outside the traced functions)"),
             "{}",
@@ -343,8 +656,8 @@ mod tests {
     fn user_space_blockers_are_named_as_such() {
         let mut w = wakeup(800 * US);
         w.prev_syscall = Some(None);
-        let a = attribute(&w, &names());
-        assert_eq!(a.cause, "unknown");
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Preempted, "it was preempted running in user space");
         assert!(
             a.explanation.contains(
                 "stress-ng-264 was in user space or an interrupt (outside the traced functions) without rescheduling"
@@ -352,5 +665,142 @@ mod tests {
             "{}",
             a.explanation
         );
+    }
+
+    fn slice(pid: u32, comm: &str, start_ns: u64, end_ns: u64, state: i64) -> Slice {
+        Slice { task: task(pid, comm), tgid: pid, start_ns: Some(start_ns), end_ns, state, in_funcs: 0 }
+    }
+
+    fn sleeping_in(call: i64, args: [u64; 4]) -> Option<Option<Syscall>> {
+        Some(decode_syscall(&SyscallState { orig_ax: call, ax: -i64::from(libc::ENOSYS), regs_read: 1, args }))
+    }
+
+    /// A 2 ms wait (10 to 12 ms) that ends when `sleeper-77`, which ran last, goes to sleep in
+    /// clock_nanosleep.
+    fn ended_by_a_sleeper(slices: Vec<Slice>) -> Wakeup {
+        let mut w = wakeup(2 * MS);
+        w.prev = OnCpu { task: task(77, "sleeper"), since_ns: slices.last().and_then(|s| s.start_ns) };
+        w.prev_state = 1;
+        w.prev_syscall = sleeping_in(libc::SYS_clock_nanosleep, [1, 0, 0, 0]);
+        w.slices = slices;
+        w
+    }
+
+    #[test]
+    fn a_sleepers_clock_nanosleep_is_never_the_cause_the_hog_before_it_is() {
+        let w = ended_by_a_sleeper(vec![
+            slice(264, "stress-ng", 9 * MS, 12 * MS - 20 * US, 0x100),
+            slice(77, "sleeper", 12 * MS - 20 * US, 12 * MS, 1),
+        ]);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Preempted);
+        assert_eq!(a.held_by.as_ref().map(|h| h.pid), Some(264));
+        assert_eq!(a.slept_in, Some("clock_nanosleep"));
+        assert_eq!(
+            a.ran_during_wait.iter().map(|h| (h.pid, h.on_cpu_ns)).collect::<Vec<_>>(),
+            [(264, 2 * MS - 20 * US), (77, 20 * US)]
+        );
+        assert_eq!(
+            a.explanation,
+            "cyclictest-250 waited 2ms on CPU 1: stress-ng-264 held the CPU for 1.98ms of it and left it \
+             preempted (R+); sleeper-77 ran last before it"
+        );
+    }
+
+    #[test]
+    fn a_task_that_ran_then_slept_is_the_holder_with_its_sleep_as_context() {
+        let w = ended_by_a_sleeper(vec![slice(77, "sleeper", 9 * MS, 12 * MS, 1)]);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Unknown, "what it ran before sleeping is not recorded");
+        assert!(!a.cause.label(&names()).contains("nanosleep"));
+        assert!(
+            a.explanation.ends_with(
+                "sleeper-77 held the CPU for 2ms of it (outside the traced functions), then slept in clock_nanosleep"
+            ),
+            "{}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn a_task_preempted_in_a_waiting_syscall_is_not_blamed_for_it() {
+        let mut w = wakeup(2 * MS);
+        // futex(addr, FUTEX_WAIT_PRIVATE, …), preempted on its way in.
+        w.prev_syscall = sleeping_in(libc::SYS_futex, [0, 128, 0, 0]);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Preempted);
+        assert!(a.explanation.contains("preempted around futex(), a syscall that waits"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn three_tasks_taking_turns_are_cpu_contention() {
+        let mut w = wakeup(3 * MS);
+        w.slices = vec![
+            slice(301, "python3", 9 * MS, 11 * MS, 0x100),
+            slice(302, "python3", 11 * MS, 12 * MS, 1),
+            slice(264, "stress-ng", 12 * MS, 13 * MS, 0x100),
+        ];
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::CpuContention);
+        assert_eq!(a.cause.label(&names()), "cpu contention");
+        assert_eq!(a.held_by, None);
+        assert_eq!(a.ran_during_wait.len(), 3);
+        assert!(
+            a.explanation.ends_with("CPU contention: 3 tasks ran, longest python3-301 (1ms)"),
+            "ties keep the earliest: {}",
+            a.explanation
+        );
+    }
+
+    #[test]
+    fn one_hog_through_the_wait_is_named_with_what_it_ran() {
+        let mut w = wakeup(2 * MS);
+        w.slices = vec![slice(264, "stress-ng", 9 * MS, 12 * MS, 0x100)];
+        w.prev_syscall = Some(None);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.held_by.as_ref().map(|h| (h.pid, h.on_cpu_ns)), Some((264, 2 * MS)));
+        assert_eq!(a.cause, Cause::Preempted);
+        assert!(a.explanation.contains("stress-ng-264 was in user space or an interrupt"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn an_earlier_holder_inside_a_traced_function_is_blamed_on_it() {
+        let mut w = ended_by_a_sleeper(vec![
+            slice(264, "stress-ng", 9 * MS, 12 * MS - 20 * US, 0x100),
+            slice(77, "sleeper", 12 * MS - 20 * US, 12 * MS, 1),
+        ]);
+        w.slices[0].in_funcs = 1 << 1;
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Function(1));
+        assert!(a.explanation.contains("held the CPU for 1.98ms of it inside zap_pte_range"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn a_mostly_idle_cpu_is_idle_even_when_a_task_ran_briefly() {
+        let mut w = wakeup(2 * MS);
+        w.slices = vec![
+            slice(0, "swapper/1", 9 * MS, 11 * MS + 800 * US, 0x100),
+            slice(264, "stress-ng", 11 * MS + 800 * US, 12 * MS, 1),
+            slice(265, "kworker/1:1", 12 * MS, 12 * MS, 1),
+        ];
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Idle);
+    }
+
+    #[test]
+    fn mm_probes_own_start_up_is_labelled_as_such() {
+        let mut w = wakeup(2 * MS);
+        w.slices = vec![Slice { tgid: MM_PROBE, ..slice(MM_PROBE + 1, "mm-probe", 9 * MS, 12 * MS, 0x100) }];
+        w.prev = OnCpu { task: task(MM_PROBE + 1, "mm-probe"), since_ns: Some(9 * MS) };
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::OwnStartup);
+        assert_eq!(a.cause.label(&names()), "mm-probe start-up");
+        assert!(a.explanation.contains("mm-probe's own start-up"), "{}", a.explanation);
+    }
+
+    #[test]
+    fn syscall_causes_are_named_never_numbered() {
+        assert_eq!(Cause::Syscall(232).label(&names()), "syscall epoll_wait");
+        assert_eq!(Cause::Function(0).label(&names()), "madvise_cold_or_pageout_pte_range");
     }
 }

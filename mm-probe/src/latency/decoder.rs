@@ -2,9 +2,10 @@
 //! syscalls named, times made relative to the start of the run.
 
 use aya::maps::{MapData, StackTraceMap};
-use mm_probe_common::latency::{CpuCurrent, FuncSpike, FuncState, SyscallState, WakeupSpike};
+use mm_probe_common::latency::{CpuCurrent, CpuSlices, FuncSpike, FuncState, MAX_SLICES, SyscallState, WakeupSpike};
 use serde::Serialize;
 
+use super::syscalls;
 use crate::{kernel::Kallsyms, units::format_bytes};
 
 /// A task as the tracepoints name it.
@@ -114,6 +115,20 @@ impl Stack {
     }
 }
 
+/// One stay of a task on the CPU the woken task ran on, as the slice ring recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    pub task: TaskRef,
+    pub tgid: u32,
+    /// `None` when its switch-in was before tracing started.
+    pub start_ns: Option<u64>,
+    pub end_ns: u64,
+    /// How it left the CPU (sched_switch's prev_state encoding).
+    pub state: i64,
+    /// Bit `i`: inside the traced function of slot `i` when it left.
+    pub in_funcs: u32,
+}
+
 /// A wakeup that took longer than the threshold.
 #[derive(Clone, Debug)]
 pub struct Wakeup {
@@ -133,6 +148,11 @@ pub struct Wakeup {
     pub prev_funcs: FuncState,
     /// `None` when its registers could not be read; `Some(None)` when it was not in a syscall.
     pub prev_syscall: Option<Option<Syscall>>,
+    /// The run CPU's stays that overlapped the wait, oldest first (the last is `prev`'s);
+    /// empty when the kernel recorded none.
+    pub slices: Vec<Slice>,
+    /// Some stays at the start of the wait fell out of the ring (more switches than it holds).
+    pub slices_truncated: bool,
 }
 
 /// A traced function call that took longer than the threshold.
@@ -176,6 +196,8 @@ impl Decoder<'_> {
             prev_stack: self.stack(raw.prev_stack_id),
             prev_funcs: raw.prev_funcs,
             prev_syscall: (syscall.regs_read != 0).then(|| decode_syscall(syscall)),
+            slices: overlapping_slices(&raw.slices, raw.wakeup_ns),
+            slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
         }
     }
 
@@ -256,6 +278,33 @@ fn on_cpu(raw: &CpuCurrent) -> OnCpu {
     }
 }
 
+/// The ring's slices that ended after the wakeup, oldest first.
+pub fn overlapping_slices(ring: &CpuSlices, wakeup_ns: u64) -> Vec<Slice> {
+    let written = ring.written;
+    (written.saturating_sub(MAX_SLICES as u64)..written)
+        .map(|n| &ring.slices[n as usize % MAX_SLICES])
+        .filter(|raw| raw.end_ns > wakeup_ns)
+        .map(|raw| Slice {
+            task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
+            tgid: raw.tgid,
+            start_ns: (raw.start_ns != 0).then_some(raw.start_ns),
+            end_ns: raw.end_ns,
+            state: raw.prev_state,
+            in_funcs: raw.in_funcs,
+        })
+        .collect()
+}
+
+/// Whether stays from the start of the wait were overwritten: the ring is full and even its
+/// oldest slice began after the wakeup.
+fn slices_truncated(ring: &CpuSlices, wakeup_ns: u64) -> bool {
+    if ring.written <= MAX_SLICES as u64 {
+        return false;
+    }
+    let oldest = &ring.slices[ring.written as usize % MAX_SLICES];
+    oldest.end_ns > wakeup_ns && oldest.start_ns > wakeup_ns
+}
+
 /// The syscall a task was in, from its saved user registers; `None` when it was not in one.
 ///
 /// x86-64's syscall entry stores the number in `orig_ax` and -ENOSYS in `ax` until the syscall
@@ -285,43 +334,14 @@ pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
         Some("mmap") => (format!("mmap({})", format_bytes(a1)), None, Some(a1)),
         Some("mremap") => (format!("mremap({} -> {})", format_bytes(a1), format_bytes(a2)), None, Some(a2)),
         Some(call) => (format!("{call}()"), None, None),
-        None => (format!("syscall {nr}()"), None, None),
+        None => (format!("unknown syscall number {nr}"), None, None),
     };
     Some(Syscall { nr, name, args: raw.args, summary, advice, length_bytes })
 }
 
-/// Syscalls worth naming in a latency report (the mm ones, and the common blocking ones).
+/// The name of syscall `nr` on x86-64.
 pub fn syscall_name(nr: i64) -> Option<&'static str> {
-    const NAMES: &[(i64, &str)] = &[
-        (libc::SYS_madvise, "madvise"),
-        (libc::SYS_process_madvise, "process_madvise"),
-        (libc::SYS_munmap, "munmap"),
-        (libc::SYS_mmap, "mmap"),
-        (libc::SYS_mprotect, "mprotect"),
-        (libc::SYS_mremap, "mremap"),
-        (libc::SYS_msync, "msync"),
-        (libc::SYS_mlock, "mlock"),
-        (libc::SYS_munlock, "munlock"),
-        (libc::SYS_mlockall, "mlockall"),
-        (libc::SYS_brk, "brk"),
-        (libc::SYS_read, "read"),
-        (libc::SYS_write, "write"),
-        (libc::SYS_openat, "openat"),
-        (libc::SYS_close, "close"),
-        (libc::SYS_fsync, "fsync"),
-        (libc::SYS_futex, "futex"),
-        (libc::SYS_clock_nanosleep, "clock_nanosleep"),
-        (libc::SYS_nanosleep, "nanosleep"),
-        (libc::SYS_exit_group, "exit_group"),
-        (libc::SYS_exit, "exit"),
-        (libc::SYS_execve, "execve"),
-        (libc::SYS_clone, "clone"),
-        (libc::SYS_clone3, "clone3"),
-        (libc::SYS_wait4, "wait4"),
-        (libc::SYS_ioctl, "ioctl"),
-        (libc::SYS_sched_yield, "sched_yield"),
-    ];
-    NAMES.iter().find(|(n, _)| *n == nr).map(|(_, name)| *name)
+    syscalls::name(nr)
 }
 
 /// madvise(2) advice values (include/uapi/asm-generic/mman-common.h).
@@ -401,7 +421,10 @@ mod tests {
         assert_eq!(call.length_bytes, Some(2 << 30));
         let cold = SyscallState { args: [0, 4096, 20, 0], ..raw };
         assert_eq!(decode_syscall(&cold).unwrap().summary, "madvise(MADV_COLD, 4 KiB)");
-        assert_eq!(decode_syscall(&SyscallState { orig_ax: 99999, ..raw }).unwrap().summary, "syscall 99999()");
+        assert_eq!(
+            decode_syscall(&SyscallState { orig_ax: 99999, ..raw }).unwrap().summary,
+            "unknown syscall number 99999"
+        );
     }
 
     #[test]
@@ -455,6 +478,26 @@ mod tests {
         assert!(is_tracing_machinery("bpf_prog_6deef7357e7b4530_lat_sched_switch_btf+0x5a1"));
         assert!(!is_tracing_machinery("__schedule+0x5bc"));
         assert!(!is_tracing_machinery("madvise_cold_or_pageout_pte_range+0x4a4"));
+    }
+
+    fn raw_slice(pid: u32, start_ns: u64, end_ns: u64) -> mm_probe_common::latency::RunSlice {
+        mm_probe_common::latency::RunSlice { pid, start_ns, end_ns, prev_state: 0x100, ..Default::default() }
+    }
+
+    #[test]
+    fn only_slices_ending_after_the_wakeup_are_kept_oldest_first() {
+        let mut ring = CpuSlices::default();
+        // Ten slices of 1 ms from 0 to 10 ms: the ring holds the last eight, [2, 10] ms.
+        for n in 0..10u64 {
+            ring.slices[n as usize % MAX_SLICES] = raw_slice(100 + n as u32, n * 1000, (n + 1) * 1000);
+            ring.written = n + 1;
+        }
+        let kept = overlapping_slices(&ring, 7500);
+        assert_eq!(kept.iter().map(|s| s.task.pid).collect::<Vec<_>>(), [107, 108, 109]);
+        assert!(!slices_truncated(&ring, 7500));
+        assert_eq!(overlapping_slices(&ring, 500).len(), MAX_SLICES);
+        assert!(slices_truncated(&ring, 500), "stays from 0.5 to 2 ms were overwritten");
+        assert!(overlapping_slices(&CpuSlices::default(), 0).is_empty());
     }
 
     #[test]

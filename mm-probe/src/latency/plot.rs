@@ -3,7 +3,7 @@
 
 use super::{
     aggregator::{Distribution, slot_bounds_us},
-    render::{Quantity, Summary},
+    report::{Quantity, Summary},
 };
 use crate::{
     report::plot::{Bar, HistogramPanel, HistogramPlot},
@@ -77,7 +77,7 @@ fn bars(distribution: &Distribution) -> Vec<Bar> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::latency::verdict::{Level, Verdict};
+    use crate::latency::judge::{Level, Verdict};
     use mm_probe_common::latency::hist_slot;
 
     fn distribution(values_us: &[u64]) -> Distribution {
@@ -103,7 +103,7 @@ mod tests {
             tasks: Vec::new(),
             wakeup_spikes: 0,
             function_spikes: 0,
-            function_attribution: super::super::render::Availability { available: true, reason: None },
+            function_attribution: super::super::report::Availability { available: true, reason: None },
             verdict: Verdict { level: Level::Ok, text: String::new(), causes: Vec::new() },
         }
     }

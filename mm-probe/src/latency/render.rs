@@ -1,228 +1,19 @@
 //! What the user reads: the header with the plan, interval lines, the summary (percentiles,
 //! BCC histograms with the threshold row marked, tasks, spikes worst first, lost events, the
-//! verdict), as text or as NDJSON lines with stable names.
+//! verdict), as text. The JSON lines are report.rs's structs.
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
 use super::{
-    aggregator::{Distribution, TaskSummary},
+    aggregator::Distribution,
     attribution::Attribution,
-    decoder::{FunctionCall, Stack, Syscall, TaskRef, Wakeup, prev_state_name},
-    verdict::Verdict,
+    decoder::{FunctionCall, Stack, Wakeup, prev_state_name},
+    report::{Header, Interval, LostEvents, Quantity, Summary},
 };
-use crate::{
-    probes::Plan,
-    report::{Log2Histogram, Percentiles},
-    units::format_nanos,
-};
+use crate::units::format_nanos;
 
 /// Frames shown per stack in text (JSON has them all).
 const TEXT_STACK_FRAMES: usize = 24;
-
-/// Whether a facility works here, and why not.
-#[derive(Clone, Debug, Serialize)]
-pub struct Availability {
-    pub available: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// One traced function and how it attached.
-#[derive(Clone, Debug, Serialize)]
-pub struct FunctionPlan {
-    pub slot: usize,
-    pub function: String,
-    pub attached: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mechanism: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// The `probe_plan` line.
-#[derive(Clone, Debug, Serialize)]
-pub struct Header {
-    pub kernel: String,
-    pub threshold_ns: u64,
-    /// `rt`, `pids` or `all`.
-    pub selection: &'static str,
-    pub pids: Vec<u32>,
-    pub functions: Vec<FunctionPlan>,
-    pub function_attribution: Availability,
-    pub syscall_attribution: Availability,
-    pub plan: Plan,
-}
-
-/// One measured quantity.
-#[derive(Clone, Debug, Serialize)]
-pub struct Quantity {
-    /// `wakeup` or the function's name.
-    pub name: String,
-    #[serde(flatten)]
-    pub percentiles: Percentiles,
-    pub over_threshold: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub histogram: Option<HistogramJson>,
-}
-
-impl Quantity {
-    pub fn new(name: &str, d: &Distribution, threshold_ns: u64, with_histogram: bool) -> Self {
-        Self {
-            name: name.to_string(),
-            percentiles: d.percentiles(),
-            over_threshold: d.over_threshold,
-            histogram: with_histogram.then(|| HistogramJson::new(&d.log2_usecs(), threshold_ns)),
-        }
-    }
-}
-
-/// The BCC-style log2 histogram of microseconds that the text shows, with its row bounds in
-/// nanoseconds like every other duration of the JSON.
-#[derive(Clone, Debug, Serialize)]
-pub struct HistogramJson {
-    /// Log2 bucket number (of the value in microseconds) of the row holding the threshold.
-    pub threshold_bucket: usize,
-    pub buckets: Vec<BucketJson>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct BucketJson {
-    /// Inclusive bounds: a row of [low, high] µs holds every value of [low·1000, high·1000 + 999] ns.
-    pub low_ns: u64,
-    pub high_ns: u64,
-    pub count: u64,
-}
-
-impl HistogramJson {
-    fn new(h: &Log2Histogram, threshold_ns: u64) -> Self {
-        let first = h.buckets.iter().position(|&c| c > 0).unwrap_or(0);
-        let last = h.buckets.iter().rposition(|&c| c > 0).map_or(0, |l| l + 1);
-        let buckets = (first..last)
-            .map(|k| {
-                let (low_us, high_us) = Log2Histogram::bounds(k);
-                BucketJson { low_ns: low_us * 1000, high_ns: high_us * 1000 + 999, count: h.buckets[k] }
-            })
-            .collect();
-        Self { threshold_bucket: Log2Histogram::bucket_of(threshold_ns / 1000), buckets }
-    }
-}
-
-/// The `interval` line.
-#[derive(Clone, Debug, Serialize)]
-pub struct Interval {
-    pub elapsed_ns: u64,
-    pub interval_ns: u64,
-    pub wakeup: Quantity,
-    pub functions: Vec<Quantity>,
-    pub wakeup_spikes: u64,
-    pub function_spikes: u64,
-}
-
-/// Ring-buffer and map losses (the `lost_events` line); never hidden.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct LostEvents {
-    pub wakeup_spikes: u64,
-    pub function_spikes: u64,
-    pub wakeups: u64,
-    pub function_entries: u64,
-    pub stack_errors: u64,
-    pub malformed_records: u64,
-    /// Program runs the kernel skipped because another tracing program was running on that CPU
-    /// (its recursion guard); a skipped sched_wakeup or function entry is a lost measurement.
-    pub skipped_by_recursion_guard: u64,
-}
-
-impl LostEvents {
-    pub fn any(&self) -> bool {
-        self.wakeup_spikes
-            + self.function_spikes
-            + self.wakeups
-            + self.function_entries
-            + self.stack_errors
-            + self.malformed_records
-            + self.skipped_by_recursion_guard
-            > 0
-    }
-}
-
-/// The `summary` line.
-#[derive(Clone, Debug, Serialize)]
-pub struct Summary {
-    pub duration_ns: u64,
-    /// `duration` or `interrupted`.
-    pub stopped_by: &'static str,
-    pub threshold_ns: u64,
-    pub wakeup: Quantity,
-    pub functions: Vec<Quantity>,
-    pub tasks: Vec<TaskSummary>,
-    pub wakeup_spikes: u64,
-    pub function_spikes: u64,
-    pub function_attribution: Availability,
-    pub verdict: Verdict,
-}
-
-/// A `spike` line of kind `wakeup`.
-#[derive(Clone, Debug, Serialize)]
-pub struct WakeupSpikeJson<'a> {
-    pub kind: &'static str,
-    pub rank: usize,
-    pub pid: u32,
-    pub comm: &'a str,
-    pub prio: i32,
-    pub latency_ns: u64,
-    /// Since the start of tracing.
-    pub woken_at_ns: u64,
-    pub target_cpu: u32,
-    pub run_cpu: u32,
-    pub waker_cpu: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub blocker: Option<&'a TaskRef>,
-    pub prev: &'a TaskRef,
-    pub prev_state: String,
-    /// How long `prev` had been on the CPU when it switched away (null: since before tracing).
-    pub prev_on_cpu_ns: Option<u64>,
-    pub stack: &'a Stack,
-    pub syscall: Option<&'a Syscall>,
-    #[serde(flatten)]
-    pub attribution: &'a Attribution,
-}
-
-impl<'a> WakeupSpikeJson<'a> {
-    pub fn new(rank: usize, w: &'a Wakeup, a: &'a Attribution, start_ns: u64) -> Self {
-        Self {
-            kind: "wakeup",
-            rank,
-            pid: w.task.pid,
-            comm: &w.task.comm,
-            prio: w.prio,
-            latency_ns: w.latency_ns,
-            woken_at_ns: w.wakeup_ns.saturating_sub(start_ns),
-            target_cpu: w.target_cpu,
-            run_cpu: w.run_cpu,
-            waker_cpu: w.waker_cpu,
-            blocker: w.blocker.since_ns.map(|_| &w.blocker.task),
-            prev: &w.prev.task,
-            prev_state: prev_state_name(w.prev_state),
-            prev_on_cpu_ns: w.prev.since_ns.map(|since| w.run_ns.saturating_sub(since)),
-            stack: &w.prev_stack,
-            syscall: w.prev_syscall.as_ref().and_then(Option::as_ref),
-            attribution: a,
-        }
-    }
-}
-
-/// A `spike` line of kind `function`.
-#[derive(Clone, Debug, Serialize)]
-pub struct FunctionSpikeJson<'a> {
-    pub kind: &'static str,
-    pub rank: usize,
-    pub function: &'a str,
-    pub entered_at_ns: u64,
-    #[serde(flatten)]
-    pub call: &'a FunctionCall,
-}
 
 /// "RT 99", "DL", "nice 0" from a kernel priority.
 pub fn priority(prio: i32) -> String {
@@ -421,6 +212,18 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
         let _ = write!(out, " after {} on the CPU", format_nanos(w.run_ns.saturating_sub(since)));
     }
     out.push('\n');
+    if a.ran_during_wait.len() > 1 {
+        let ran: Vec<String> = a
+            .ran_during_wait
+            .iter()
+            .map(|h| {
+                let who = if h.pid == 0 { "idle".to_string() } else { format!("{}-{}", h.comm, h.pid) };
+                format!("{who} {}", format_nanos(h.on_cpu_ns))
+            })
+            .collect();
+        let more = if a.ran_during_wait_complete { "" } else { ", and earlier ones not kept" };
+        let _ = writeln!(out, "      on the CPU during the wait: {}{more}", ran.join(", "));
+    }
     for share in &a.functions {
         let _ = write!(
             out,
@@ -483,185 +286,6 @@ mod tests {
         assert_eq!(priority(49), "RT 50");
         assert_eq!(priority(-1), "DL");
         assert_eq!(priority(120), "nice 0");
-    }
-
-    #[test]
-    fn histogram_json_names_the_threshold_row() {
-        let mut buckets = vec![0; 64];
-        buckets[3] = 2;
-        buckets[10] = 1;
-        let j = HistogramJson::new(&Log2Histogram::new(buckets), 500_000);
-        assert_eq!(j.threshold_bucket, 8, "500 µs is in [256, 511]");
-        assert_eq!(j.buckets.len(), 8);
-        assert_eq!((j.buckets[0].low_ns, j.buckets[0].high_ns, j.buckets[0].count), (8_000, 15_999, 2));
-        assert_eq!((j.buckets[7].low_ns, j.buckets[7].high_ns, j.buckets[7].count), (1_024_000, 2_047_999, 1));
-    }
-
-    /// Every line `latency --json` can print, with functions traced, a spike of each kind, and
-    /// every optional part present (the host kernel cannot trace functions; the guests can).
-    #[test]
-    fn every_json_line_matches_its_schema_with_functions_traced() {
-        use mm_probe_common::latency::FuncState;
-
-        use crate::{
-            latency::{attribution::FunctionShare, decoder::OnCpu, verdict::Level},
-            probes::{Outcome, ProbePlan},
-            report::{
-                json::{self, Line},
-                schema_check::tool_line,
-            },
-        };
-
-        const WALK: &str = "madvise_cold_or_pageout_pte_range";
-        let threshold_ns = 500_000;
-        let mut buckets = vec![0; 64];
-        buckets[3] = 2;
-        buckets[10] = 1;
-        let percentiles = Percentiles {
-            count: 3,
-            mean_ns: 372_000.5,
-            p50_ns: 9_000,
-            p90_ns: 1_100_000,
-            p99_ns: 1_100_000,
-            p999_ns: 1_100_000,
-            max_ns: 1_100_000,
-        };
-        let quantity = |name: &str, with_histogram: bool| Quantity {
-            name: name.into(),
-            percentiles,
-            over_threshold: 1,
-            histogram: with_histogram.then(|| HistogramJson::new(&Log2Histogram::new(buckets.clone()), threshold_ns)),
-        };
-        let available = Availability { available: true, reason: None };
-        let header = Header {
-            kernel: "6.12.57".into(),
-            threshold_ns,
-            selection: "pids",
-            pids: vec![42],
-            functions: vec![
-                FunctionPlan {
-                    slot: 0,
-                    function: WALK.into(),
-                    attached: true,
-                    mechanism: Some("fentry+fexit".into()),
-                    reason: None,
-                },
-                FunctionPlan {
-                    slot: 1,
-                    function: "gone".into(),
-                    attached: false,
-                    mechanism: None,
-                    reason: Some("not in BTF".into()),
-                },
-            ],
-            function_attribution: Availability { available: true, reason: Some("gone: not in BTF".into()) },
-            syscall_attribution: available.clone(),
-            plan: Plan {
-                probes: vec![ProbePlan {
-                    probe: "sched_switch",
-                    purpose: "switches",
-                    outcome: Outcome::Attached {
-                        mechanism: "tp_btf".into(),
-                        target: "sched_switch".into(),
-                        caveat: None,
-                    },
-                    failed_attempts: Vec::new(),
-                }],
-            },
-        };
-        let interval = Interval {
-            elapsed_ns: 2_000_000_000,
-            interval_ns: 1_000_000_000,
-            wakeup: quantity("wakeup", false),
-            functions: vec![quantity(WALK, false)],
-            wakeup_spikes: 1,
-            function_spikes: 1,
-        };
-        let summary = Summary {
-            duration_ns: 2_000_000_000,
-            stopped_by: "interrupted",
-            threshold_ns,
-            wakeup: quantity("wakeup", true),
-            functions: vec![quantity(WALK, true)],
-            tasks: vec![TaskSummary {
-                pid: 42,
-                comm: "rt_waker".into(),
-                prio: 0,
-                wakeups: 3,
-                mean_ns: 372_000,
-                max_ns: 1_100_000,
-                over_threshold: 1,
-            }],
-            wakeup_spikes: 1,
-            function_spikes: 1,
-            function_attribution: available,
-            verdict: Verdict {
-                level: Level::Warn,
-                text: "one wakeup waited 1.1 ms".into(),
-                causes: vec![(WALK.into(), 1)],
-            },
-        };
-        let syscall = Syscall {
-            nr: 28,
-            name: Some("madvise"),
-            args: [0x7f00_0000_0000, 1 << 30, 21, 0],
-            summary: "madvise(MADV_PAGEOUT, 1 GiB)".into(),
-            advice: Some("MADV_PAGEOUT".into()),
-            length_bytes: Some(1 << 30),
-        };
-        let stack = Stack { frames: vec![format!("{WALK}+0x1a")], error: None };
-        let storm = OnCpu { task: TaskRef { pid: 7, comm: "storm".into() }, since_ns: Some(5) };
-        let wakeup = Wakeup {
-            task: TaskRef { pid: 42, comm: "rt_waker".into() },
-            prio: 0,
-            latency_ns: 1_100_000,
-            wakeup_ns: 10,
-            run_ns: 1_100_010,
-            target_cpu: 1,
-            run_cpu: 1,
-            waker_cpu: 0,
-            blocker: storm.clone(),
-            blocker_funcs: FuncState::default(),
-            prev: storm.clone(),
-            prev_state: 0,
-            prev_stack: stack.clone(),
-            prev_funcs: FuncState::default(),
-            prev_syscall: Some(Some(syscall.clone())),
-        };
-        let attribution = Attribution {
-            blocker_ran_until_switch: true,
-            without_rescheduling: true,
-            functions: vec![FunctionShare {
-                function: WALK.into(),
-                in_wait_ns: 1_000_000,
-                calls: 2,
-                running_call_ns: Some(900_000),
-            }],
-            cause: WALK.into(),
-            explanation: "storm-7 held CPU 1".into(),
-        };
-        let call = FunctionCall {
-            slot: 0,
-            task: storm.task,
-            tgid: 7,
-            cpu: 1,
-            entry_ns: 20,
-            duration_ns: 1_000_000,
-            stack,
-            syscall: Some(syscall),
-        };
-        let function_spike =
-            FunctionSpikeJson { kind: "function", rank: 1, function: WALK, entered_at_ns: 20, call: &call };
-        for line in [
-            json::line(Line::LatencyProbePlan, &header),
-            json::line(Line::LatencyInterval, &interval),
-            json::line(Line::LatencySummary, &summary),
-            json::line(Line::LatencySpike, &WakeupSpikeJson::new(1, &wakeup, &attribution, 0)),
-            json::line(Line::LatencySpike, &function_spike),
-            json::line(Line::LatencyLostEvents, &LostEvents { wakeup_spikes: 1, ..LostEvents::default() }),
-        ] {
-            tool_line(&line);
-        }
     }
 
     #[test]

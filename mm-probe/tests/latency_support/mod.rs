@@ -315,3 +315,79 @@ fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
         Err(format!("{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
+
+/// Processes that keep `count` CPUs busy in user space: `stress-ng --cpu` where it is installed,
+/// shell busy loops otherwise. Killed on drop.
+pub struct CpuHogs {
+    children: Vec<Child>,
+    /// What their comm starts with.
+    pub comm: &'static str,
+}
+
+impl CpuHogs {
+    pub fn start(count: usize) -> Self {
+        let stress = Command::new("stress-ng")
+            .args(["--cpu", &count.to_string(), "--timeout", "60s", "--quiet"])
+            .stdout(Stdio::null())
+            .spawn();
+        match stress {
+            Ok(child) => Self { children: vec![child], comm: "stress-ng" },
+            Err(_) => Self {
+                children: (0..count)
+                    .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("starting sh"))
+                    .collect(),
+                comm: "sh",
+            },
+        }
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            // SIGTERM first: stress-ng then stops its workers.
+            // SAFETY: kill with a pid we spawned and a valid signal number.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Threads named `comm` that sleep 1 ms in a loop (clock_nanosleep) until dropped.
+pub struct Sleepers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sleepers {
+    pub fn start(count: usize, comm: &str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(comm.to_string())
+                    .spawn(move || {
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    })
+                    .expect("starting a sleeper")
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Syscalls that only wait: a task in one of them never held the CPU because of it.
+pub const WAITING_SYSCALLS: [&str; 9] =
+    ["clock_nanosleep", "nanosleep", "futex", "epoll_wait", "epoll_pwait", "poll", "ppoll", "select", "pselect6"];

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::aggregator::Distribution;
+use super::{aggregator::Distribution, attribution::Cause};
 use crate::units::format_nanos;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -36,7 +36,8 @@ impl Level {
 pub struct Verdict {
     pub level: Level,
     pub text: String,
-    /// Spikes per cause (a traced function, `syscall <name>`, `idle`, `unknown`), most first.
+    /// Spikes per cause (labelled as in the spike lines: a traced function, `syscall <name>`,
+    /// `cpu contention`, `idle`…), most first.
     pub causes: Vec<(String, u64)>,
 }
 
@@ -44,15 +45,17 @@ pub struct Verdict {
 const WARN_FRACTION: f64 = 0.001;
 
 /// Judges the run's wakeups against `threshold_ns`. `causes` counts every spike seen (not just
-/// the listed top N) by cause; `functions` gives each traced function's distribution.
+/// the listed top N) by cause; `names[slot]` names each function slot; `functions` gives each
+/// attached traced function's distribution.
 pub fn judge(
     wakeups: &Distribution,
     threshold_ns: u64,
-    causes: &BTreeMap<String, u64>,
+    causes: &BTreeMap<Cause, u64>,
+    names: &[String],
     functions: &[(String, Distribution)],
 ) -> Verdict {
-    let mut causes: Vec<(String, u64)> = causes.iter().map(|(c, n)| (c.clone(), *n)).collect();
-    causes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut ranked: Vec<(Cause, u64)> = causes.iter().map(|(c, n)| (*c, *n)).collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.label(names).cmp(&b.0.label(names))));
     let threshold = format_nanos(threshold_ns);
     let (level, mut text) = if wakeups.count == 0 {
         (
@@ -79,9 +82,9 @@ pub fn judge(
             fraction * 100.0,
             format_nanos(wakeups.max_ns.unwrap_or(0))
         );
-        if let Some((cause, n)) = causes.first() {
-            let total: u64 = causes.iter().map(|(_, n)| n).sum();
-            text += &format!("; most common cause ({n} of {total} spikes): {}", describe_cause(cause));
+        if let Some((cause, n)) = ranked.first() {
+            let total: u64 = ranked.iter().map(|(_, n)| n).sum();
+            text += &format!("; most common cause ({n} of {total} spikes): {}", cause.describe(names));
         }
         (level, text)
     };
@@ -92,22 +95,7 @@ pub fn judge(
             format_nanos(d.max_ns.unwrap_or(0))
         );
     }
-    Verdict { level, text, causes }
-}
-
-fn describe_cause(cause: &str) -> String {
-    match cause {
-        "idle" => "the CPU was idle (wakeup from idle, interrupts)".into(),
-        "unknown" => "the blocker was outside the traced functions and syscalls".into(),
-        "page fault" => "the blocker was in a page fault, outside the traced functions".into(),
-        "interrupt" => "the blocker was interrupted in user space".into(),
-        "kernel thread" => "a kernel thread held the CPU, outside the traced functions".into(),
-        "exception" => "the blocker was in an exception handler".into(),
-        syscall if syscall.starts_with("syscall ") => {
-            format!("the blocker was in {}, outside the traced functions", &syscall[8..])
-        }
-        function => format!("the blocker was inside {function}"),
-    }
+    Verdict { level, text, causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect() }
 }
 
 #[cfg(test)]
@@ -121,20 +109,20 @@ mod tests {
     #[test]
     fn levels_follow_the_share_over_threshold() {
         let none = BTreeMap::new();
-        assert_eq!(judge(&dist(0, 0, 0), 500_000, &none, &[]).level, Level::NoData);
-        let ok = judge(&dist(1000, 0, 120_000), 500_000, &none, &[]);
+        assert_eq!(judge(&dist(0, 0, 0), 500_000, &none, &[], &[]).level, Level::NoData);
+        let ok = judge(&dist(1000, 0, 120_000), 500_000, &none, &[], &[]);
         assert_eq!(ok.level, Level::Ok);
         assert_eq!(ok.text, "all 1000 wakeups ran within 500µs (worst 120µs)");
-        assert_eq!(judge(&dist(10_000, 9, 900_000), 500_000, &none, &[]).level, Level::Warn);
-        assert_eq!(judge(&dist(10_000, 10, 900_000), 500_000, &none, &[]).level, Level::Crit);
+        assert_eq!(judge(&dist(10_000, 9, 900_000), 500_000, &none, &[], &[]).level, Level::Warn);
+        assert_eq!(judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[]).level, Level::Crit);
     }
 
     #[test]
     fn the_common_cause_and_slow_functions_are_named() {
-        let causes =
-            BTreeMap::from([("madvise_cold_or_pageout_pte_range".to_string(), 15), ("syscall munmap".to_string(), 2)]);
-        let functions = [("madvise_cold_or_pageout_pte_range".to_string(), dist(50_000, 20, 1_941_000))];
-        let v = judge(&dist(12_034, 17, 1_953_000), 500_000, &causes, &functions);
+        let names = ["madvise_cold_or_pageout_pte_range".to_string()];
+        let causes = BTreeMap::from([(Cause::Function(0), 15), (Cause::Syscall(libc::SYS_munmap), 2)]);
+        let functions = [(names[0].clone(), dist(50_000, 20, 1_941_000))];
+        let v = judge(&dist(12_034, 17, 1_953_000), 500_000, &causes, &names, &functions);
         assert_eq!(v.level, Level::Crit);
         assert_eq!(
             v.text,
@@ -142,6 +130,14 @@ mod tests {
              17 spikes): the blocker was inside madvise_cold_or_pageout_pte_range; \
              madvise_cold_or_pageout_pte_range ran longer than 500µs 20 times (worst 1.94ms)"
         );
-        assert_eq!(v.causes[0], ("madvise_cold_or_pageout_pte_range".to_string(), 15));
+        assert_eq!(v.causes, [(names[0].clone(), 15), ("syscall munmap".to_string(), 2)]);
+    }
+
+    #[test]
+    fn contention_as_the_common_cause_is_said_in_words() {
+        let causes = BTreeMap::from([(Cause::CpuContention, 5), (Cause::Preempted, 1)]);
+        let v = judge(&dist(1000, 6, 3_000_000), 500_000, &causes, &[], &[]);
+        assert!(v.text.ends_with("most common cause (5 of 6 spikes): CPU contention: several tasks ran in turn, none for most of the wait"), "{}", v.text);
+        assert_eq!(v.causes[0], ("cpu contention".to_string(), 5));
     }
 }

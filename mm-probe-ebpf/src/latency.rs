@@ -12,29 +12,41 @@
 //! Each sched hook has a BTF tracepoint program (task_struct members at BTF offsets; preferred,
 //! see lat_sched_wakeup_btf) and a classic tracepoint fallback, whose record field offsets come
 //! from user space (read from tracefs `format`; the defaults are the layout of non-RT builds).
+//!
+//! At each sched_switch the stay of the task switching out is closed into a small per-CPU ring
+//! of run slices; a spike carries that ring so user space can tell who held the CPU during the
+//! wait (one task throughout, or several in turn) without any judgement here.
+//!
+//! Traced kernel functions (madvise_cold_or_pageout_pte_range and the `--func` targets) are
+//! timed entry to return, per task. A loaded fentry/fexit program is bound to one function (its
+//! BTF id is fixed at load), so the object carries one entry/exit pair per function slot, each
+//! with its slot number built in; the kprobe/kretprobe pairs mirror them for kernels where
+//! trampolines are refused or the function has no BTF (module functions). Every pair feeds the
+//! same per-task state, which the sched_switch program copies into wakeup spikes to say whether
+//! the blocker was inside one.
 
 use aya_ebpf::{
     Global,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
-    macros::{btf_tracepoint, map, tracepoint},
+    helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
+    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
-    programs::{BtfTracePointContext, TracePointContext, tracing::StackIdContext},
+    programs::{
+        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext,
+        tracing::StackIdContext,
+    },
 };
 use mm_probe_common::latency::{
-    COUNTER_COUNT, Counter, CpuCurrent, FILTER_ALL, FILTER_PIDS, FuncState, LatencyHist, MAX_CPUS, QUANTITIES,
-    QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
+    Counter, CpuCurrent, CpuSlices, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, MAX_CPUS, MAX_FUNCS,
+    MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
 };
 
-use crate::{
-    func_latency::{LAT_FUNC_ZERO, function_state},
-    kernel::{
-        btf_read, btf_read_comm, bump, log2_bucket,
-        offsets::{
-            OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
-            OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
-        },
-        read_at,
+use crate::kernel::{
+    btf_read, btf_read_comm, bump, current_pid, current_tgid, log2_bucket,
+    offsets::{
+        OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
+        OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
     },
+    read_at,
 };
 
 #[unsafe(no_mangle)]
@@ -74,12 +86,12 @@ static LAT_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
 
 /// Histograms of every quantity, per CPU.
 #[map]
-pub(crate) static LAT_HIST: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(QUANTITIES, 0);
+static LAT_HIST: PerCpuArray<LatencyHist> = PerCpuArray::with_max_entries(QUANTITIES, 0);
 #[map]
-pub(crate) static LAT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
+static LAT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 /// Kernel stacks of spikes only, so a small table suffices.
 #[map]
-pub(crate) static LAT_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
+static LAT_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
 
 /// Pids to measure when the filter is FILTER_PIDS.
 #[map]
@@ -96,20 +108,24 @@ static LAT_TASKS: LruHashMap<u32, TaskWakeups> = LruHashMap::with_max_entries(81
 /// Scratch space for building a WakeupStart off the 512-byte stack.
 #[map]
 static LAT_SCRATCH: PerCpuArray<WakeupStart> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's last run slices, written at every switch there and read only there.
 #[map]
-static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(512 * 1024, 0);
+static LAT_SLICES: PerCpuArray<CpuSlices> = PerCpuArray::with_max_entries(1, 0);
+/// About 1 KiB per spike: room for a burst of several hundred.
+#[map]
+static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
 
 /// Copies a record with one helper call. A plain assignment of a record this size compiles to
 /// a byte-by-byte memmove loop, which the verifier walks byte by byte (and is slow to verify
 /// in an emulated guest).
 #[inline(always)]
-pub(crate) fn copy_record<T>(dst: &mut T, src: *const T) {
+fn copy_record<T>(dst: &mut T, src: *const T) {
     unsafe { generated::bpf_probe_read_kernel((dst as *mut T).cast(), size_of::<T>() as u32, src.cast()) };
 }
 
 /// An empty function state (copied from a map value that is never written).
 #[inline(always)]
-pub(crate) fn clear_funcs(dst: &mut FuncState) {
+fn clear_funcs(dst: &mut FuncState) {
     match LAT_FUNC_ZERO.get_ptr(0) {
         Some(zero) => copy_record(dst, zero),
         None => dst.entry_ns = [0; mm_probe_common::latency::MAX_FUNCS],
@@ -119,7 +135,7 @@ pub(crate) fn clear_funcs(dst: &mut FuncState) {
 /// The current task's saved user registers: the syscall number and result slots and the first
 /// four arguments. Whether that was a syscall is judged in user space (`decode_syscall`).
 #[inline(always)]
-pub(crate) fn current_syscall(dst: &mut SyscallState) {
+fn current_syscall(dst: &mut SyscallState) {
     *dst = SyscallState::default();
     if LAT_SYSCALL_FROM_REGS.load() == 0 {
         return;
@@ -149,7 +165,7 @@ fn field<T>(ctx: &TracePointContext, offset: &Global<u32>) -> Option<T> {
 /// atomics; on PREEMPT_RT a program runs with migration disabled but can be preempted by another
 /// program on the same CPU, so a rare increment can be lost there (never double-counted).
 #[inline(always)]
-pub(crate) fn record(quantity: u32, value_ns: u64, over: bool) {
+fn record(quantity: u32, value_ns: u64, over: bool) {
     let Some(hist) = LAT_HIST.get_ptr_mut(quantity) else { return };
     let hist = unsafe { &mut *hist };
     hist.count += 1;
@@ -169,19 +185,19 @@ pub(crate) fn record(quantity: u32, value_ns: u64, over: bool) {
 }
 
 #[inline(always)]
-pub(crate) fn threshold_ns() -> u64 {
+fn threshold_ns() -> u64 {
     LAT_THRESHOLD_NS.load()
 }
 
 /// Whether spikes go to user space (the exporter only reads histograms and counters).
 #[inline(always)]
-pub(crate) fn stream_spikes() -> bool {
+fn stream_spikes() -> bool {
     LAT_STREAM_SPIKES.load() != 0
 }
 
 /// The current kernel stack's id in LAT_STACKS, or the (negative) error.
 #[inline(always)]
-pub(crate) fn stack_id<C: StackIdContext>(ctx: &C) -> i64 {
+fn stack_id<C: StackIdContext>(ctx: &C) -> i64 {
     match ctx.get_stackid(&LAT_STACKS, 0) {
         Ok(id) => id,
         Err(error) => {
@@ -192,7 +208,7 @@ pub(crate) fn stack_id<C: StackIdContext>(ctx: &C) -> i64 {
 }
 
 #[inline(always)]
-pub(crate) fn count(counter: Counter) {
+fn count(counter: Counter) {
     bump(&LAT_COUNTERS, counter as u32, 1);
 }
 
@@ -368,6 +384,7 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     here.prio = switch.next_prio;
     here.since_ns = now;
     here.comm = switch.next_comm;
+    close_slice(switch, prev_since_ns, now);
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
@@ -385,10 +402,41 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     record(QUANTITY_WAKEUP, latency_ns, over);
     account_task(switch, start.prio, latency_ns, over);
     if over && stream_spikes() {
-        emit_spike(ctx, switch, start, now, cpu, prev_since_ns);
+        emit_wakeup_spike(ctx, switch, start, now, cpu, prev_since_ns);
     }
     let _ = LAT_WAKEUPS.remove(next_pid);
     Some(())
+}
+
+/// Closes the stay of the task switching out into this CPU's slice ring: a few stores, no
+/// helper call beyond the map lookup (and the function-state lookup once functions are traced).
+#[inline(always)]
+fn close_slice(switch: &Switch, since_ns: u64, now: u64) {
+    let Some(ring) = LAT_SLICES.get_ptr_mut(0) else { return };
+    let ring = unsafe { &mut *ring };
+    let Some(slice) = ring.slices.get_mut(ring.written as usize & (MAX_SLICES - 1)) else { return };
+    slice.start_ns = since_ns;
+    slice.end_ns = now;
+    slice.prev_state = switch.prev_state;
+    slice.pid = switch.prev_pid;
+    // The tracepoint runs in the context of the task switching out.
+    slice.tgid = current_tgid();
+    slice.comm = switch.prev_comm;
+    slice.in_funcs = functions_in_progress(switch.prev_pid);
+    ring.written += 1;
+}
+
+/// Bit `i` set when task `pid` is inside the function of slot `i`.
+#[inline(always)]
+fn functions_in_progress(pid: u32) -> u32 {
+    let Some(state) = function_state(pid) else { return 0 };
+    let mut bits = 0;
+    for slot in 0..MAX_FUNCS {
+        if unsafe { (*state).entry_ns[slot] } != 0 {
+            bits |= 1 << slot;
+        }
+    }
+    bits
 }
 
 #[inline(always)]
@@ -422,7 +470,7 @@ fn account_task(switch: &Switch, prio: i32, latency_ns: u64, over: bool) {
 }
 
 #[inline(always)]
-fn emit_spike<C: StackIdContext>(
+fn emit_wakeup_spike<C: StackIdContext>(
     ctx: &C,
     switch: &Switch,
     start: &WakeupStart,
@@ -460,5 +508,146 @@ fn emit_spike<C: StackIdContext>(
     }
     // sched_switch runs in the context of the task switching away, so "current" is prev.
     current_syscall(&mut spike.prev_syscall);
+    match LAT_SLICES.get_ptr(0) {
+        Some(ring) => copy_record(&mut spike.slices, ring),
+        None => spike.slices.written = 0,
+    }
     entry.submit(0);
 }
+
+// Traced functions.
+
+/// Each task's traced-function state (LRU: exited tasks age out).
+#[map]
+static LAT_FUNC_STATE: LruHashMap<u32, FuncState> = LruHashMap::with_max_entries(32768, 0);
+/// One all-zero FuncState to insert from (too big for the stack next to everything else).
+#[map]
+static LAT_FUNC_ZERO: Array<FuncState> = Array::with_max_entries(1, 0);
+/// Slot 0 is 1 once user space attached a function probe: until then no task has function
+/// state, and the sched programs skip looking for it (an array lookup is inlined; a hash lookup
+/// is not).
+#[map]
+static LAT_FUNCS_TRACED: Array<u32> = Array::with_max_entries(1, 0);
+#[map]
+static LAT_FUNC_SPIKES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// The function state of task `pid`, if a traced function ever ran in it.
+#[inline(always)]
+fn function_state(pid: u32) -> Option<*const FuncState> {
+    if pid == 0 || LAT_FUNCS_TRACED.get(0).copied().unwrap_or(0) == 0 {
+        return None;
+    }
+    LAT_FUNC_STATE.get_ptr(pid)
+}
+
+#[inline(always)]
+fn func_entry(slot: usize) -> u32 {
+    let pid = current_pid();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let state = match LAT_FUNC_STATE.get_ptr_mut(pid) {
+        Some(state) => state,
+        None => {
+            let inserted = match LAT_FUNC_ZERO.get(0) {
+                Some(zero) => LAT_FUNC_STATE.insert(pid, zero, 0).is_ok(),
+                None => false,
+            };
+            match LAT_FUNC_STATE.get_ptr_mut(pid) {
+                Some(state) if inserted => state,
+                _ => {
+                    count(Counter::LostFuncEntries);
+                    return 0;
+                }
+            }
+        }
+    };
+    if let Some(entry) = unsafe { (*state).entry_ns.get_mut(slot) } {
+        *entry = now;
+    }
+    0
+}
+
+#[inline(always)]
+fn func_exit<C: StackIdContext>(ctx: &C, slot: usize) -> u32 {
+    let pid = current_pid();
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(state) = LAT_FUNC_STATE.get_ptr_mut(pid) else { return 0 };
+    let state = unsafe { &mut *state };
+    let (Some(entry), Some(total), Some(calls)) =
+        (state.entry_ns.get_mut(slot), state.total_ns.get_mut(slot), state.calls.get_mut(slot))
+    else {
+        return 0;
+    };
+    if *entry == 0 {
+        // Entered before tracing started.
+        return 0;
+    }
+    let entry_ns = *entry;
+    let duration_ns = now.saturating_sub(entry_ns);
+    *entry = 0;
+    *total += duration_ns;
+    *calls += 1;
+    let over = duration_ns > threshold_ns();
+    record(1 + slot as u32, duration_ns, over);
+    if over && stream_spikes() {
+        emit_func_spike(ctx, slot, pid, entry_ns, duration_ns);
+    }
+    0
+}
+
+#[inline(always)]
+fn emit_func_spike<C: StackIdContext>(ctx: &C, slot: usize, pid: u32, entry_ns: u64, duration_ns: u64) {
+    let Some(mut entry) = LAT_FUNC_SPIKES.reserve::<FuncSpike>(0) else {
+        count(Counter::LostFuncSpikes);
+        return;
+    };
+    let spike = unsafe { &mut *entry.as_mut_ptr() };
+    spike.slot = slot as u32;
+    spike.pid = pid;
+    spike.tgid = current_tgid();
+    spike.cpu = unsafe { bpf_get_smp_processor_id() };
+    spike.entry_ns = entry_ns;
+    spike.duration_ns = duration_ns;
+    spike.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    spike.stack_id = stack_id(ctx);
+    current_syscall(&mut spike.syscall);
+    entry.submit(0);
+}
+
+/// One fentry/fexit and one kprobe/kretprobe pair per slot, named `lat_func_<kind>_<slot>`.
+macro_rules! function_slots {
+    ($(($slot:literal, $entry:ident, $exit:ident, $kprobe:ident, $kretprobe:ident)),* $(,)?) => {
+        $(
+            #[fentry]
+            pub fn $entry(_ctx: FEntryContext) -> u32 {
+                func_entry($slot)
+            }
+
+            #[fexit]
+            pub fn $exit(ctx: FExitContext) -> u32 {
+                func_exit(&ctx, $slot)
+            }
+
+            #[kprobe]
+            pub fn $kprobe(_ctx: ProbeContext) -> u32 {
+                func_entry($slot)
+            }
+
+            #[kretprobe]
+            pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
+                func_exit(&ctx, $slot)
+            }
+        )*
+        const _: () = assert!([$($slot),*].len() == MAX_FUNCS);
+    };
+}
+
+function_slots!(
+    (0, lat_func_entry_0, lat_func_exit_0, lat_func_kprobe_0, lat_func_kretprobe_0),
+    (1, lat_func_entry_1, lat_func_exit_1, lat_func_kprobe_1, lat_func_kretprobe_1),
+    (2, lat_func_entry_2, lat_func_exit_2, lat_func_kprobe_2, lat_func_kretprobe_2),
+    (3, lat_func_entry_3, lat_func_exit_3, lat_func_kprobe_3, lat_func_kretprobe_3),
+    (4, lat_func_entry_4, lat_func_exit_4, lat_func_kprobe_4, lat_func_kretprobe_4),
+    (5, lat_func_entry_5, lat_func_exit_5, lat_func_kprobe_5, lat_func_kretprobe_5),
+    (6, lat_func_entry_6, lat_func_exit_6, lat_func_kprobe_6, lat_func_kretprobe_6),
+    (7, lat_func_entry_7, lat_func_exit_7, lat_func_kprobe_7, lat_func_kretprobe_7),
+);

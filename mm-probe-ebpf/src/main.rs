@@ -11,7 +11,7 @@ mod kernel;
 mod notifier;
 mod sched;
 mod selftest;
-mod thp;
+mod thp_why;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -2,7 +2,7 @@
 //! prctl(PR_SET_THP_DISABLE) calls, and the mm pointer and flags of processes whose mmap lock
 //! mm-probe takes. They count and copy raw facts; user space decodes and judges.
 //!
-//! Allow-check prototypes, read from the kernel sources (see shared kernel-facts §1.1):
+//! Allow-check prototypes, read from the kernel sources (mm/huge_memory.c):
 //!   6.0–6.7  bool hugepage_vma_check(struct vm_area_struct *vma, unsigned long vm_flags,
 //!                                    bool smaps, bool in_pf, bool enforce_sysfs)
 //!   6.8–6.9  unsigned long __thp_vma_allowable_orders(vma, vm_flags, bool smaps, bool in_pf,

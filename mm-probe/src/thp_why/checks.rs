@@ -1,7 +1,8 @@
 //! The kernel's THP allow-check, per version, stated as data: which function it is, how its
 //! arguments say who is asking (page fault, smaps, khugepaged, MADV_COLLAPSE), and the order in
-//! which it returns "no" (shared kernel-facts §1.2–1.4). The argument layout is read from the
-//! function's BTF parameter names; the release number is only a fallback without BTF.
+//! which it returns "no" (mm/huge_memory.c and include/linux/huge_mm.h of each release). The
+//! argument layout is read from the function's BTF parameter names; the release number is only
+//! a fallback without BTF.
 
 use serde::Serialize;
 
@@ -191,6 +192,16 @@ pub const ALLOWABLE_ORDERS_TVA_TYPE_ORDER: &[Step] = &[
     Step::NoAnonVma,
 ];
 
+/// Where the allow-check's layout was learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecidedFrom {
+    /// The function's prototype in this kernel's BTF.
+    Btf,
+    /// No BTF: guessed from the version number.
+    Release,
+}
+
 /// The running kernel's allow-check.
 #[derive(Clone, Debug, Serialize)]
 pub struct AllowCheck {
@@ -200,8 +211,7 @@ pub struct AllowCheck {
     pub encoding: CallEncoding,
     #[serde(skip)]
     pub order: &'static [Step],
-    /// `btf` or `release` (no BTF: guessed from the version number).
-    pub decided_from: &'static str,
+    pub decided_from: DecidedFrom,
 }
 
 impl AllowCheck {
@@ -234,7 +244,13 @@ impl AllowCheck {
             } else {
                 (bools(&params)?, ALLOWABLE_ORDERS_ORDER)
             };
-            return Some(Self { function: "__thp_vma_allowable_orders", params, encoding, order, decided_from: "btf" });
+            return Some(Self {
+                function: "__thp_vma_allowable_orders",
+                params,
+                encoding,
+                order,
+                decided_from: DecidedFrom::Btf,
+            });
         }
         let params = btf.function_params("hugepage_vma_check")?;
         let encoding = bools(&params)?;
@@ -243,12 +259,12 @@ impl AllowCheck {
             params,
             encoding,
             order: HUGEPAGE_VMA_CHECK_ORDER,
-            decided_from: "btf",
+            decided_from: DecidedFrom::Btf,
         })
     }
 
-    /// Without BTF: the layout each release line is known to have (kernel-facts §1.1; whether
-    /// tva_flags arrived in 6.10 or 6.11 is unverified).
+    /// Without BTF: the layout each release line is known to have (the prototypes listed in
+    /// mm-probe-ebpf/src/thp_why.rs; whether tva_flags arrived in 6.10 or 6.11 is unverified).
     pub fn from_release(release: &Release) -> Self {
         let bools = CallEncoding::Bools { smaps: 2, in_pf: 3, enforce_sysfs: 4 };
         let (function, encoding, order) = if release.at_least(6, 18) {
@@ -262,7 +278,7 @@ impl AllowCheck {
         } else {
             ("hugepage_vma_check", bools, HUGEPAGE_VMA_CHECK_ORDER)
         };
-        Self { function, params: Vec::new(), encoding, order, decided_from: "release" }
+        Self { function, params: Vec::new(), encoding, order, decided_from: DecidedFrom::Release }
     }
 }
 

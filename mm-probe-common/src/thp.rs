@@ -1,4 +1,4 @@
-//! Records shared by the thp-why programs (`mm-probe-ebpf/src/thp.rs`) and user space
+//! Records shared by the thp-why programs (`mm-probe-ebpf/src/thp_why.rs`) and user space
 //! (`mm-probe/src/thp_why/live.rs`).
 //!
 //! The kernel side only gathers raw facts: every THP allow-check on the target's mm is counted in
@@ -102,18 +102,41 @@ pub struct MmSeen {
     pub updates: u64,
 }
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MmSlot {
-    /// The target's mm, learned in the target's own context (page fault, mmap_lock, allow-check)
-    /// or written by user space from a probe read. The allow-check filter compares against it.
-    Target = 0,
-    /// The last mm other than its own that mm-probe locked: user space reads /proc/PID/smaps_rollup
-    /// of one process, then this slot, to learn that process's mm flags from the kernel.
-    Probe = 1,
+/// An enum of slots `0..COUNT` in declaration order, with `ALL`, `COUNT` and each slot's
+/// `name` (the key user space prints it under): one list, so the kernel's array size, user
+/// space's reading and the printed names cannot drift apart.
+macro_rules! slots {
+    ($(#[$meta:meta])* pub enum $enum:ident { $($(#[$doc:meta])* $slot:ident => $name:literal,)* }) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $enum { $($(#[$doc])* $slot,)* }
+
+        impl $enum {
+            pub const ALL: &'static [$enum] = &[$($enum::$slot),*];
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+
+            pub const fn name(self) -> &'static str {
+                match self { $($enum::$slot => $name,)* }
+            }
+        }
+    };
 }
 
-pub const MM_SLOT_COUNT: u32 = 2;
+slots! {
+    pub enum MmSlot {
+        /// The target's mm, learned in the target's own context (page fault, mmap_lock,
+        /// allow-check) or written by user space from a probe read. The allow-check filter
+        /// compares against it.
+        Target => "target",
+        /// The last mm other than its own that mm-probe locked: user space reads
+        /// /proc/PID/smaps_rollup of one process, then this slot, to learn that process's mm
+        /// flags from the kernel.
+        Probe => "probe",
+    }
+}
+
+pub const MM_SLOT_COUNT: u32 = MmSlot::COUNT;
 
 /// A prctl(PR_SET_THP_DISABLE, …) call by any process while mm-probe runs.
 #[repr(C)]
@@ -128,30 +151,31 @@ pub struct PrctlEvent {
     pub comm: [u8; 16],
 }
 
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    /// Faults not added to `THP_FAULTS` because the map was full (the target's faults are the
-    /// map's sum plus these).
-    FaultMapFull = 0,
-    /// Allow-checks on the target's mm (made by any task, khugepaged included); with
-    /// [`EVERY_MM`], on every mm.
-    TargetChecks = 1,
-    /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
-    OwnChecks = 2,
-    /// Checks not added to `THP_CHECKS` because the map was full.
-    CheckMapFull = 3,
-    /// prctl events lost because the ring buffer was full.
-    PrctlLost = 4,
-    /// kretprobe runs without the matching kprobe entry (entry missed): not counted.
-    ReturnWithoutEntry = 5,
-    /// Allow-checks on any mm: proves the probe fires at all.
-    AllChecks = 6,
-    /// Allow-checks made before the target's mm was known: not attributable.
-    MmUnknown = 7,
+slots! {
+    /// Slots of [`COUNTERS_MAP`]; `name` is the key of thp-why's `live.counters`.
+    pub enum Counter {
+        /// Faults not added to `THP_FAULTS` because the map was full (the target's faults are
+        /// the map's sum plus these).
+        FaultMapFull => "fault_map_full",
+        /// Allow-checks on the target's mm (made by any task, khugepaged included); with
+        /// [`EVERY_MM`], on every mm.
+        TargetChecks => "target_checks",
+        /// Allow-checks on the target's mm made by mm-probe reading smaps: not the workload's.
+        OwnChecks => "own_smaps_checks",
+        /// Checks not added to `THP_CHECKS` because the map was full.
+        CheckMapFull => "check_map_full",
+        /// prctl events lost because the ring buffer was full.
+        PrctlLost => "prctl_lost",
+        /// kretprobe runs without the matching kprobe entry (entry missed): not counted.
+        ReturnWithoutEntry => "return_without_entry",
+        /// Allow-checks on any mm: proves the probe fires at all.
+        AllChecks => "all_checks",
+        /// Allow-checks made before the target's mm was known: not attributable.
+        MmUnknown => "mm_unknown",
+    }
 }
 
-pub const COUNTER_COUNT: u32 = 8;
+pub const COUNTER_COUNT: u32 = Counter::COUNT;
 
 /// Arguments the kprobe saves at entry for its kretprobe (the kprobe+kretprobe fallback).
 #[repr(C)]

@@ -9,7 +9,7 @@ mod kernel;
 mod latency;
 mod retry_storm;
 mod selftest;
-mod thp;
+mod thp_why;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

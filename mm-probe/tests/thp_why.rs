@@ -21,7 +21,7 @@ use mm_probe::{
     kernel::{Kernel, layout::ThpDisableBits},
     probes::{LogicalProbe, Planner, load_object},
     thp_why::{
-        checks::{AllowCheck, Call},
+        checks::{AllowCheck, Call, DecidedFrom},
         live::Live,
         probes,
         procfs::Proc,
@@ -461,6 +461,89 @@ fn each_region_gets_its_reason_under_madvise_policy() {
     assert_eq!(report["pid"], w.target());
 }
 
+/// Why the kernel left a MADV_HUGEPAGE region in small pages, from what the machine says: the
+/// message a test fails with when the machine cannot make the region huge.
+fn why_not_huge(huge_kb: u64, len: u64) -> String {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    let counter =
+        |name: &str| vmstat.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')).unwrap_or("?").to_string();
+    let sysfs = |name: &str| std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}"));
+    format!(
+        "this machine did not back the {} MiB MADV_HUGEPAGE region with huge pages (AnonHugePages {huge_kb} kB): \
+         thp_fault_fallback {} (no free 2 MiB block: memory too fragmented, try echo 1 > \
+         /proc/sys/vm/compact_memory), thp_fault_fallback_charge {} (the cgroup's memory limit); enabled: {}, \
+         defrag: {}",
+        len >> 20,
+        counter("thp_fault_fallback"),
+        counter("thp_fault_fallback_charge"),
+        sysfs("enabled").unwrap_or_default().trim(),
+        sysfs("defrag").unwrap_or_default().trim()
+    )
+}
+
+/// Issue 14: under enabled=madvise a process whose 64 MiB MADV_HUGEPAGE region is entirely in
+/// huge pages uses huge pages, and the report leads with that. Where the allow-check cannot be
+/// traced (the host) its live counts are null, not 0; faults stay counted.
+#[test]
+fn a_fully_huge_madvised_region_is_reported_as_using_huge_pages() {
+    require_root();
+    if !thp_built_in() {
+        eprintln!("this kernel has no THP: no region can be huge, the test does not apply");
+        return;
+    }
+    let _policy = EnabledGuard::set("madvise");
+    let mut w = Workload::spawn("thp_huge", &["64"]);
+    let line = w.next();
+    let (pid, start, len) = (w.target(), line["start"].as_u64().unwrap(), line["len"].as_u64().unwrap());
+    assert_eq!(line["advised"], true, "{line}");
+    let region = Proc::new(pid).smaps().unwrap().into_iter().find(|v| v.start == start).expect("the region's VMA");
+    assert!(region.anon_huge_kb >= 60 << 10, "{}", why_not_huge(region.anon_huge_kb, len));
+
+    let report = thp_why_live(pid, || {});
+    let verdict = report["verdict"].as_str().unwrap();
+    let prefix = format!("pid {pid} (thp_huge): ");
+    assert!(
+        verdict.starts_with(&prefix) && verdict.contains(" resident anonymous memory is in huge pages ("),
+        "{verdict}"
+    );
+    assert!(!verdict.contains("no huge pages"), "{verdict}");
+    let share: f64 =
+        verdict.split(" in huge pages (").nth(1).and_then(|s| s.split(" %)").next()).unwrap().parse().unwrap();
+    assert!(share >= 90.0, "64 MiB huge is nearly all of the process's anonymous memory: {verdict}");
+    let v = vma(&report, &format!("{start:#x}"));
+    assert_eq!((v["reason"].as_str(), v["fix"].as_str()), (Some("none"), Some("")), "{v}");
+    assert!(v["anon_huge_bytes"].as_u64().unwrap() >= 60 << 20, "{v}");
+    assert!(
+        reason(&report, "none").unwrap()["detail"].as_str().unwrap().starts_with("eligible: "),
+        "{}",
+        report["reasons"]
+    );
+
+    let live = &report["live"];
+    if allow_check_observed(&report) {
+        assert!(live["checks"].is_u64() && live["denied"].is_u64(), "{live}");
+    } else {
+        assert_plan_explains_the_allow_check(&report);
+        for key in ["checks", "denied", "unexplained", "disagreements", "benign_denials", "gone_vmas"] {
+            assert!(live[key].is_null(), "live.{key} was not measured, so it is null: {live}");
+        }
+        for r in report["reasons"].as_array().unwrap() {
+            assert!(r["count"].is_null(), "{r}");
+        }
+        assert!(report["vmas"].as_array().unwrap().iter().all(|v| v["live"]["checks"].is_null()));
+    }
+    // Faults are counted on every kernel: numbers, not null.
+    let faults = &report["faults"];
+    assert!(faults["observed"].as_bool().unwrap() && faults["total"].is_u64(), "{faults}");
+
+    // The text leads with the same line and says how long it watched.
+    let out = run_tool(&["thp-why", &pid.to_string(), "--duration", "1s"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.lines().next().unwrap().starts_with(&prefix), "{text}");
+    assert!(text.contains("window    watched 1."), "{text}");
+}
+
 #[test]
 fn text_output_puts_the_verdict_first_and_lists_vmas_largest_first() {
     require_root();
@@ -716,7 +799,7 @@ fn the_allow_check_layout_comes_from_btf() {
         return;
     }
     let check = kernel_allow_check();
-    assert_eq!(check.decided_from, "btf", "every kernel of the matrix has BTF");
+    assert_eq!(check.decided_from, DecidedFrom::Btf, "every kernel of the matrix has BTF");
     let params: Vec<&str> = check.params.iter().map(String::as_str).collect();
     let kernel = Kernel::running().unwrap();
     // The prototypes of docs/kernel-facts.md#thp-allow-check, as this kernel's BTF states them.
@@ -755,7 +838,7 @@ fn guest_kprobe_fallback_counts_like_the_fexit() {
     w.command("round");
     let round = w.next();
     let counts = live.counts().unwrap();
-    assert_eq!(counts.counter("return_without_entry"), 0);
+    assert_eq!(counts.counter(mm_probe_common::thp::Counter::ReturnWithoutEntry), 0);
     for r in round["regions"].as_array().unwrap() {
         let start = r["start"].as_u64().unwrap();
         let faults = |denied_only: bool| -> u64 {

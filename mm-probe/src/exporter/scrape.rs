@@ -14,7 +14,7 @@ use crate::{
     latency::{self, report::FunctionPlan},
     probes::Plan,
     retry_storm::{KernelTotals, events::NotifierEvent, report::Observability},
-    thp_why::{checks::AllowCheck, live::read_counts, sysfs::SystemPolicy, verdict::system_wide_outcome},
+    thp_why::{checks::AllowCheck, decoder::system_wide_outcome, live::read_counts, sysfs::SystemPolicy},
 };
 
 /// Latency as attached: its plan, its function slots and the threshold it was loaded with.
@@ -200,11 +200,15 @@ fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<
     snapshot.lost_events.extend([
         Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped),
         // A kretprobe run without its entry: that check is not counted.
-        Series::new(&[("capability", name), ("kind", "allow_check_entries")], counts.counter("return_without_entry")),
+        Series::new(
+            &[("capability", name), ("kind", "allow_check_entries")],
+            counts.counter(thp::Counter::ReturnWithoutEntry),
+        ),
     ]);
-    snapshot
-        .map_update_failures
-        .push(Series::new(&[("capability", name), ("map", thp::CHECKS_MAP)], counts.counter("check_map_full")));
+    snapshot.map_update_failures.push(Series::new(
+        &[("capability", name), ("map", thp::CHECKS_MAP)],
+        counts.counter(thp::Counter::CheckMapFull),
+    ));
     if !source.plan.probes.iter().any(|p| p.attached()) {
         return Ok(());
     }

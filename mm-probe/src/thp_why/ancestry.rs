@@ -5,7 +5,10 @@
 
 use serde::Serialize;
 
-use super::{procfs::Proc, reasons::DisableMode};
+use super::{
+    procfs::Proc,
+    reasons::{DisableMode, ModeSource},
+};
 
 /// One process of the chain, target first.
 #[derive(Clone, Debug, Serialize)]
@@ -15,7 +18,7 @@ pub struct Ancestor {
     pub cmdline: String,
     pub disable: Option<DisableMode>,
     /// Where `disable` came from: `kernel` (mm->flags read by eBPF) or `status` (THP_enabled).
-    pub source: &'static str,
+    pub source: ModeSource,
 }
 
 /// Who set the flag, as JSON's `set_by`.
@@ -33,7 +36,7 @@ pub struct SetBy {
 pub fn walk(
     pid: u32,
     limit: usize,
-    mut disable_of: impl FnMut(&Proc) -> (Option<DisableMode>, &'static str),
+    mut disable_of: impl FnMut(&Proc) -> (Option<DisableMode>, ModeSource),
 ) -> Vec<Ancestor> {
     let mut chain = Vec::new();
     let mut current = pid;
@@ -75,7 +78,7 @@ mod tests {
     use super::*;
 
     fn a(pid: u32, comm: &str, disable: Option<DisableMode>) -> Ancestor {
-        Ancestor { pid, comm: comm.into(), cmdline: format!("{comm} args"), disable, source: "status" }
+        Ancestor { pid, comm: comm.into(), cmdline: format!("{comm} args"), disable, source: ModeSource::Status }
     }
 
     #[test]
@@ -112,11 +115,11 @@ mod tests {
 
     #[test]
     fn walk_reads_this_process_chain() {
-        let chain = walk(std::process::id(), 64, |_| (Some(DisableMode::None), "status"));
+        let chain = walk(std::process::id(), 64, |_| (Some(DisableMode::None), ModeSource::Status));
         assert!(!chain.is_empty());
         assert_eq!(chain[0].pid, std::process::id());
         assert!(chain.iter().all(|a| a.pid != 0));
-        let limited = walk(std::process::id(), 1, |_| (None, "status"));
+        let limited = walk(std::process::id(), 1, |_| (None, ModeSource::Status));
         assert_eq!(limited.len(), 1);
     }
 }

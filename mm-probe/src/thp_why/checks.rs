@@ -191,6 +191,16 @@ pub const ALLOWABLE_ORDERS_TVA_TYPE_ORDER: &[Step] = &[
     Step::NoAnonVma,
 ];
 
+/// Where the allow-check's layout was learned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecidedFrom {
+    /// The function's prototype in this kernel's BTF.
+    Btf,
+    /// No BTF: guessed from the version number.
+    Release,
+}
+
 /// The running kernel's allow-check.
 #[derive(Clone, Debug, Serialize)]
 pub struct AllowCheck {
@@ -200,8 +210,7 @@ pub struct AllowCheck {
     pub encoding: CallEncoding,
     #[serde(skip)]
     pub order: &'static [Step],
-    /// `btf` or `release` (no BTF: guessed from the version number).
-    pub decided_from: &'static str,
+    pub decided_from: DecidedFrom,
 }
 
 impl AllowCheck {
@@ -234,7 +243,13 @@ impl AllowCheck {
             } else {
                 (bools(&params)?, ALLOWABLE_ORDERS_ORDER)
             };
-            return Some(Self { function: "__thp_vma_allowable_orders", params, encoding, order, decided_from: "btf" });
+            return Some(Self {
+                function: "__thp_vma_allowable_orders",
+                params,
+                encoding,
+                order,
+                decided_from: DecidedFrom::Btf,
+            });
         }
         let params = btf.function_params("hugepage_vma_check")?;
         let encoding = bools(&params)?;
@@ -243,7 +258,7 @@ impl AllowCheck {
             params,
             encoding,
             order: HUGEPAGE_VMA_CHECK_ORDER,
-            decided_from: "btf",
+            decided_from: DecidedFrom::Btf,
         })
     }
 
@@ -262,7 +277,7 @@ impl AllowCheck {
         } else {
             ("hugepage_vma_check", bools, HUGEPAGE_VMA_CHECK_ORDER)
         };
-        Self { function, params: Vec::new(), encoding, order, decided_from: "release" }
+        Self { function, params: Vec::new(), encoding, order, decided_from: DecidedFrom::Release }
     }
 }
 

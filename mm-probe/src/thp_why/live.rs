@@ -14,7 +14,13 @@ use mm_probe_common::thp::{
     ThpCheckKey,
 };
 
-use super::{checks::AllowCheck, probes, procfs::Proc, reasons::vm_flags};
+use super::{
+    checks::AllowCheck,
+    facts::vm_flags,
+    probes,
+    procfs::Proc,
+    report::{Counters, LiveCounter},
+};
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
@@ -27,12 +33,12 @@ pub struct Counts {
     pub checks: Vec<(ThpCheckKey, u64)>,
     /// (address >> FAULT_RANGE_SHIFT, faults), ascending
     pub fault_ranges: Vec<(u64, u64)>,
-    pub counters: BTreeMap<&'static str, u64>,
+    pub counters: Counters,
 }
 
 impl Counts {
-    pub fn counter(&self, name: &str) -> u64 {
-        self.counters.get(name).copied().unwrap_or(0)
+    pub fn counter(&self, counter: Counter) -> u64 {
+        self.counters.get(counter)
     }
 }
 
@@ -92,23 +98,12 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     }
     let sums = percpu_sums(ebpf, names::COUNTERS_MAP)?;
     let counter = |c: Counter| sums.get(c as usize).copied().unwrap_or(0);
-    let mut counters = [
-        ("fault_map_full", Counter::FaultMapFull),
-        ("target_checks", Counter::TargetChecks),
-        ("own_smaps_checks", Counter::OwnChecks),
-        ("check_map_full", Counter::CheckMapFull),
-        ("prctl_lost", Counter::PrctlLost),
-        ("return_without_entry", Counter::ReturnWithoutEntry),
-        ("all_checks", Counter::AllChecks),
-        ("mm_unknown", Counter::MmUnknown),
-    ]
-    .into_iter()
-    .map(|(name, c)| (name, counter(c)))
-    .collect::<BTreeMap<_, _>>();
+    let mut counters: BTreeMap<LiveCounter, u64> =
+        Counter::ALL.iter().map(|&c| (LiveCounter::Kernel(c), counter(c))).collect();
     // Every fault of the target is in the map, or counted as not fitting.
     let faults = per_range.values().sum::<u64>() + counter(Counter::FaultMapFull);
-    counters.insert("faults", faults);
-    Ok(Counts { checks, fault_ranges: per_range.into_iter().collect(), counters })
+    counters.insert(LiveCounter::Faults, faults);
+    Ok(Counts { checks, fault_ranges: per_range.into_iter().collect(), counters: Counters(counters) })
 }
 
 /// Adds one CPU's counts for a 2 MiB block to the per-64 KiB totals (ranges with no fault stay

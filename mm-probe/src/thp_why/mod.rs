@@ -1,36 +1,47 @@
 //! `mm-probe thp-why <pid>`: why a process gets no transparent huge pages.
 //!
-//! The stages, each a module: `procfs`/`sysfs` read what /proc and /sys say, `ancestry` finds
-//! who set the prctl flag, `live` runs the kernel programs (allow-check, faults, prctl, mm
-//! flags), `checks` + `reasons` hold the kernel's order of checks per version and judge each
-//! VMA, `verdict` turns it all into a report, `render` prints it.
+//! The pipeline: `procfs`/`sysfs` read what /proc and /sys say, `ancestry` finds who set the
+//! prctl flag, `probes` + `live` run the kernel programs (allow-check, faults, prctl, mm flags)
+//! and read back their raw counts, `facts` is what the allow-check looks at in one VMA,
+//! `checks` + `reasons` hold the kernel's order of checks per version and judge those facts,
+//! `decoder` turns the live keys into per-VMA counts, `judge` decides the mode, every VMA and
+//! the verdict, `rank` orders the reasons and their fixes, `report` is the JSON model, `render`
+//! prints it.
 
 pub mod ancestry;
 pub mod checks;
+pub mod decoder;
+pub mod facts;
+pub mod judge;
 pub mod live;
 pub mod probes;
 pub mod procfs;
+pub mod rank;
 pub mod reasons;
 pub mod render;
+pub mod report;
 pub mod sysfs;
-pub mod verdict;
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use mm_probe_common::thp::{MmSeen, PrctlEvent};
+use mm_probe_common::thp::PrctlEvent;
 
 use self::{
-    checks::AllowCheck,
+    checks::{AllowCheck, DecidedFrom},
+    judge::{Inputs, LiveInput, attribute, disable_facts},
     live::Live,
     procfs::{Proc, ProcError, Vma},
-    reasons::{Context, DisableMode, VmaFacts, evaluate},
+    reasons::{DisableMode, ModeSource},
+    report::StoppedBy,
     sysfs::SystemPolicy,
-    verdict::{DisableFacts, Inputs, LiveInput},
 };
 use crate::{
     cli::ThpWhyArgs,
-    collect::wait_for_stop,
+    collect::{
+        Stop,
+        run::{Limits, Stopper},
+    },
     error::UserError,
     kernel::{Kernel, layout::ThpDisableBits, privileges},
     user_bail,
@@ -38,15 +49,13 @@ use crate::{
 
 /// How far up the process tree to look for the process that set the flag.
 const MAX_ANCESTORS: usize = 64;
-/// How often the run checks that the target still exists.
-const ALIVE_POLL: Duration = Duration::from_millis(100);
 
 pub fn run(args: &ThpWhyArgs) -> Result<()> {
     let target = validate_target(args.pid())?;
-    // The ring-buffer reader needs a reactor when it is created, before the run loop starts.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let _reactor = runtime.enter();
-    let report = examine(&target, args, &runtime)?;
+    // --duration is the live watch alone (it starts once attached), so the skeleton is given no
+    // deadline; the target's exit ends the run.
+    let limits = Limits { duration: None, targets: vec![target.proc.pid] };
+    let report = crate::collect::run::run(limits, async |stopper: &mut Stopper| examine(&target, args, stopper).await)?;
     if args.json {
         println!("{}", render::json(&report));
     } else {
@@ -116,14 +125,14 @@ pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
     }
 }
 
-fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime) -> Result<verdict::Report> {
+async fn examine(target: &Target, args: &ThpWhyArgs, stopper: &mut Stopper) -> Result<report::Report> {
     let pid = target.proc.pid;
     let kernel = Kernel::running()?;
     let allow_check =
         kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
     let bits = disable_bits(&kernel);
     let mut notes = target.notes.clone();
-    if allow_check.decided_from == "release" {
+    if allow_check.decided_from == DecidedFrom::Release {
         notes.push(format!(
             "no BTF for {}: the allow-check's arguments are assumed from the release number",
             allow_check.function
@@ -157,9 +166,9 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
             let reported = [probes::ALLOW_CHECK.name, probes::PAGE_FAULTS.name];
             let others = l.plan.unavailable().filter(|p| !reported.contains(&p.probe));
             eprint!("{}", crate::probes::unavailable_summary(others, crate::report::text::stderr_width()));
-            runtime.block_on(watch(l, &target.proc, args.duration, &mut prctl_events))
+            watch(l, stopper, args.duration, &mut prctl_events).await
         }
-        None => "not_run",
+        None => StoppedBy::NotRun,
     };
     let elapsed = started.elapsed();
 
@@ -183,7 +192,7 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
     if let Some(l) = live.as_mut() {
         // Nothing is counted past this point, so the counts read below are exact (each CPU's
         // open run of faults included).
-        runtime.block_on(l.detach());
+        l.detach().await;
         l.drain_prctl(&mut prctl_events);
     }
     let status = target.proc.status().ok();
@@ -192,19 +201,14 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
     // Without THP in the kernel THP_enabled prints 0 for every process: it says nothing.
     let status_thp_enabled = status.and_then(|s| s.thp_enabled).filter(|_| policy.thp_built_in);
     let disable = disable_facts(kernel_seen, status_thp_enabled, bits, &allow_check, &policy, &vmas_end, &mounts);
-    if disable.source == "smaps" {
+    if disable.source == ModeSource::Smaps {
         notes.push(
             "the except-advised mode was inferred from smaps (THPeligible 0 where nothing else refuses): \
              /proc/PID/status THP_enabled hides it and mm->flags could not be read here"
                 .into(),
         );
     }
-    let mut ancestors = ancestors;
-    if let Some(first) = ancestors.first_mut() {
-        first.disable = disable.mode;
-        first.source = disable.source;
-    }
-    let set_by = ancestry::set_by(&ancestors);
+    let (ancestors, set_by) = attribute(ancestors, &disable);
     let live_input = match live {
         Some(l) => {
             let counts = l.counts()?;
@@ -219,7 +223,7 @@ fn examine(target: &Target, args: &ThpWhyArgs, runtime: &tokio::runtime::Runtime
         }
         None => None,
     };
-    Ok(verdict::build(Inputs {
+    Ok(judge::build(Inputs {
         pid,
         comm: target.comm.clone(),
         cmdline: target.cmdline.clone(),
@@ -281,15 +285,19 @@ fn target_alive(proc: &Proc) -> bool {
 }
 
 /// Waits for the duration, Ctrl-C or the target's exit, collecting prctl calls meanwhile.
-async fn watch(live: &mut Live, proc: &Proc, duration: Duration, events: &mut Vec<PrctlEvent>) -> &'static str {
-    let stop = wait_for_stop(Some(duration));
-    tokio::pin!(stop);
-    let mut poll = tokio::time::interval(ALIVE_POLL);
+async fn watch(live: &mut Live, stopper: &mut Stopper, duration: Duration, events: &mut Vec<PrctlEvent>) -> StoppedBy {
+    let deadline = tokio::time::sleep(duration);
+    tokio::pin!(deadline);
     loop {
         tokio::select! {
-            why = &mut stop => return why.name(),
-            _ = poll.tick() => if !target_alive(proc) { return "target_exited" },
-            result = live.next_prctl(events) => if result.is_err() { return "ring_buffer_error" },
+            biased;
+            why = stopper.wait() => return match why {
+                Stop::DurationElapsed => StoppedBy::Duration,
+                Stop::Interrupted => StoppedBy::Interrupted,
+                Stop::TargetExited => StoppedBy::TargetExited,
+            },
+            () = &mut deadline => return StoppedBy::Duration,
+            result = live.next_prctl(events) => if result.is_err() { return StoppedBy::RingBufferError },
         }
     }
 }
@@ -300,101 +308,10 @@ fn ancestor_mode(
     proc: &Proc,
     bits: ThpDisableBits,
     thp_built_in: bool,
-) -> (Option<DisableMode>, &'static str) {
+) -> (Option<DisableMode>, ModeSource) {
     if let Some(seen) = live.and_then(|l| l.probe_mm(proc)) {
-        return (Some(DisableMode::from_mm_flags(bits, seen.flags)), "kernel");
+        return (Some(DisableMode::from_mm_flags(bits, seen.flags)), ModeSource::Kernel);
     }
     let status = proc.status().ok().and_then(|s| s.thp_enabled).filter(|_| thp_built_in);
-    (status.map(|enabled| if enabled { DisableMode::None } else { DisableMode::Completely }), "status")
-}
-
-/// The target's mode: kernel read of mm->flags, else /proc status, refined on 6.18 by smaps
-/// (THP_enabled says 1 in except-advised mode; THPeligible 0 on a VMA nothing else refuses
-/// betrays it).
-fn disable_facts(
-    kernel_seen: Option<MmSeen>,
-    status_thp_enabled: Option<bool>,
-    bits: ThpDisableBits,
-    allow_check: &AllowCheck,
-    policy: &SystemPolicy,
-    vmas: &[Vma],
-    mounts: &[procfs::Mount],
-) -> DisableFacts {
-    if let Some(seen) = kernel_seen {
-        return DisableFacts {
-            mode: Some(DisableMode::from_mm_flags(bits, seen.flags)),
-            source: "kernel",
-            mm_flags: Some(seen.flags),
-            status_thp_enabled,
-        };
-    }
-    let from_status = status_thp_enabled.map(|e| if e { DisableMode::None } else { DisableMode::Completely });
-    if from_status == Some(DisableMode::None) && matches!(bits, ThpDisableBits::Split { .. }) {
-        let ctx = Context { order: allow_check.order, policy, mm: DisableMode::None, past_wrapper: false };
-        let betrayed = vmas.iter().any(|v| {
-            let facts = VmaFacts::from_smaps(v, mounts);
-            facts.is_anonymous()
-                && !facts.vm_hugepage
-                && v.thp_eligible == Some(false)
-                && evaluate(&ctx, checks::Call::Smaps, &facts).allowed()
-        });
-        if betrayed {
-            return DisableFacts {
-                mode: Some(DisableMode::ExceptAdvised),
-                source: "smaps",
-                mm_flags: None,
-                status_thp_enabled,
-            };
-        }
-    }
-    DisableFacts { mode: from_status, source: "status", mm_flags: None, status_thp_enabled }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        kernel::Release,
-        thp_why::{procfs::parse_smaps, sysfs::tests::sample_tree},
-    };
-
-    /// 8 MiB of touched anonymous memory without MADV_HUGEPAGE that the kernel calls ineligible
-    /// although enabled=always: on 6.18 only the except-advised mode does that.
-    const SMAPS: &str = "7f0000000000-7f0000800000 rw-p 00000000 00:00 0 \nSize: 8192 kB\nRss: 8192 kB\n\
-        Anonymous: 8192 kB\nAnonHugePages: 0 kB\nTHPeligible: 0\nVmFlags: rd wr mr mw me ac \n";
-
-    fn facts(seen: Option<MmSeen>, status: Option<bool>, bits: ThpDisableBits) -> DisableFacts {
-        let tree =
-            sample_tree("[always] madvise never", "always [inherit] madvise never", "always inherit madvise [never]");
-        let policy = SystemPolicy::read_from(tree.path());
-        let check = AllowCheck::from_release(&Release::parse("6.18.44", ""));
-        disable_facts(seen, status, bits, &check, &policy, &parse_smaps(SMAPS), &[])
-    }
-
-    const SPLIT: ThpDisableBits = ThpDisableBits::Split { completely: 24, except_advised: 23 };
-    const SINGLE: ThpDisableBits = ThpDisableBits::Single { disable: 24 };
-
-    #[test]
-    fn the_kernel_read_wins_over_status() {
-        let seen = MmSeen { mm: 0xffff_8880_0000_0000, flags: 1 << 23, updates: 1 };
-        let f = facts(Some(seen), Some(true), SPLIT);
-        assert_eq!((f.mode, f.source, f.mm_flags), (Some(DisableMode::ExceptAdvised), "kernel", Some(1 << 23)));
-    }
-
-    #[test]
-    fn status_zero_is_the_complete_disable() {
-        let f = facts(None, Some(false), SINGLE);
-        assert_eq!((f.mode, f.source), (Some(DisableMode::Completely), "status"));
-    }
-
-    #[test]
-    fn except_advised_is_inferred_from_smaps_only_on_6_18() {
-        let f = facts(None, Some(true), SPLIT);
-        assert_eq!((f.mode, f.source), (Some(DisableMode::ExceptAdvised), "smaps"));
-        // Before 6.18 there is no such mode: the mismatch stays a mismatch.
-        let f = facts(None, Some(true), SINGLE);
-        assert_eq!((f.mode, f.source), (Some(DisableMode::None), "status"));
-        // No status line (kernel thread, or no THP): unknown.
-        assert_eq!(facts(None, None, SPLIT).mode, None);
-    }
+    (status.map(|enabled| if enabled { DisableMode::None } else { DisableMode::Completely }), ModeSource::Status)
 }

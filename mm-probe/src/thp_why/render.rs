@@ -2,44 +2,15 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
 use super::{
-    reasons::DisableMode,
+    reasons::{DisableMode, ReasonCode},
+    report::{LiveFacts, LostEvents, Report, StoppedBy, VmaEntry},
     sysfs::SizeMode,
-    verdict::{LiveFacts, Report, VmaEntry},
 };
 use crate::{report::json, units::format_bytes};
 
 /// VMAs listed without `--all-vmas`.
 pub const DEFAULT_VMA_ROWS: usize = 12;
-
-/// What the kernel side could not record during the live window (all zero when nothing was
-/// traced): the `lost_events` line, and the text's `lost` row.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LostEvents {
-    /// Allow-checks not counted by key: the check map was full.
-    pub allow_checks: u64,
-    /// Faults counted in the total but not placed in their 2 MiB range: the fault map was full.
-    pub fault_ranges: u64,
-    /// prctl calls not reported: the ring buffer was full.
-    pub prctl_events: u64,
-}
-
-impl LostEvents {
-    pub fn of(live: &LiveFacts) -> Self {
-        let counter = |name| live.counters.get(name).copied().unwrap_or(0);
-        Self {
-            allow_checks: counter("check_map_full"),
-            fault_ranges: counter("fault_map_full"),
-            prctl_events: counter("prctl_lost"),
-        }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.allow_checks + self.fault_ranges + self.prctl_events
-    }
-}
 
 /// Two JSON lines, as every command of the family ends: the report (`type` summary), then its
 /// lost events. The JSON always carries every VMA; `--all-vmas` only widens the text table.
@@ -79,8 +50,26 @@ fn mode_word(mode: Option<DisableMode>) -> &'static str {
     }
 }
 
+/// How long the live window lasted and what ended it.
+fn window(live: &LiveFacts) -> String {
+    let secs = live.duration_ns as f64 / 1e9;
+    match live.stopped_by {
+        StoppedBy::Duration => format!("watched {secs:.1}s"),
+        StoppedBy::Interrupted => format!("interrupted after {secs:.1}s"),
+        StoppedBy::TargetExited => format!("watched {secs:.1}s, until the process exited"),
+        StoppedBy::RingBufferError => format!("stopped after {secs:.1}s: reading the prctl ring buffer failed"),
+        StoppedBy::NotRun => format!("not watched live ({})", live.why_not.as_deref().unwrap_or("no live window")),
+    }
+}
+
+/// A count that may not have been measured: `–` then, never 0.
+fn measured(count: Option<u64>) -> String {
+    count.map_or_else(|| "–".into(), |n| n.to_string())
+}
+
 fn evidence(out: &mut String, r: &Report) {
     let _ = writeln!(out, "Evidence");
+    let _ = writeln!(out, "  window    {}", window(&r.live));
     let p = &r.process;
     let flags = p.mm_flags.as_deref().map(|f| format!(", mm->flags {f}")).unwrap_or_default();
     let status = p
@@ -91,7 +80,7 @@ fn evidence(out: &mut String, r: &Report) {
         out,
         "  process   THP {} (from {}{flags}; /proc/{}/status {status})",
         mode_word(p.thp_disable),
-        p.source,
+        p.source.as_str(),
         r.pid
     );
     if p.ancestors.len() > 1 {
@@ -103,7 +92,12 @@ fn evidence(out: &mut String, r: &Report) {
         let _ = writeln!(
             out,
             "  prctl     caught live: pid {} ({}, {}) PR_SET_THP_DISABLE arg2={} arg3={} -> {}",
-            call.tgid, call.comm, call.relation, call.arg2, call.arg3, call.effect
+            call.tgid,
+            call.comm,
+            call.relation.as_str(),
+            call.arg2,
+            call.arg3,
+            call.effect.as_str()
         );
     }
     let s = &r.system.policy;
@@ -148,35 +142,40 @@ fn evidence(out: &mut String, r: &Report) {
             "  live      {} over {:.1}s: {} checks, {} denied (denied/checks by caller: {})",
             l.allow_check,
             l.duration_ns as f64 / 1e9,
-            l.checks,
-            l.denied,
+            measured(l.checks),
+            measured(l.denied),
             if by_call.is_empty() { "none".into() } else { by_call.join(", ") }
         );
-        if l.unexplained > 0 || l.disagreements > 0 {
+        if l.unexplained > Some(0) || l.disagreements > Some(0) {
             let _ = writeln!(
                 out,
                 "            {} denials unexplained, {} allowed against the model",
-                l.unexplained, l.disagreements
+                measured(l.unexplained),
+                measured(l.disagreements)
             );
         }
         if let Some(note) = &l.wrapper_note {
             let _ = writeln!(out, "            {note}");
         }
     } else {
-        let _ =
-            writeln!(out, "  live      THP allow-check not observed: {}", l.why_not.as_deref().unwrap_or("unknown"));
+        let _ = writeln!(
+            out,
+            "  live      THP allow-check not observed, its counts are – (not measured): {}",
+            l.why_not.as_deref().unwrap_or("unknown")
+        );
     }
     let f = &r.faults;
     if f.observed {
         let _ = writeln!(
             out,
-            "  faults    {} page faults in {} 2 MiB ranges, ~{} got a huge page; thp_fault_alloc {:+}, thp_fault_fallback {:+}",
+            "  faults    {} page faults in {} 2 MiB ranges, ~{} got a huge page; system-wide (every process): \
+             thp_fault_alloc {:+}, thp_fault_fallback {:+}",
             f.total, f.ranges, f.in_huge_pages, f.thp_fault_alloc, f.thp_fault_fallback
         );
     } else {
         let _ = writeln!(
             out,
-            "  faults    not traced ({}); thp_fault_alloc {:+}, thp_fault_fallback {:+}",
+            "  faults    not traced ({}); system-wide (every process): thp_fault_alloc {:+}, thp_fault_fallback {:+}",
             f.why_not.as_deref().unwrap_or("unknown"),
             f.thp_fault_alloc,
             f.thp_fault_fallback
@@ -197,7 +196,7 @@ fn reasons(out: &mut String, r: &Report) {
             out,
             "  {:<34} {:>6} live  {:>3} VMAs {:>10}  {}{set_by}",
             reason.code.as_str(),
-            reason.count,
+            measured(reason.count),
             reason.vmas,
             format_bytes(reason.bytes),
             reason.detail
@@ -217,14 +216,22 @@ fn row(v: &VmaEntry) -> String {
         mark(v.aligned_2m_window),
         mark(v.hg),
         mark(v.nh),
-        if v.stack { "stack" } else { v.kind },
+        if v.stack { "stack" } else { v.kind.as_str() },
         elig,
         format_bytes(v.anon_huge_bytes),
-        v.live.checks,
-        v.live.denied,
-        v.reason.as_str(),
+        measured(v.live.checks),
+        measured(v.live.denied),
+        reason_cell(v),
         v.name
     )
+}
+
+/// The table's reason: what blocks the region, the application's own opt-out named as such.
+fn reason_cell(v: &VmaEntry) -> &'static str {
+    match v.blocking_reason() {
+        ReasonCode::VmaNohugepage => "opt-out (MADV_NOHUGEPAGE)",
+        code => code.as_str(),
+    }
 }
 
 fn table(out: &mut String, r: &Report, all: bool) {
@@ -243,7 +250,7 @@ fn table(out: &mut String, r: &Report, all: bool) {
     for v in r.vmas.iter().take(shown) {
         let _ = writeln!(out, "{}", row(v));
     }
-    let hidden_denials: u64 = r.vmas.iter().skip(shown).map(|v| v.live.denied).sum();
+    let hidden_denials: u64 = r.vmas.iter().skip(shown).filter_map(|v| v.live.denied).sum();
     if hidden_denials > 0 {
         let _ = writeln!(out, "  ({hidden_denials} live denials on VMAs not shown)");
     }
@@ -253,8 +260,11 @@ fn table(out: &mut String, r: &Report, all: bool) {
 mod tests {
     use super::*;
     use crate::thp_why::{
+        judge::{
+            build,
+            tests::{inputs, inputs_with, live, smaps_entry},
+        },
         reasons::DisableMode,
-        verdict::{build, tests::inputs},
     };
 
     #[test]
@@ -271,7 +281,8 @@ mod tests {
         }
         let first = &v["reasons"][0];
         assert_eq!(first["code"], "prctl_thp_disable");
-        assert!(first["count"].is_u64() && first["detail"].is_string());
+        // No live window: the count was not measured, so it is null, not 0.
+        assert!(first["count"].is_null() && first["detail"].is_string(), "{first}");
         assert_eq!((first["set_by"]["pid"].as_u64(), first["set_by"]["comm"].as_str()), (Some(4321), Some("lkp")));
         assert_eq!(v["vmas"].as_array().unwrap().len(), 3, "JSON carries every VMA");
     }
@@ -284,7 +295,40 @@ mod tests {
         let order: Vec<usize> =
             ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
-        assert!(text.contains("live      THP allow-check not observed: --duration 0s"), "{text}");
+        assert!(
+            text.contains("live      THP allow-check not observed, its counts are – (not measured): --duration 0s"),
+            "{text}"
+        );
+        assert!(text.contains("window    not watched live (--duration 0s)"), "{text}");
         assert!(text.contains("[set by 4321 lkp]"), "{text}");
+    }
+
+    #[test]
+    fn the_text_says_how_long_it_watched_and_what_is_system_wide() {
+        let mut input = inputs(DisableMode::None, "6.1.0-57-amd64", "always [madvise] never");
+        input.live_skipped = None;
+        input.live = Some(live(Vec::new()));
+        let mut report = build(input);
+        let text = text(&report, false);
+        assert!(text.contains("window    watched 5.0s\n"), "{text}");
+        assert!(text.contains("system-wide (every process): thp_fault_alloc +0"), "{text}");
+        report.live.stopped_by = StoppedBy::Interrupted;
+        report.live.duration_ns = 1_200_000_000;
+        assert!(super::text(&report, false).contains("window    interrupted after 1.2s\n"));
+    }
+
+    /// Unmeasured counts are `–` in the text; an opted-out region's row says so.
+    #[test]
+    fn unmeasured_counts_are_dashes_and_an_opt_out_is_named_in_its_row() {
+        let smaps =
+            smaps_entry(0x7f00_0000_0000, 8192, 8192, 8192, "hg") + &smaps_entry(0x7f10_0000_0000, 4096, 4096, 0, "nh");
+        let report = build(inputs_with(&smaps, DisableMode::None, "6.18.44", "always [madvise] never"));
+        let text = text(&report, false);
+        let row = text.lines().find(|l| l.contains("7f1000000000-")).unwrap();
+        assert!(row.contains("opt-out (MADV_NOHUGEPAGE)"), "{row}");
+        assert!(row.contains("     –      –"), "{row}");
+        let reason = text.lines().find(|l| l.trim_start().starts_with("vma_nohugepage")).unwrap();
+        assert!(reason.contains("–"), "{reason}");
+        assert!(!reason.contains(" 0 live"), "{reason}");
     }
 }

@@ -1,0 +1,363 @@
+//! The JSON model of `thp-why --json`: what is printed, field by field (schemas/thp-why/). The
+//! judgement that fills it is in `judge.rs`; the text is `render.rs`.
+
+use std::collections::BTreeMap;
+
+use mm_probe_common::thp::Counter;
+use serde::{Serialize, Serializer};
+
+use super::{
+    ancestry::{Ancestor, SetBy},
+    checks::{AllowCheck, Call},
+    reasons::{DisableMode, ModeSource, ReasonCode},
+    sysfs::SystemPolicy,
+};
+use crate::probes::Plan;
+
+/// Allow-check counts of one caller (the maps holding them are empty where it was not traced).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CallCounts {
+    pub checks: u64,
+    pub denied: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VmaLive {
+    /// `null` where the allow-check was not traced (not 0: nothing was measured).
+    pub checks: Option<u64>,
+    pub denied: Option<u64>,
+    pub by_call: BTreeMap<Call, CallCounts>,
+    /// Live denials by decoded reason code.
+    pub denied_by: BTreeMap<ReasonCode, u64>,
+    pub faults: u64,
+}
+
+/// What backs a VMA, as the JSON names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmaClass {
+    Anon,
+    File,
+    Shmem,
+    Special,
+    Gate,
+}
+
+impl VmaClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmaClass::Anon => "anon",
+            VmaClass::File => "file",
+            VmaClass::Shmem => "shmem",
+            VmaClass::Special => "special",
+            VmaClass::Gate => "gate",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VmaEntry {
+    pub start: String,
+    pub end: String,
+    pub size_bytes: u64,
+    pub kind: VmaClass,
+    pub name: String,
+    pub stack: bool,
+    pub aligned_2m_window: bool,
+    pub hg: bool,
+    pub nh: bool,
+    pub vm_flags: String,
+    pub thp_eligible: Option<bool>,
+    pub anon_huge_bytes: u64,
+    pub rss_bytes: u64,
+    /// smaps `Anonymous`: the resident anonymous memory (AnonHugePages included).
+    pub anonymous_bytes: u64,
+    /// The first refusal in the kernel's order for this version (`none`: eligible).
+    pub reason: ReasonCode,
+    /// Every refusal, in the kernel's order (empty when eligible).
+    pub reasons: Vec<ReasonCode>,
+    pub detail: String,
+    /// What would let this region have huge pages (empty when nothing needs doing).
+    pub fix: String,
+    /// The first refusal happens in the 6.8+ inline wrapper, before the probed function.
+    pub in_wrapper: bool,
+    /// Whether the kernel's THPeligible matches this judgement (null: no THPeligible line).
+    pub kernel_agrees: Option<bool>,
+    pub live: VmaLive,
+    #[serde(skip)]
+    pub start_addr: u64,
+    /// Not PROT_NONE: it can fault.
+    #[serde(skip)]
+    pub accessible: bool,
+    /// The detail of each of `reasons`, same order.
+    #[serde(skip)]
+    pub details: Vec<String>,
+}
+
+impl VmaEntry {
+    pub fn detail_of(&self, code: ReasonCode) -> &str {
+        self.reasons.iter().position(|c| *c == code).and_then(|i| self.details.get(i)).map_or(&self.detail, |d| d)
+    }
+
+    /// The application opted this region out itself (madvise(MADV_NOHUGEPAGE), MAP_STACK):
+    /// no sysfs setting overrides that.
+    pub fn opted_out(&self) -> bool {
+        self.reasons.contains(&ReasonCode::VmaNohugepage)
+    }
+
+    /// The refusal that has to go for this region to get huge pages: a process-wide one first
+    /// (nothing per region helps while it holds), then the application's own opt-out (a sysfs
+    /// refusal ahead of it in the kernel's order would only give way to it), else the first.
+    pub fn blocking_reason(&self) -> ReasonCode {
+        if let Some(code) = self.reasons.iter().find(|c| c.is_process_wide()) {
+            return *code;
+        }
+        if self.opted_out() {
+            return ReasonCode::VmaNohugepage;
+        }
+        self.reason
+    }
+
+    /// Resident anonymous memory not in huge pages.
+    pub fn small_anonymous_bytes(&self) -> u64 {
+        self.anonymous_bytes.saturating_sub(self.anon_huge_bytes)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReasonEntry {
+    pub code: ReasonCode,
+    /// Live denials decoded to this reason; `null` where the allow-check was not traced.
+    pub count: Option<u64>,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_by: Option<SetBy>,
+    /// VMAs whose judgement includes this reason, and their size.
+    pub vmas: usize,
+    pub bytes: u64,
+    /// Page faults of the target in those VMAs during the run.
+    pub faults: u64,
+    pub fix: String,
+}
+
+/// What a prctl(PR_SET_THP_DISABLE) call did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrctlEffect {
+    Disable,
+    DisableExceptAdvised,
+    Enable,
+}
+
+impl PrctlEffect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrctlEffect::Disable => "disable",
+            PrctlEffect::DisableExceptAdvised => "disable_except_advised",
+            PrctlEffect::Enable => "enable",
+        }
+    }
+}
+
+/// Who made a prctl call, seen from the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    Target,
+    Ancestor,
+    Other,
+}
+
+impl Relation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Relation::Target => "target",
+            Relation::Ancestor => "ancestor",
+            Relation::Other => "other",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PrctlCall {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub arg2: u64,
+    pub arg3: u64,
+    pub effect: PrctlEffect,
+    pub relation: Relation,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProcessFacts {
+    pub thp_disable: Option<DisableMode>,
+    pub source: ModeSource,
+    pub mm_flags: Option<String>,
+    pub status_thp_enabled: Option<bool>,
+    pub ancestors: Vec<Ancestor>,
+    pub set_by: Option<SetBy>,
+    pub prctl_calls: Vec<PrctlCall>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultFacts {
+    pub observed: bool,
+    pub total: u64,
+    /// Faults that got a PMD huge page: AnonHugePages growth per VMA over the run in 2 MiB
+    /// units, capped by that VMA's faults (an estimate; the tracepoint does not say).
+    pub in_huge_pages: u64,
+    /// Distinct 2 MiB ranges the faults fell in.
+    pub ranges: usize,
+    /// System-wide /proc/vmstat deltas over the run (every process's, not only the target's).
+    pub thp_fault_alloc: i64,
+    pub thp_fault_fallback: i64,
+    pub thp_fault_fallback_charge: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SystemFacts {
+    #[serde(flatten)]
+    pub policy: SystemPolicy,
+    /// thp_* counters of /proc/vmstat: change over the run (system-wide).
+    pub vmstat_delta: BTreeMap<String, i64>,
+}
+
+/// Why the live window ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedBy {
+    Duration,
+    Interrupted,
+    TargetExited,
+    RingBufferError,
+    NotRun,
+}
+
+/// A key of `live.counters`: a kernel counter slot, or the faults user space sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LiveCounter {
+    Kernel(Counter),
+    /// The target's page faults: the fault map's sum plus those that did not fit.
+    Faults,
+}
+
+impl LiveCounter {
+    pub fn name(self) -> &'static str {
+        match self {
+            LiveCounter::Kernel(counter) => counter.name(),
+            LiveCounter::Faults => "faults",
+        }
+    }
+}
+
+impl Serialize for LiveCounter {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// The live counters by slot; a slot never read is 0 (every slot is read when there are any).
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(transparent)]
+pub struct Counters(pub BTreeMap<LiveCounter, u64>);
+
+impl Counters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.0.get(&LiveCounter::Kernel(counter)).copied().unwrap_or(0)
+    }
+
+    pub fn faults(&self) -> u64 {
+        self.0.get(&LiveCounter::Faults).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveFacts {
+    pub duration_ns: u64,
+    pub stopped_by: StoppedBy,
+    pub allow_check_observed: bool,
+    pub allow_check: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+    /// The allow-check counts below are `null` where it was not traced (never a measured 0).
+    pub checks: Option<u64>,
+    pub denied: Option<u64>,
+    pub by_call: BTreeMap<Call, CallCounts>,
+    /// Denials the kernel's order of checks does not explain with what mm-probe sees.
+    pub unexplained: Option<u64>,
+    /// Allowed by the kernel but refused by the evaluation (a sign the model is off).
+    pub disagreements: Option<u64>,
+    /// khugepaged skipping never-faulted VMAs: not a reason for missing huge pages.
+    pub benign_denials: Option<u64>,
+    /// Checks on VMAs gone by the end of the run, and their denials by reason.
+    pub gone_vmas: Option<u64>,
+    pub denied_on_gone_vmas: BTreeMap<ReasonCode, u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wrapper_note: Option<String>,
+    pub counters: Counters,
+    pub plan: Option<Plan>,
+}
+
+/// How this kernel stores the THP-disable flags in mm->flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DisableBitsLayout {
+    /// MMF_DISABLE_THP, bit 24.
+    Single,
+    /// 6.18: MMF_DISABLE_THP_COMPLETELY 24, MMF_DISABLE_THP_EXCEPT_ADVISED 23.
+    Split,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelFacts {
+    pub release: String,
+    pub allow_check: AllowCheck,
+    pub thp_disable_bits: DisableBitsLayout,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub pid: u32,
+    pub comm: String,
+    pub cmdline: String,
+    pub verdict: String,
+    pub reasons: Vec<ReasonEntry>,
+    pub fix: Vec<String>,
+    pub process: ProcessFacts,
+    pub vmas: Vec<VmaEntry>,
+    pub faults: FaultFacts,
+    pub system: SystemFacts,
+    pub live: LiveFacts,
+    pub kernel: KernelFacts,
+    pub notes: Vec<String>,
+}
+
+/// What the kernel side could not record during the live window (all zero when nothing was
+/// traced): the `lost_events` line, and the text's `lost` row.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LostEvents {
+    /// Allow-checks not counted by key: the check map was full.
+    pub allow_checks: u64,
+    /// Faults counted in the total but not placed in their 2 MiB range: the fault map was full.
+    pub fault_ranges: u64,
+    /// prctl calls not reported: the ring buffer was full.
+    pub prctl_events: u64,
+}
+
+impl LostEvents {
+    pub fn of(live: &LiveFacts) -> Self {
+        let counter = |c| live.counters.get(c);
+        Self {
+            allow_checks: counter(Counter::CheckMapFull),
+            fault_ranges: counter(Counter::FaultMapFull),
+            prctl_events: counter(Counter::PrctlLost),
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.allow_checks + self.fault_ranges + self.prctl_events
+    }
+}

@@ -1,0 +1,45 @@
+//! One anonymous region that should be entirely in huge pages: `thp_huge MIB` maps MIB MiB at a
+//! 2 MiB-aligned address, madvise(MADV_HUGEPAGE)s it (eligible under enabled=madvise and
+//! enabled=always), touches every 4 KiB page, prints `{"pid":…,"start":…,"len":…,"advised":…}`
+//! and waits until killed.
+//!
+//! On a kernel without THP madvise(MADV_HUGEPAGE) fails with EINVAL: the region is still mapped
+//! and touched, and the line says `"advised":false`.
+
+use std::io::Write as _;
+
+use mm_probe_workloads::thp::{MIB, pause_forever};
+
+fn main() -> anyhow::Result<()> {
+    let mib: usize = match std::env::args().nth(1) {
+        Some(arg) => arg.parse().map_err(|_| anyhow::anyhow!("usage: thp_huge MIB (got {arg})"))?,
+        None => 64,
+    };
+    anyhow::ensure!(mib >= 2 && mib % 2 == 0, "thp_huge: the size must be a positive multiple of 2 MiB");
+    let len = mib * MIB;
+    // 2 MiB more than needed, so that an aligned start exists inside the mapping.
+    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len + 2 * MIB,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    anyhow::ensure!(base != libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    let start = (base as usize + 2 * MIB - 1) & !(2 * MIB - 1);
+    // SAFETY: [start, start + len) lies inside the mapping just made.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+    let error = std::io::Error::last_os_error();
+    anyhow::ensure!(rc == 0 || error.raw_os_error() == Some(libc::EINVAL), "madvise: {error}");
+    for page in (0..len).step_by(4096) {
+        // SAFETY: inside a read-write mapping of this process.
+        unsafe { std::ptr::write_volatile((start + page) as *mut u8, 1) };
+    }
+    println!(r#"{{"pid":{},"start":{start},"len":{len},"advised":{}}}"#, std::process::id(), rc == 0);
+    let _ = std::io::stdout().flush();
+    pause_forever()
+}

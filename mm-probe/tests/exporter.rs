@@ -29,9 +29,7 @@ const THRESHOLD_SECONDS: f64 = 0.0005;
 
 #[test]
 fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let before = our_programs();
@@ -74,9 +72,7 @@ fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
 
 #[test]
 fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let before = our_programs();
@@ -161,9 +157,7 @@ fn latency_flags_with_an_only_that_leaves_latency_out_are_refused_in_one_line() 
 
 #[test]
 fn localhost_and_a_bare_port_listen_where_go_exporters_would() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let port = free_port();
@@ -188,9 +182,7 @@ const TEST_HEADER_TIMEOUT: Duration = Duration::from_millis(1500);
 
 #[test]
 fn idle_and_half_sent_connections_are_closed_after_the_header_timeout() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let before = our_programs();
@@ -230,9 +222,7 @@ fn idle_and_half_sent_connections_are_closed_after_the_header_timeout() {
 
 #[test]
 fn connections_over_the_cap_are_closed_at_once() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     const CAP: usize = 64;
@@ -289,9 +279,7 @@ fn closed_after(mut stream: TcpStream, since: Instant) -> Duration {
 
 #[test]
 fn a_selection_of_which_nothing_attaches_is_refused_unless_allowed() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let before = our_programs();
@@ -320,9 +308,7 @@ fn a_selection_of_which_nothing_attaches_is_refused_unless_allowed() {
 
 #[test]
 fn kvm_unmap_hva_range_is_counted_when_a_vms_memory_is_dropped() {
-    require_root();
-    if let Err(why) = loopback() {
-        eprintln!("skipped: {why}");
+    if !root_with_loopback() {
         return;
     }
     let before = our_programs();
@@ -755,6 +741,19 @@ fn unix_now() -> f64 {
 }
 
 /// Loopback up (the qemu guests boot with it down), or why it cannot be.
+/// Root (the exporter loads programs), and a loopback interface to serve on; a guest without
+/// one skips the HTTP tests, saying so.
+fn root_with_loopback() -> bool {
+    require_root();
+    match loopback() {
+        Ok(()) => true,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            false
+        }
+    }
+}
+
 fn loopback() -> Result<(), String> {
     bring_lo_up().map_err(|e| format!("cannot bring the loopback interface up: {e}"))?;
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no loopback address: {e}"))?;

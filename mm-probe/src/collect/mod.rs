@@ -8,7 +8,7 @@ pub mod shutdown;
 
 pub use ringbuf::RingReader;
 pub use run::{Limits, Stopper, Ticker};
-pub use shutdown::{Stop, StopSignals, wait_for_stop};
+pub use shutdown::Stop;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock bpf_ktime_get_ns() reads, so user-space times line
 /// up with kernel timestamps.

@@ -344,7 +344,11 @@ mod tests {
         let mut ebpf = crate::probes::load_object(&kernel, crate::probes::MapFamily::ALL, &[]).unwrap();
         let plan = Planner::new(&kernel).attach_all(&mut ebpf, crate::latency::probes::SCHED_PROBES);
         assert!(plan.probes.iter().any(ProbePlan::attached), "nothing attached: {:?}", plan.probes);
-        tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(detach_all(&mut ebpf));
+        crate::collect::run::run(Default::default(), async |_: &mut crate::collect::Stopper| {
+            detach_all(&mut ebpf).await;
+            Ok(())
+        })
+        .unwrap();
         for (name, program) in ebpf.programs() {
             assert!(program.fd().is_err(), "{name} is still loaded after detach_all");
         }

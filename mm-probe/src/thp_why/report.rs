@@ -130,7 +130,8 @@ pub struct ReasonEntry {
     /// Live denials decoded to this reason; `null` where the allow-check was not traced.
     pub count: Option<u64>,
     pub detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Who set the flag behind this reason; `null` for reasons no process sets (a stable key,
+    /// present on every reason).
     pub set_by: Option<SetBy>,
     /// VMAs whose judgement includes this reason, and their size.
     pub vmas: usize,

@@ -46,7 +46,7 @@ use crate::kernel::{
         OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
         OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
     },
-    read_at,
+    read_at, tp_field,
 };
 
 #[unsafe(no_mangle)]
@@ -156,11 +156,6 @@ fn current_syscall(dst: &mut SyscallState) {
     };
 }
 
-#[inline(always)]
-fn field<T>(ctx: &TracePointContext, offset: &Global<u32>) -> Option<T> {
-    unsafe { ctx.read_at::<T>((offset.load() & 0xfff) as usize) }.ok()
-}
-
 /// Adds one sample to quantity `quantity`'s histogram on this CPU. Per-CPU values need no
 /// atomics; on PREEMPT_RT a program runs with migration disabled but can be preempted by another
 /// program on the same CPU, so a rare increment can be lost there (never double-counted).
@@ -262,9 +257,9 @@ pub fn lat_sched_wakeup_new(ctx: TracePointContext) -> u32 {
 }
 
 fn try_wakeup(ctx: &TracePointContext) -> Option<()> {
-    let pid: u32 = field(ctx, &LAT_TP_WAKEUP_PID)?;
-    let prio: i32 = field(ctx, &LAT_TP_WAKEUP_PRIO)?;
-    let target_cpu: u32 = field(ctx, &LAT_TP_WAKEUP_TARGET_CPU)?;
+    let pid: u32 = tp_field(ctx, &LAT_TP_WAKEUP_PID)?;
+    let prio: i32 = tp_field(ctx, &LAT_TP_WAKEUP_PRIO)?;
+    let target_cpu: u32 = tp_field(ctx, &LAT_TP_WAKEUP_TARGET_CPU)?;
     on_wakeup(pid, prio, target_cpu)
 }
 
@@ -360,13 +355,13 @@ pub fn lat_sched_switch(ctx: TracePointContext) -> u32 {
 
 fn try_switch(ctx: &TracePointContext) -> Option<()> {
     let switch = Switch {
-        prev_pid: field(ctx, &LAT_TP_SWITCH_PREV_PID)?,
-        prev_prio: field(ctx, &LAT_TP_SWITCH_PREV_PRIO).unwrap_or(0),
-        prev_comm: field(ctx, &LAT_TP_SWITCH_PREV_COMM).unwrap_or([0; 16]),
-        prev_state: field(ctx, &LAT_TP_SWITCH_PREV_STATE).unwrap_or(0),
-        next_pid: field(ctx, &LAT_TP_SWITCH_NEXT_PID)?,
-        next_prio: field(ctx, &LAT_TP_SWITCH_NEXT_PRIO).unwrap_or(0),
-        next_comm: field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]),
+        prev_pid: tp_field(ctx, &LAT_TP_SWITCH_PREV_PID)?,
+        prev_prio: tp_field(ctx, &LAT_TP_SWITCH_PREV_PRIO).unwrap_or(0),
+        prev_comm: tp_field(ctx, &LAT_TP_SWITCH_PREV_COMM).unwrap_or([0; 16]),
+        prev_state: tp_field(ctx, &LAT_TP_SWITCH_PREV_STATE).unwrap_or(0),
+        next_pid: tp_field(ctx, &LAT_TP_SWITCH_NEXT_PID)?,
+        next_prio: tp_field(ctx, &LAT_TP_SWITCH_NEXT_PRIO).unwrap_or(0),
+        next_comm: tp_field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]),
     };
     on_switch(ctx, &switch)
 }

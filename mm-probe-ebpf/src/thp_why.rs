@@ -29,7 +29,7 @@ use mm_probe_common::thp::{
 use crate::kernel::{
     btf_read, bump, current_tgid,
     offsets::{OFF_MM_STRUCT_FLAGS, OFF_TASK_STRUCT_MM, OFF_VMA_VM_END, OFF_VMA_VM_MM, OFF_VMA_VM_START},
-    read_at,
+    read_at, tp_field,
 };
 
 #[unsafe(no_mangle)]
@@ -273,8 +273,7 @@ pub fn thp_page_fault_user(ctx: TracePointContext) -> u32 {
     if current_tgid() != THP_TARGET_TGID.load() {
         return 0;
     }
-    let offset = (THP_FAULT_ADDRESS_OFFSET.load() & 0xff) as usize;
-    if let Ok(address) = unsafe { ctx.read_at::<u64>(offset) }
+    if let Some(address) = tp_field::<u64>(&ctx, &THP_FAULT_ADDRESS_OFFSET)
         && count_target_fault(address) == Run::Opened
     {
         learn_target_mm();
@@ -338,7 +337,7 @@ fn close_run(run: &FaultRun) {
 #[tracepoint]
 pub fn thp_prctl_enter(ctx: TracePointContext) -> u32 {
     learn_target_mm();
-    let read = |global: &Global<u32>| unsafe { ctx.read_at::<u64>((global.load() & 0xff) as usize) }.unwrap_or(0);
+    let read = |global: &Global<u32>| tp_field::<u64>(&ctx, global).unwrap_or(0);
     // `option` is an int in an 8-byte slot: compare the low half only.
     if read(&THP_PRCTL_OPTION_OFFSET) & 0xffff_ffff != PR_SET_THP_DISABLE {
         return 0;
@@ -374,8 +373,7 @@ pub fn thp_mmap_lock(ctx: TracePointContext) -> u32 {
     if tgid != THP_SELF_TGID.load() {
         return 0;
     }
-    let offset = (THP_MMAP_LOCK_MM_OFFSET.load() & 0xff) as usize;
-    let Ok(mm) = (unsafe { ctx.read_at::<u64>(offset) }) else { return 0 };
+    let Some(mm) = tp_field::<u64>(&ctx, &THP_MMAP_LOCK_MM_OFFSET) else { return 0 };
     if mm != current_mm() {
         remember_mm(MmSlot::Probe, mm);
     }

@@ -435,7 +435,12 @@ fn under_cpu_load_spikes_are_blamed_on_what_held_the_cpu_never_on_a_sleepers_sys
             assert!(spike["syscall"]["name"].is_string(), "the blocker's syscall has a name: {spike}");
         }
         let held_by = &spike["held_by"];
-        assert!(held_by.is_null() || held_by["comm"] != "nap_1ms", "a 1 ms sleeper never holds a CPU: {spike}");
+        // On real CPUs a 1 ms sleeper's syscalls take microseconds; under emulation (the matrix's
+        // TCG guests) one such syscall was measured holding the CPU for 10.7 ms, which the tool
+        // then rightly reports. There the claim is only that its sleeping syscall is no cause.
+        if vm_kernel().is_none() {
+            assert!(held_by.is_null() || held_by["comm"] != "nap_1ms", "a 1 ms sleeper never holds a CPU: {spike}");
+        }
         let ran = spike["ran_during_wait"].as_array().unwrap_or_else(|| panic!("who ran is listed: {spike}"));
         let by_a_hog = held_by["comm"].as_str().is_some_and(|c| c.starts_with(hog));
         let contention = cause == "cpu contention"

@@ -153,7 +153,9 @@ fn ctrl_c_while_attaching_still_prints_the_summary() {
     require_root();
     for args in [vec!["latency", "--json", "--all-tasks"], vec!["retry-storm", "--json"]] {
         let mut child = spawn(&args);
-        std::thread::sleep(Duration::from_millis(30));
+        // Once the SIGINT handler exists (SigCgt), before anything is attached: the window
+        // the skeleton closes. Earlier, in exec and the runtime's start, no program can catch it.
+        wait_for_sigint_handler(child.id());
         interrupt(&child);
         let status = wait_within(&mut child, Duration::from_secs(30), &args.join(" "));
         let mut out = String::new();
@@ -243,7 +245,8 @@ fn a_zombie_target_is_refused_by_every_command() {
 fn a_target_that_exits_mid_run_ends_the_run_with_a_note() {
     require_root();
     for command in ["latency", "retry-storm", "thp-why"] {
-        let mut target = Command::new("sleep").arg("2").spawn().expect("spawning sleep");
+        // Long enough for an emulated guest to have attached before it exits.
+        let mut target = Command::new("sleep").arg("8").spawn().expect("spawning sleep");
         let pid = target.id().to_string();
         let reaper = std::thread::spawn(move || target.wait());
         let started = Instant::now();
@@ -251,7 +254,7 @@ fn a_target_that_exits_mid_run_ends_the_run_with_a_note() {
         reaper.join().expect("reaper").expect("sleep");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{command}: {stderr}");
-        assert!(started.elapsed() < Duration::from_secs(20), "{command} did not stop when its target exited");
+        assert!(started.elapsed() < Duration::from_secs(25), "{command} did not stop when its target exited");
         let lines = json_lines(&output.stdout);
         let summary = first_of(&lines, "summary").unwrap_or_else(|| panic!("{command}: no summary"));
         // thp-why's run is its live watch: its stopped_by sits in the summary's `live` part.
@@ -261,5 +264,23 @@ fn a_target_that_exits_mid_run_ends_the_run_with_a_note() {
             stderr.contains(&format!("process {pid} exited")) || output.stdout.windows(7).any(|w| w == b"exited "),
             "{command}: no note that {pid} exited:\n{stderr}"
         );
+    }
+}
+
+/// Waits until `pid` catches SIGINT (bit 2 of SigCgt in /proc/PID/status).
+fn wait_for_sigint_handler(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let caught = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << (libc::SIGINT - 1)) != 0);
+        if caught {
+            return;
+        }
+        assert!(Instant::now() < deadline, "mm-probe never installed its SIGINT handler");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }

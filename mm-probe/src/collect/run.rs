@@ -51,6 +51,9 @@ pub fn run<T>(limits: Limits, body: impl AsyncFnOnce(&mut Stopper) -> Result<T>)
 pub struct Stopper {
     interrupt: Signal,
     terminate: Signal,
+    duration: Option<Duration>,
+    /// Set at the first wait: --duration counts from the moment the command is attached (its
+    /// first wait), not from start-up, which takes seconds in an emulated guest.
     deadline: Option<Instant>,
     targets: Vec<u32>,
     exited: Vec<u32>,
@@ -65,7 +68,8 @@ impl Stopper {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
-            deadline: limits.duration.map(|d| Instant::now() + d),
+            duration: limits.duration,
+            deadline: None,
             targets: limits.targets,
             exited: Vec::new(),
             poll,
@@ -74,6 +78,9 @@ impl Stopper {
 
     /// Resolves when the run should end. Cancel-safe: call it again in every `select!` turn.
     pub async fn wait(&mut self) -> Stop {
+        if self.deadline.is_none() {
+            self.deadline = self.duration.map(|d| Instant::now() + d);
+        }
         let deadline = async {
             match self.deadline {
                 Some(at) => tokio::time::sleep_until(at).await,

@@ -88,6 +88,24 @@ macro_rules! get_or_insert {
 #[allow(unused_imports)]
 pub(crate) use get_or_insert;
 
+/// A fentry program and its kprobe fallback on the same function, both handing its first
+/// argument (a pointer) to one handler: the pair every function probe of a catalog offers.
+/// A kprobe that cannot read the register hands 0, which every handler treats as "no object".
+macro_rules! entry_programs {
+    ($fentry:ident, $kprobe:ident => $handler:ident) => {
+        #[aya_ebpf::macros::fentry]
+        pub fn $fentry(ctx: aya_ebpf::programs::FEntryContext) -> u32 {
+            $handler(ctx.arg::<u64>(0))
+        }
+
+        #[aya_ebpf::macros::kprobe]
+        pub fn $kprobe(ctx: aya_ebpf::programs::ProbeContext) -> u32 {
+            $handler(ctx.arg::<u64>(0).unwrap_or(0))
+        }
+    };
+}
+pub(crate) use entry_programs;
+
 /// Adds `delta` to slot `index` of a per-CPU counter array.
 #[inline(always)]
 pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {

@@ -31,7 +31,7 @@ use mm_probe_common::hmm::{
     SeqBegin, Stash,
 };
 
-use crate::kernel::{bump, current_pid, current_tgid, get_or_insert, log2_bucket, offsets::*, read_at};
+use crate::kernel::{bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at};
 
 /// Threads with a walk or invalidation in flight at once; LRU so a missed return never leaks.
 const THREADS: u32 = 16384;
@@ -315,27 +315,11 @@ pub fn hmm_fault_kretprobe(ctx: RetProbeContext) -> u32 {
     walk_return(0, ctx.ret::<u64>() as i32)
 }
 
-/// fentry/mmu_interval_read_begin(struct mmu_interval_notifier *interval_sub)
-#[fentry]
-pub fn read_begin_fentry(ctx: FEntryContext) -> u32 {
-    read_begin(ctx.arg::<u64>(0))
-}
+// mmu_interval_read_begin(struct mmu_interval_notifier *interval_sub)
+entry_programs!(read_begin_fentry, read_begin_kprobe => read_begin);
 
-#[kprobe]
-pub fn read_begin_kprobe(ctx: ProbeContext) -> u32 {
-    read_begin(ctx.arg::<u64>(0).unwrap_or(0))
-}
-
-/// fentry/mmu_interval_notifier_remove(struct mmu_interval_notifier *interval_sub)
-#[fentry]
-pub fn notifier_remove_fentry(ctx: FEntryContext) -> u32 {
-    notifier_remove(ctx.arg::<u64>(0))
-}
-
-#[kprobe]
-pub fn notifier_remove_kprobe(ctx: ProbeContext) -> u32 {
-    notifier_remove(ctx.arg::<u64>(0).unwrap_or(0))
-}
+// mmu_interval_notifier_remove(struct mmu_interval_notifier *interval_sub)
+entry_programs!(notifier_remove_fentry, notifier_remove_kprobe => notifier_remove);
 
 /// fentry/__mmu_notifier_invalidate_range_start(struct mmu_notifier_range *range)
 #[fentry]
@@ -358,16 +342,8 @@ pub fn invalidate_start_kretprobe(_ctx: RetProbeContext) -> u32 {
     invalidate_start_return()
 }
 
-/// fentry/__mmu_notifier_invalidate_range_end(struct mmu_notifier_range *range[, bool only_end])
-#[fentry]
-pub fn invalidate_end_fentry(ctx: FEntryContext) -> u32 {
-    invalidate_end(ctx.arg::<u64>(0))
-}
-
-#[kprobe]
-pub fn invalidate_end_kprobe(ctx: ProbeContext) -> u32 {
-    invalidate_end(ctx.arg::<u64>(0).unwrap_or(0))
-}
+// __mmu_notifier_invalidate_range_end(struct mmu_notifier_range *range[, bool only_end])
+entry_programs!(invalidate_end_fentry, invalidate_end_kprobe => invalidate_end);
 
 #[tracepoint]
 pub fn kvm_unmap_hva_range(ctx: TracePointContext) -> u32 {

@@ -133,14 +133,10 @@ pub struct RingCheck {
     pub max_rss_bytes: u64,
 }
 
-pub const RING_PROBE: LogicalProbe = LogicalProbe {
-    name: "ring buffer",
-    purpose: "ring-buffer capacity check",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "selftest_ring" }],
-        targets: &[Target { name: "syscalls:sys_enter_getppid", kernels: "CONFIG_FTRACE_SYSCALLS" }],
-    }],
-};
+pub const RING_PROBE: LogicalProbe = crate::tracepoint_probe!(
+    "ring buffer", "ring-buffer capacity check";
+    "syscalls:sys_enter_getppid" on "CONFIG_FTRACE_SYSCALLS" => "selftest_ring"
+);
 
 /// How often user space drains a ring whose programs wake it only in batches.
 const DRAIN_TICK: std::time::Duration = std::time::Duration::from_millis(20);

@@ -49,7 +49,7 @@ fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what}: mm-probe still running after {limit:?}");
+            panic!("{what}: mm-probe still running after {limit:?}; its stderr:\n{}", stderr_of(child));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -93,7 +93,8 @@ fn ended_quietly(status: ExitStatus) -> bool {
 #[test]
 fn a_closed_pipe_ends_every_command_quietly() {
     require_root();
-    let sleeper = Command::new("sleep").arg("60").spawn().expect("spawning sleep");
+    // Outlives every command below even in an emulated guest, where each takes seconds to start.
+    let sleeper = Command::new("sleep").arg("3600").spawn().expect("spawning sleep");
     let pid = sleeper.id().to_string();
     let commands: Vec<Vec<&str>> = vec![
         vec!["doctor"],
@@ -157,14 +158,41 @@ fn ctrl_c_while_attaching_still_prints_the_summary() {
         // the skeleton closes. Earlier, in exec and the runtime's start, no program can catch it.
         wait_for_sigint_handler(child.id());
         interrupt(&child);
-        let status = wait_within(&mut child, Duration::from_secs(30), &args.join(" "));
+        // There is no --duration: a lost signal runs forever. The bound only turns that into a
+        // failure, and leaves room for loading and attaching in an emulated guest (seconds).
+        let status = wait_within(&mut child, Duration::from_secs(90), &args.join(" "));
         let mut out = String::new();
         child.stdout.take().expect("stdout").read_to_string(&mut out).expect("reading stdout");
         let stderr = stderr_of(&mut child);
-        eprintln!("$ mm-probe {} (SIGINT 30ms after start)\n{out}{stderr}", args.join(" "));
+        eprintln!("$ mm-probe {} (SIGINT once its handler existed, before it attached)\n{out}{stderr}", args.join(" "));
         assert!(status.success(), "{} ended with {status:?}", args.join(" "));
         let lines = json_lines(out.as_bytes());
         assert_eq!(first_of(&lines, "summary").expect("a summary")["stopped_by"], "interrupted");
+    }
+}
+
+/// Text output fits the terminal: with `COLUMNS=60` (stdout and stderr are pipes here, so
+/// COLUMNS is what the tool goes by) no line of any command is wider than 60 columns, unless
+/// it is one word (a path or a symbol, which is never cut).
+#[test]
+fn the_text_of_every_command_fits_the_terminal_width() {
+    require_root();
+    const WIDTH: usize = 60;
+    let me = std::process::id().to_string();
+    for args in [
+        vec!["doctor"],
+        vec!["latency", "--all-tasks", "--interval", "1s", "--duration", "2s"],
+        vec!["retry-storm", "--interval", "1s", "--duration", "2s"],
+        vec!["thp-why", &me, "--duration", "1s"],
+    ] {
+        let output = Command::new(mm_probe()).args(&args).env("COLUMNS", WIDTH.to_string()).output().expect("mm-probe");
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        for stream in [&output.stdout, &output.stderr] {
+            let text = String::from_utf8_lossy(stream);
+            for line in text.lines().filter(|l| l.chars().count() > WIDTH) {
+                assert!(!line.trim().contains(' '), "{args:?}: a line wider than {WIDTH} columns:\n{line}\n\n{text}");
+            }
+        }
     }
 }
 

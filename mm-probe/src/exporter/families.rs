@@ -45,15 +45,12 @@ impl Collector for Families {
             "Kernel map updates that failed because the map was full; what they would have held is missing.",
             &s.map_update_failures,
         )?;
-        if let Some(h) = &s.wakeup_latency {
-            let family = encoder.encode_descriptor(
-                "mm_probe_wakeup_latency_seconds",
-                "Time from sched_wakeup to the sched_switch that ran the task (real-time tasks unless -p or --all-tasks).",
-                None,
-                MetricType::Histogram,
-            )?;
-            histogram(family, h)?;
-        }
+        histogram_family(
+            &mut encoder,
+            "mm_probe_wakeup_latency_seconds",
+            "Time from sched_wakeup to the sched_switch that ran the task (real-time tasks unless -p or --all-tasks).",
+            s.wakeup_latency.as_ref(),
+        )?;
         if let Some(over) = s.wakeups_over_threshold {
             let family = encoder.encode_descriptor(
                 "mm_probe_wakeups_over_threshold",
@@ -76,15 +73,12 @@ impl Collector for Families {
             "__mmu_notifier_invalidate_range_start() on mirrored memory, by enum mmu_notifier_event.",
             &s.mmu_invalidations,
         )?;
-        if let Some(h) = &s.mmu_invalidation_callback {
-            let family = encoder.encode_descriptor(
-                "mm_probe_mmu_invalidation_callback_seconds",
-                "Time in __mmu_notifier_invalidate_range_start, i.e. in the subscribers' invalidate callbacks.",
-                None,
-                MetricType::Histogram,
-            )?;
-            histogram(family, h)?;
-        }
+        histogram_family(
+            &mut encoder,
+            "mm_probe_mmu_invalidation_callback_seconds",
+            "Time in __mmu_notifier_invalidate_range_start, i.e. in the subscribers' invalidate callbacks.",
+            s.mmu_invalidation_callback.as_ref(),
+        )?;
         counters(
             &mut encoder,
             "mm_probe_kvm_mmu_notifier_events",
@@ -120,6 +114,17 @@ fn gauges(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: &[Ser
         ConstGauge::new(s.value as i64).encode(family.encode_family(&s.labels)?)?;
     }
     Ok(())
+}
+
+/// A histogram family of one series, absent where nothing was measured.
+fn histogram_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    histogram_of: Option<&Histogram>,
+) -> Result<(), std::fmt::Error> {
+    let Some(h) = histogram_of else { return Ok(()) };
+    histogram(encoder.encode_descriptor(name, help, None, MetricType::Histogram)?, h)
 }
 
 fn function_durations(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), std::fmt::Error> {

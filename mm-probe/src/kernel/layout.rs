@@ -29,109 +29,47 @@ impl Member {
     }
 }
 
+/// One row of [`MEMBERS`]: `member!(GLOBAL => struct_name["path", "older path"], "note")`, so
+/// that each member reads as one line of the table.
+macro_rules! member {
+    ($global:path => $struct_name:ident[$($path:literal),+], $note:literal) => {
+        Member { global: $global, struct_name: stringify!($struct_name), paths: &[$($path),+], note: $note }
+    };
+}
+
 pub const MEMBERS: &[Member] = &[
-    Member { global: names::TASK_STRUCT_MM, struct_name: "task_struct", paths: &["mm"], note: "all" },
-    Member { global: names::TASK_STRUCT_PID, struct_name: "task_struct", paths: &["pid"], note: "all" },
-    Member { global: names::TASK_STRUCT_TGID, struct_name: "task_struct", paths: &["tgid"], note: "all" },
-    Member { global: names::TASK_STRUCT_PRIO, struct_name: "task_struct", paths: &["prio"], note: "all" },
-    Member { global: names::TASK_STRUCT_COMM, struct_name: "task_struct", paths: &["comm"], note: "all" },
-    Member {
-        global: names::TASK_STRUCT_CPU,
-        struct_name: "task_struct",
-        paths: &["thread_info.cpu", "cpu"],
-        note: "task_cpu(): thread_info.cpu with THREAD_INFO_IN_TASK (x86) since 5.16, task_struct.cpu before",
-    },
-    Member {
-        global: names::MM_STRUCT_FLAGS,
-        struct_name: "mm_struct",
-        paths: &["flags"],
-        note: "unsigned long until 6.17; mm_flags_t (a one-word bitmap on 64-bit) from 6.18",
-    },
-    Member { global: names::VMA_VM_MM, struct_name: "vm_area_struct", paths: &["vm_mm"], note: "all" },
-    Member {
-        global: names::VMA_VM_FLAGS,
-        struct_name: "vm_area_struct",
-        paths: &["vm_flags"],
-        note: "inside an anonymous union with __vm_flags from 6.3",
-    },
-    Member {
-        global: names::VMA_VM_START,
-        struct_name: "vm_area_struct",
-        paths: &["vm_start"],
-        note: "inside an anonymous union with vm_freeptr from 6.12",
-    },
-    Member { global: names::VMA_VM_END, struct_name: "vm_area_struct", paths: &["vm_end"], note: "as vm_start" },
-    Member {
-        global: names::NOTIFIER_RANGE_MM,
-        struct_name: "mmu_notifier_range",
-        paths: &["mm"],
-        note: "8 up to 6.5 (after the removed vma member), 0 from 6.6",
-    },
-    Member {
-        global: names::NOTIFIER_RANGE_START,
-        struct_name: "mmu_notifier_range",
-        paths: &["start"],
-        note: "moved in 6.6",
-    },
-    Member {
-        global: names::NOTIFIER_RANGE_END,
-        struct_name: "mmu_notifier_range",
-        paths: &["end"],
-        note: "moved in 6.6",
-    },
-    Member {
-        global: names::NOTIFIER_RANGE_EVENT,
-        struct_name: "mmu_notifier_range",
-        paths: &["event"],
-        note: "moved in 6.6",
-    },
-    Member {
-        global: names::HMM_RANGE_NOTIFIER,
-        struct_name: "hmm_range",
-        paths: &["notifier"],
-        note: "stable since 5.8",
-    },
-    Member { global: names::HMM_RANGE_START, struct_name: "hmm_range", paths: &["start"], note: "stable since 5.8" },
-    Member { global: names::HMM_RANGE_END, struct_name: "hmm_range", paths: &["end"], note: "stable since 5.8" },
-    Member {
-        global: names::INTERVAL_NOTIFIER_MM,
-        struct_name: "mmu_interval_notifier",
-        paths: &["mm"],
-        note: "stable since 5.10",
-    },
-    Member {
-        global: names::INTERVAL_NOTIFIER_START,
-        struct_name: "mmu_interval_notifier",
-        paths: &["interval_tree.start"],
-        note: "stable since 5.10 (interval_tree_node at offset 0)",
-    },
-    Member {
-        global: names::INTERVAL_NOTIFIER_LAST,
-        struct_name: "mmu_interval_notifier",
-        paths: &["interval_tree.last"],
-        note: "inclusive end of the interval; stable since 5.10",
-    },
-    Member {
-        global: names::PT_REGS_ORIG_AX,
-        struct_name: "pt_regs",
-        paths: &["orig_ax"],
-        note: "x86-64; syscall number",
-    },
-    Member {
-        global: names::PT_REGS_AX,
-        struct_name: "pt_regs",
-        paths: &["ax"],
-        note: "x86-64; -ENOSYS until the syscall returns",
-    },
-    Member { global: names::PT_REGS_DI, struct_name: "pt_regs", paths: &["di"], note: "x86-64; 1st syscall argument" },
-    Member { global: names::PT_REGS_SI, struct_name: "pt_regs", paths: &["si"], note: "x86-64; 2nd syscall argument" },
-    Member { global: names::PT_REGS_DX, struct_name: "pt_regs", paths: &["dx"], note: "x86-64; 3rd syscall argument" },
-    Member {
-        global: names::PT_REGS_R10,
-        struct_name: "pt_regs",
-        paths: &["r10"],
-        note: "x86-64; 4th syscall argument",
-    },
+    member!(names::TASK_STRUCT_MM => task_struct["mm"], "all"),
+    member!(names::TASK_STRUCT_PID => task_struct["pid"], "all"),
+    member!(names::TASK_STRUCT_TGID => task_struct["tgid"], "all"),
+    member!(names::TASK_STRUCT_PRIO => task_struct["prio"], "all"),
+    member!(names::TASK_STRUCT_COMM => task_struct["comm"], "all"),
+    member!(names::TASK_STRUCT_CPU => task_struct["thread_info.cpu", "cpu"],
+        "task_cpu(): thread_info.cpu with THREAD_INFO_IN_TASK (x86) since 5.16, task_struct.cpu before"),
+    member!(names::MM_STRUCT_FLAGS => mm_struct["flags"],
+        "unsigned long until 6.17; mm_flags_t (a one-word bitmap on 64-bit) from 6.18"),
+    member!(names::VMA_VM_MM => vm_area_struct["vm_mm"], "all"),
+    member!(names::VMA_VM_FLAGS => vm_area_struct["vm_flags"], "inside an anonymous union with __vm_flags from 6.3"),
+    member!(names::VMA_VM_START => vm_area_struct["vm_start"], "inside an anonymous union with vm_freeptr from 6.12"),
+    member!(names::VMA_VM_END => vm_area_struct["vm_end"], "as vm_start"),
+    member!(names::NOTIFIER_RANGE_MM => mmu_notifier_range["mm"],
+        "8 up to 6.5 (after the removed vma member), 0 from 6.6"),
+    member!(names::NOTIFIER_RANGE_START => mmu_notifier_range["start"], "moved in 6.6"),
+    member!(names::NOTIFIER_RANGE_END => mmu_notifier_range["end"], "moved in 6.6"),
+    member!(names::NOTIFIER_RANGE_EVENT => mmu_notifier_range["event"], "moved in 6.6"),
+    member!(names::HMM_RANGE_NOTIFIER => hmm_range["notifier"], "stable since 5.8"),
+    member!(names::HMM_RANGE_START => hmm_range["start"], "stable since 5.8"),
+    member!(names::HMM_RANGE_END => hmm_range["end"], "stable since 5.8"),
+    member!(names::INTERVAL_NOTIFIER_MM => mmu_interval_notifier["mm"], "stable since 5.10"),
+    member!(names::INTERVAL_NOTIFIER_START => mmu_interval_notifier["interval_tree.start"],
+        "stable since 5.10 (interval_tree_node at offset 0)"),
+    member!(names::INTERVAL_NOTIFIER_LAST => mmu_interval_notifier["interval_tree.last"],
+        "inclusive end of the interval; stable since 5.10"),
+    member!(names::PT_REGS_ORIG_AX => pt_regs["orig_ax"], "x86-64; syscall number"),
+    member!(names::PT_REGS_AX => pt_regs["ax"], "x86-64; -ENOSYS until the syscall returns"),
+    member!(names::PT_REGS_DI => pt_regs["di"], "x86-64; 1st syscall argument"),
+    member!(names::PT_REGS_SI => pt_regs["si"], "x86-64; 2nd syscall argument"),
+    member!(names::PT_REGS_DX => pt_regs["dx"], "x86-64; 3rd syscall argument"),
+    member!(names::PT_REGS_R10 => pt_regs["r10"], "x86-64; 4th syscall argument"),
 ];
 
 /// Every member's offset on this kernel.

@@ -125,10 +125,10 @@ mod tests {
     #[test]
     fn kthreadd_is_a_kernel_thread() {
         // pid 2 is kthreadd on every Linux since 2.6.22 (outside a pid namespace).
-        if let Ok(p) = running_process(2) {
-            if p.comm == "kthreadd" {
-                assert!(p.kernel_thread);
-            }
+        if let Ok(p) = running_process(2)
+            && p.comm == "kthreadd"
+        {
+            assert!(p.kernel_thread);
         }
     }
 }

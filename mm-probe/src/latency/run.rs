@@ -28,7 +28,7 @@ use crate::{
     },
     kernel::{Kallsyms, Kernel, privileges},
     probes::{MapFamily, detach_all, load_object},
-    report::{json, plot::histogram_svg},
+    report::{json, plot::histogram_svg, text},
 };
 
 pub fn run(args: &LatencyArgs) -> Result<()> {
@@ -76,7 +76,7 @@ async fn trace(kernel: &Kernel, options: &Options, stopper: &mut Stopper) -> Res
     if options.json {
         println!("{}", json::line(json::Line::LatencyProbePlan, &header));
     } else {
-        eprint!("{}", render::header_text(&header));
+        text::eprint(&render::header_text(&header));
     }
 
     let mut wakeup_ring: RingReader<WakeupSpike> =
@@ -144,7 +144,7 @@ async fn trace(kernel: &Kernel, options: &Options, stopper: &mut Stopper) -> Res
     };
     let tasks = aggregator::tasks(&ebpf)?;
     for pid in stopper.exited_targets() {
-        eprintln!("mm-probe: process {pid} exited while being traced; partial results below");
+        text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
     }
     let duration_ns = monotonic_ns() - start_ns;
     report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns)
@@ -200,11 +200,11 @@ fn absorb(
         *collected.causes.entry(attribution.cause).or_default() += 1;
         collected.interval_wakeup_spikes += 1;
         if options.interval.is_some() && !options.json {
-            println!(
+            text::println(&format!(
                 "         +{:.3}s spike: {}",
                 wakeup.wakeup_ns.saturating_sub(start_ns) as f64 / 1e9,
                 attribution.explanation
-            );
+            ));
         }
         collected.wakeups.offer(wakeup.latency_ns, (wakeup, attribution));
     }
@@ -237,7 +237,7 @@ fn print_interval(
     if options.json {
         println!("{}", json::line(json::Line::LatencyInterval, &interval));
     } else {
-        print!("{}", render::interval_text(&interval));
+        text::print(&render::interval_text(&interval));
     }
 }
 
@@ -295,19 +295,16 @@ fn report(
         }
         println!("{}", json::line(json::Line::LatencyLostEvents, lost));
     } else {
-        print!(
-            "{}",
-            render::summary_text(&render::SummaryText {
-                summary: &summary,
-                wakeups: &totals[0],
-                functions: &functions,
-                wakeup_spikes: &wakeup_spikes,
-                function_spikes: &function_spikes,
-                function_names: &names,
-                lost,
-                start_ns,
-            })
-        );
+        text::print(&render::summary_text(&render::SummaryText {
+            summary: &summary,
+            wakeups: &totals[0],
+            functions: &functions,
+            wakeup_spikes: &wakeup_spikes,
+            function_spikes: &function_spikes,
+            function_names: &names,
+            lost,
+            start_ns,
+        }));
     }
     if let Some(file) = &options.plot {
         let figure = plot::histogram_plot(&header.kernel, &summary, &totals[0], &functions);

@@ -65,6 +65,38 @@ macro_rules! candidate {
     };
 }
 
+/// A [`LogicalProbe`] on one tracepoint, the catalogs' commonest entry:
+/// `tracepoint_probe!("name", "purpose"; "kvm:kvm_age_hva" on "KVM kernels" => "program")`.
+#[macro_export]
+macro_rules! tracepoint_probe {
+    ($name:expr, $purpose:expr; $event:literal on $kernels:literal => $program:literal) => {
+        $crate::probes::LogicalProbe {
+            name: $name,
+            purpose: $purpose,
+            candidates: &[$crate::candidate!(&[$crate::probes::Target { name: $event, kernels: $kernels }]; Tracepoint $program)],
+        }
+    };
+}
+
+/// A [`LogicalProbe`] on kernel functions, in the order every catalog prefers: BPF trampolines
+/// first (cheaper per call, and an fexit sees every return, where a kretprobe misses returns
+/// once more than maxactive callers sleep inside), kprobes where trampolines are refused.
+/// `function_probe!("name", "purpose", TARGETS; Fentry "a", Fexit "b" | Kprobe "c", Kretprobe "d")`.
+#[macro_export]
+macro_rules! function_probe {
+    ($name:expr, $purpose:expr, $targets:expr;
+     $($trampoline:ident $tprogram:literal),+ | $($kprobe:ident $kprogram:literal),+) => {
+        $crate::probes::LogicalProbe {
+            name: $name,
+            purpose: $purpose,
+            candidates: &[
+                $crate::candidate!($targets; $($trampoline $tprogram),+),
+                $crate::candidate!($targets; $($kprobe $kprogram),+),
+            ],
+        }
+    };
+}
+
 /// One way to implement a logical probe: every hook attaches to the same target.
 #[derive(Clone, Copy, Debug)]
 pub struct Candidate {

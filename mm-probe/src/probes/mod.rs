@@ -16,4 +16,4 @@ pub use catalog::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 pub use failure::AttachFailure;
 pub use object::{GlobalValue, MapFamily, load_object};
 pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan, detach_all};
-pub use unavailable::unavailable_summary;
+pub use unavailable::{DOCTOR_POINTER, unavailable_summary};

@@ -67,6 +67,50 @@ pub fn wrap(text: &str, width: usize, indent: usize) -> String {
     }
 }
 
+/// How far past its own indentation a wrapped line's continuations start: enough to see that
+/// they continue it, little enough to keep the room.
+const CONTINUATION_INDENT: usize = 2;
+
+/// Every line of `text` that is wider than `width` wrapped at spaces, its continuations indented
+/// past the line's own indentation; lines that fit (tables, already fitted) are left as they are.
+/// The one pass every command's text output goes through before it is printed.
+pub fn fit(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if columns(line) <= width {
+            out += line;
+            out.push('\n');
+        } else {
+            let own_indent = line.len() - line.trim_start_matches(' ').len();
+            out += &wrap(line, width, own_indent + CONTINUATION_INDENT);
+        }
+    }
+    if !text.ends_with('\n') && out.ends_with('\n') {
+        out.pop();
+    }
+    out
+}
+
+/// Prints `text` on stdout, fitted to the terminal ([`width`]).
+pub fn print(text: &str) {
+    print!("{}", fit(text, width()));
+}
+
+/// Prints `text` on stdout as one line block, fitted, with a newline after it.
+pub fn println(text: &str) {
+    println!("{}", fit(text, width()));
+}
+
+/// Prints `text` on stderr, fitted to the terminal there ([`stderr_width`]).
+pub fn eprint(text: &str) {
+    eprint!("{}", fit(text, stderr_width()));
+}
+
+/// A note on stderr (what happened to the run, not a failure), fitted, with a newline after it.
+pub fn eprintln(text: &str) {
+    eprintln!("{}", fit(text, stderr_width()));
+}
+
 /// The longest start of `text` that ends before a space and fits `room` columns, and the rest;
 /// when even the first word does not fit, that word. Spaces at the start (indentation) never
 /// count as a break.
@@ -183,6 +227,24 @@ mod tests {
         let wrapped = wrap("  ok  walk  tracepoint on mmu_notifier:invalidate_range_start", 40, 30);
         assert!(wrapped.lines().all(|l| columns(l) <= 40), "{wrapped}");
         assert!(wrapped.lines().any(|l| l.trim() == "mmu_notifier:invalidate_range_start"), "{wrapped}");
+    }
+
+    #[test]
+    fn fitting_wraps_only_the_lines_that_are_too_wide_and_keeps_their_indentation() {
+        let long = format!("    verdict: {}", "the walk held the CPU ".repeat(8));
+        let text = format!("short\n{long}\n  also short\n");
+        let fitted = fit(&text, 40);
+        assert!(fitted.lines().all(|l| columns(l) <= 40), "{fitted}");
+        let lines: Vec<&str> = fitted.lines().collect();
+        assert_eq!(lines[0], "short");
+        assert!(lines[1].starts_with("    verdict: the walk"), "{fitted}");
+        assert!(lines[2].starts_with("      ") && !lines[2].starts_with("       "), "{fitted}");
+        assert_eq!(*lines.last().unwrap(), "  also short");
+        assert!(fitted.ends_with('\n'));
+        let words = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(words(&fitted), words(&text), "no word lost or cut");
+        assert_eq!(fit("no newline at the end", 40), "no newline at the end");
+        assert_eq!(fit("a\n\nb\n", 40), "a\n\nb\n", "blank lines stay");
     }
 
     #[test]

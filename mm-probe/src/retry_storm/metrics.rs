@@ -149,6 +149,15 @@ mod tests {
         Observability { walks: true, read_begins: true, invalidations: true, ..Observability::default() }
     }
 
+    /// The snapshot of a window of `seconds` whose kernel counters are `walks`, `ebusy` and
+    /// `invalidations`, with every probe attached and the default thresholds.
+    fn snapshot_of(seconds: u64, (walks, ebusy, invalidations): (u64, u64, u64)) -> Snapshot {
+        let mut w = Window::new(0);
+        w.end_ns = seconds * 1_000_000_000;
+        w.counters = counters(walks, ebusy, invalidations);
+        Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None)
+    }
+
     #[test]
     fn an_empty_window_has_unknown_rates_not_zero() {
         let w = Window::new(0);
@@ -161,10 +170,7 @@ mod tests {
 
     #[test]
     fn walks_without_invalidations_have_a_per_walk_rate_only() {
-        let mut w = Window::new(0);
-        w.end_ns = 1_000_000_000;
-        w.counters = counters(10, 0, 0);
-        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None);
+        let s = snapshot_of(1, (10, 0, 0));
         let r = s.retry_rate.unwrap();
         assert_eq!(r.ebusy_per_invalidation, None);
         assert_eq!(r.ebusy_per_walk, Some(0.0));
@@ -173,10 +179,7 @@ mod tests {
 
     #[test]
     fn both_retry_rate_definitions_are_computed_from_the_kernel_counters() {
-        let mut w = Window::new(0);
-        w.end_ns = 2_000_000_000;
-        w.counters = counters(200, 170, 1000);
-        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None);
+        let s = snapshot_of(2, (200, 170, 1000));
         let r = s.retry_rate.unwrap();
         assert_eq!(r.ebusy_per_invalidation, Some(0.17));
         assert_eq!(r.ebusy_per_walk, Some(0.85));

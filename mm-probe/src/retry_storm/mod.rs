@@ -42,6 +42,7 @@ use crate::{
     report::{
         json,
         plot::{PlotFile, rates_over_time_svg},
+        text,
     },
 };
 
@@ -81,7 +82,7 @@ async fn attach_and_collect(
     if args.json {
         println!("{}", report::plan_json(&kernel.release.text, &plan, &seen, &thresholds, timeout_ns));
     } else {
-        eprint!("{}", render::plan_text(&kernel.release.text, &plan, &seen));
+        text::eprint(&render::plan_text(&kernel.release.text, &plan, &seen));
     }
     let numa_balancing = std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
     let mut collector = Collector::new(monotonic_ns(), timeout_ns, seen, thresholds, numa_balancing);
@@ -138,7 +139,7 @@ fn print_interval(json: bool, snapshot: &Snapshot) {
     if json {
         println!("{}", report::interval_json(snapshot));
     } else {
-        println!("{}", render::interval_text(snapshot));
+        text::println(&render::interval_text(snapshot));
     }
 }
 
@@ -198,7 +199,7 @@ async fn collect(
         print_interval(args.json, &last);
     }
     for note in exit_notes(&stopper.exited_targets()) {
-        eprintln!("mm-probe: {note}");
+        text::eprintln(&format!("mm-probe: {note}"));
     }
     let mut summary = collector.summary();
     if collector.seen.read_begins {
@@ -208,13 +209,13 @@ async fn collect(
         println!("{}", report::summary_json(&summary, stopped_by, &collector.seen));
         println!("{}", report::lost_json(&summary));
     } else {
-        print!("{}", render::summary_text(&summary, &collector.seen, stopped_by));
+        text::print(&render::summary_text(&summary, &collector.seen, stopped_by));
     }
     let malformed = collector.malformed + walk_ring.malformed + invalidate_ring.malformed;
     if malformed > 0 {
-        eprintln!(
+        text::eprintln(&format!(
             "mm-probe: {malformed} malformed events ignored (the eBPF object and this binary disagree on a record layout)"
-        );
+        ));
     }
     if let (Some(request), Some(timeline)) = (plot, &collector.timeline) {
         let run = plot::RunFacts { kernel: &request.kernel, duration_s: summary.duration_ns as f64 / 1e9, stopped_by };

@@ -3,11 +3,12 @@
 //! 6.18: docs/kernel-facts.md, "MMU-notifier invalidations"), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
 //! tracepoints add the secondary-MMU view where kvm is loaded.
 
-use super::report::Observability;
+use super::report::{Observability, Statement};
 use crate::{
-    candidate,
+    function_probe,
     kernel::Kernel,
-    probes::{Candidate, Hook, LogicalProbe, Mechanism, Plan, Target},
+    probes::{LogicalProbe, Plan, Target},
+    tracepoint_probe,
 };
 
 const HMM_RANGE_FAULT: &[Target] = &[Target { name: "hmm_range_fault", kernels: "5.8+, CONFIG_HMM_MIRROR" }];
@@ -30,70 +31,45 @@ pub const INVALIDATE_END_PROBE: &str = "invalidate_range_end";
 pub const KVM_UNMAP_PROBE: &str = "kvm_unmap_hva_range";
 pub const KVM_AGE_PROBE: &str = "kvm_age_hva";
 
-pub const WALK: LogicalProbe = LogicalProbe {
-    name: WALK_PROBE,
-    purpose: "every mirror walk: duration, result (-EBUSY = retry), range, notifier",
-    candidates: &[
-        // fexit first: a kretprobe misses returns once more than maxactive callers sleep in
-        // the walk at once (hmm_range_fault faults pages and sleeps).
-        candidate!(HMM_RANGE_FAULT; Fentry "hmm_fault_entry", Fexit "hmm_fault_exit"),
-        candidate!(HMM_RANGE_FAULT; Kprobe "hmm_fault_kprobe", Kretprobe "hmm_fault_kretprobe"),
-    ],
-};
+pub const WALK: LogicalProbe = function_probe!(
+    WALK_PROBE, "every mirror walk: duration, result (-EBUSY = retry), range, notifier", HMM_RANGE_FAULT;
+    Fentry "hmm_fault_entry", Fexit "hmm_fault_exit" | Kprobe "hmm_fault_kprobe", Kretprobe "hmm_fault_kretprobe"
+);
 
-pub const READ_BEGINS: LogicalProbe = LogicalProbe {
-    name: READ_BEGIN_PROBE,
-    purpose: "sequence starts per notifier and process (storms stay visible where the retry moves inside the kernel), and the start of each walk's invalidation window",
-    candidates: &[
-        candidate!(READ_BEGIN; Fentry "read_begin_fentry"),
-        candidate!(READ_BEGIN; Kprobe "read_begin_kprobe"),
-    ],
-};
+pub const READ_BEGINS: LogicalProbe = function_probe!(
+    READ_BEGIN_PROBE,
+    "sequence starts per notifier and process (storms stay visible where the retry moves inside the kernel), and the start of each walk's invalidation window",
+    READ_BEGIN;
+    Fentry "read_begin_fentry" | Kprobe "read_begin_kprobe"
+);
 
-pub const REMOVES: LogicalProbe = LogicalProbe {
-    name: REMOVE_PROBE,
-    purpose: "a driver dropping a notifier: a retry loop still failing at that point gave up",
-    candidates: &[
-        candidate!(NOTIFIER_REMOVE; Fentry "notifier_remove_fentry"),
-        candidate!(NOTIFIER_REMOVE; Kprobe "notifier_remove_kprobe"),
-    ],
-};
+pub const REMOVES: LogicalProbe = function_probe!(
+    REMOVE_PROBE, "a driver dropping a notifier: a retry loop still failing at that point gave up", NOTIFIER_REMOVE;
+    Fentry "notifier_remove_fentry" | Kprobe "notifier_remove_kprobe"
+);
 
-pub const INVALIDATE_START: LogicalProbe = LogicalProbe {
-    name: INVALIDATE_START_PROBE,
-    purpose: "every invalidation of a mirrored mm: range, event (UNMAP, CLEAR, …), who invalidated, time in the invalidate callbacks",
-    candidates: &[
-        candidate!(RANGE_START; Fentry "invalidate_start_fentry", Fexit "invalidate_start_fexit"),
-        candidate!(RANGE_START; Kprobe "invalidate_start_kprobe", Kretprobe "invalidate_start_kretprobe"),
-    ],
-};
+pub const INVALIDATE_START: LogicalProbe = function_probe!(
+    INVALIDATE_START_PROBE,
+    "every invalidation of a mirrored mm: range, event (UNMAP, CLEAR, …), who invalidated, time in the invalidate callbacks",
+    RANGE_START;
+    Fentry "invalidate_start_fentry", Fexit "invalidate_start_fexit"
+        | Kprobe "invalidate_start_kprobe", Kretprobe "invalidate_start_kretprobe"
+);
 
-pub const INVALIDATE_END: LogicalProbe = LogicalProbe {
-    name: INVALIDATE_END_PROBE,
-    purpose: "how long each invalidation held its range (read_begin on it waits that long)",
-    candidates: &[
-        candidate!(RANGE_END; Fentry "invalidate_end_fentry"),
-        candidate!(RANGE_END; Kprobe "invalidate_end_kprobe"),
-    ],
-};
+pub const INVALIDATE_END: LogicalProbe = function_probe!(
+    INVALIDATE_END_PROBE, "how long each invalidation held its range (read_begin on it waits that long)", RANGE_END;
+    Fentry "invalidate_end_fentry" | Kprobe "invalidate_end_kprobe"
+);
 
-pub const KVM_UNMAP: LogicalProbe = LogicalProbe {
-    name: KVM_UNMAP_PROBE,
-    purpose: "KVM secondary-MMU unmaps of a VMM's memory (kvm.ko loaded)",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "kvm_unmap_hva_range" }],
-        targets: &[Target { name: "kvm:kvm_unmap_hva_range", kernels: "KVM with MMU notifiers, kvm.ko loaded" }],
-    }],
-};
+pub const KVM_UNMAP: LogicalProbe = tracepoint_probe!(
+    KVM_UNMAP_PROBE, "KVM secondary-MMU unmaps of a VMM's memory (kvm.ko loaded)";
+    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers, kvm.ko loaded" => "kvm_unmap_hva_range"
+);
 
-pub const KVM_AGE: LogicalProbe = LogicalProbe {
-    name: KVM_AGE_PROBE,
-    purpose: "KVM secondary-MMU aging (clear_young) of a VMM's memory",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "kvm_age_hva" }],
-        targets: &[Target { name: "kvm:kvm_age_hva", kernels: "KVM with MMU notifiers, kvm.ko loaded" }],
-    }],
-};
+pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
+    KVM_AGE_PROBE, "KVM secondary-MMU aging (clear_young) of a VMM's memory";
+    "kvm:kvm_age_hva" on "KVM with MMU notifiers, kvm.ko loaded" => "kvm_age_hva"
+);
 
 /// In attach order: the walk and read_begin probes mark mms as mirrored, which the
 /// invalidation probes filter on.
@@ -117,56 +93,58 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         kvm_age: plan.is_attached(KVM_AGE_PROBE),
         statements: Vec::new(),
     };
-    let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable()).unwrap_or_default();
+    let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
+    let note = |subject: &str, why: Option<String>, cost: &str| Statement { subject: subject.into(), why, cost: cost.into() };
     if !seen.walks {
-        let reason = if has_hmm(kernel) {
-            format!(
-                "hmm_range_fault is not observable: it exists on this kernel but could not be probed ({})",
-                why(WALK_PROBE)
-            )
+        let subject = if has_hmm(kernel) {
+            "hmm_range_fault is not observable: it exists on this kernel but could not be probed"
         } else {
-            format!(
-                "hmm_range_fault is not observable: this kernel has no hmm_range_fault (not in its BTF nor in /proc/kallsyms: it is built without CONFIG_HMM_MIRROR), so nothing here can mirror memory through HMM ({})",
-                why(WALK_PROBE)
-            )
+            "hmm_range_fault is not observable: this kernel has no hmm_range_fault (not in its BTF nor in /proc/kallsyms: it is built without CONFIG_HMM_MIRROR), so nothing here can mirror memory through HMM"
         };
-        seen.statements
-            .push(format!("{reason}. Retry rates, timeouts, retry loops and walk latency cannot be measured here."));
+        let cost = "retry rates, timeouts, retry loops and walk latency cannot be measured here.";
+        seen.statements.push(note(subject, why(WALK_PROBE), cost));
     }
     if !seen.read_begins && seen.walks {
-        seen.statements.push(format!(
-            "mmu_interval_read_begin is not observable ({}): walk windows start at walk entry and sequence starts are not counted.",
-            why(READ_BEGIN_PROBE)
+        seen.statements.push(note(
+            "mmu_interval_read_begin is not observable",
+            why(READ_BEGIN_PROBE),
+            "walk windows start at walk entry and sequence starts are not counted.",
         ));
     }
     if !seen.notifier_removes && seen.walks {
-        seen.statements.push(format!(
-            "mmu_interval_notifier_remove is not observable ({}): a retry loop that gives up before --timeout is seen only if it ran past --timeout.",
-            why(REMOVE_PROBE)
+        seen.statements.push(note(
+            "mmu_interval_notifier_remove is not observable",
+            why(REMOVE_PROBE),
+            "a retry loop that gives up before --timeout is seen only if it ran past --timeout.",
         ));
     }
     if !seen.invalidations {
-        seen.statements.push(format!(
-            "MMU-notifier invalidations are not observable ({}): retry_rate per invalidation, invalidate_freq, invalidators and overlaps cannot be measured.",
-            why(INVALIDATE_START_PROBE)
+        seen.statements.push(note(
+            "MMU-notifier invalidations are not observable",
+            why(INVALIDATE_START_PROBE),
+            "retry_rate per invalidation, invalidate_freq, invalidators and overlaps cannot be measured.",
         ));
     } else if !seen.walks && !seen.read_begins {
         // Only mms seen mirroring are watched, and nothing can see them mirror here.
         seen.invalidations = false;
-        seen.statements.push(
-            "MMU-notifier invalidations are not watched: they are attributed to mirrored memory, which cannot be recognised without the walk or read_begin probes.".into(),
-        );
+        seen.statements.push(note(
+            "MMU-notifier invalidations are not watched",
+            None,
+            "they are attributed to mirrored memory, which cannot be recognised without the walk or read_begin probes.",
+        ));
     }
     if seen.invalidations && !seen.invalidation_ends {
-        seen.statements.push(format!(
-            "__mmu_notifier_invalidate_range_end is not observable ({}): invalidation windows are not measured.",
-            why(INVALIDATE_END_PROBE)
+        seen.statements.push(note(
+            "__mmu_notifier_invalidate_range_end is not observable",
+            why(INVALIDATE_END_PROBE),
+            "invalidation windows are not measured.",
         ));
     }
     if !seen.kvm_unmap && !seen.kvm_age {
-        seen.statements.push(format!(
-            "KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available ({}).",
-            why(KVM_UNMAP_PROBE)
+        seen.statements.push(note(
+            "KVM's kvm_unmap_hva_range/kvm_age_hva tracepoints are not available",
+            why(KVM_UNMAP_PROBE),
+            "KVM's secondary-MMU unmaps and aging are not counted.",
         ));
     }
     seen

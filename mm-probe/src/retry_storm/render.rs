@@ -52,7 +52,7 @@ pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
     }
     out += &plan.unavailable_summary(crate::report::text::stderr_width());
     for statement in &seen.statements {
-        let _ = writeln!(out, "  {statement}");
+        let _ = writeln!(out, "  {}", statement.text());
     }
     out
 }
@@ -107,7 +107,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
     if !seen.statements.is_empty() {
         let _ = writeln!(out, "\nWhat could not be observed:");
         for statement in &seen.statements {
-            let _ = writeln!(out, "  - {statement}");
+            let _ = writeln!(out, "  - {}", statement.text());
         }
     }
     if let (Some(w), Some(r)) = (&s.walks, &s.retry_rate) {

@@ -44,6 +44,7 @@ use crate::{
     },
     error::UserError,
     kernel::{Kernel, layout::ThpDisableBits, privileges},
+    report::text,
     user_bail,
 };
 
@@ -59,7 +60,7 @@ pub fn run(args: &ThpWhyArgs) -> Result<()> {
     if args.json {
         println!("{}", render::json(&report));
     } else {
-        print!("{}", render::text(&report, args.all_vmas));
+        text::print(&render::text(&report, args.all_vmas));
     }
     Ok(())
 }
@@ -157,15 +158,15 @@ async fn examine(target: &Target, args: &ThpWhyArgs, stopper: &mut Stopper) -> R
     let mut prctl_events = Vec::new();
     let stopped_by = match live.as_mut() {
         Some(l) => {
-            eprintln!(
+            text::eprintln(&format!(
                 "mm-probe: watching pid {pid} ({}) for {} (Ctrl-C to stop early)",
                 target.comm,
                 crate::units::format_nanos(args.duration.as_nanos() as u64)
-            );
+            ));
             // The allow-check and the faults are explained in the report; the others here.
             let reported = [probes::ALLOW_CHECK.name, probes::PAGE_FAULTS.name];
             let others = l.plan.unavailable().filter(|p| !reported.contains(&p.probe));
-            eprint!("{}", crate::probes::unavailable_summary(others, crate::report::text::stderr_width()));
+            eprint!("{}", crate::probes::unavailable_summary(others, text::stderr_width()));
             watch(l, stopper, args.duration, &mut prctl_events).await
         }
         None => StoppedBy::NotRun,

@@ -1,8 +1,9 @@
 //! The kernel hooks thp-why uses, best first.
 
 use crate::{
-    candidate,
+    function_probe,
     probes::{Candidate, Hook, LogicalProbe, Mechanism, Target},
+    tracepoint_probe,
 };
 
 /// The THP allow-check: `hugepage_vma_check` (6.0–6.7), `__thp_vma_allowable_orders` (6.8+).
@@ -11,14 +12,10 @@ const ALLOW_CHECK_FUNCTIONS: &[Target] = &[
     Target { name: "hugepage_vma_check", kernels: "6.0-6.7" },
 ];
 
-pub const ALLOW_CHECK: LogicalProbe = LogicalProbe {
-    name: "THP allow-check",
-    purpose: "live count of THP checks on the target's memory and the reason for each denial",
-    candidates: &[
-        candidate!(ALLOW_CHECK_FUNCTIONS; Fexit "thp_allowable_exit"),
-        candidate!(ALLOW_CHECK_FUNCTIONS; Kprobe "thp_allowable_entry", Kretprobe "thp_allowable_return"),
-    ],
-};
+pub const ALLOW_CHECK: LogicalProbe = function_probe!(
+    "THP allow-check", "live count of THP checks on the target's memory and the reason for each denial", ALLOW_CHECK_FUNCTIONS;
+    Fexit "thp_allowable_exit" | Kprobe "thp_allowable_entry", Kretprobe "thp_allowable_return"
+);
 
 pub const PAGE_FAULTS: LogicalProbe = LogicalProbe {
     name: "user page faults",
@@ -37,23 +34,16 @@ pub const PAGE_FAULTS: LogicalProbe = LogicalProbe {
     ],
 };
 
-pub const PRCTL: LogicalProbe = LogicalProbe {
-    name: "prctl(PR_SET_THP_DISABLE)",
-    purpose: "catching processes that disable THP while the tool runs",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "thp_prctl_enter" }],
-        targets: &[Target { name: "syscalls:sys_enter_prctl", kernels: "CONFIG_FTRACE_SYSCALLS" }],
-    }],
-};
+pub const PRCTL: LogicalProbe = tracepoint_probe!(
+    "prctl(PR_SET_THP_DISABLE)", "catching processes that disable THP while the tool runs";
+    "syscalls:sys_enter_prctl" on "CONFIG_FTRACE_SYSCALLS" => "thp_prctl_enter"
+);
 
-pub const MMAP_LOCK: LogicalProbe = LogicalProbe {
-    name: "mmap_lock",
-    purpose: "reading a process's mm->flags from the kernel (the 6.18 except-advised mode, which \
-              /proc/PID/status hides) and learning the target's mm while it sleeps",
-    candidates: &[Candidate {
-        hooks: &[Hook { mechanism: Mechanism::Tracepoint, program: "thp_mmap_lock" }],
-        targets: &[Target { name: "mmap_lock:mmap_lock_start_locking", kernels: "5.10+" }],
-    }],
-};
+pub const MMAP_LOCK: LogicalProbe = tracepoint_probe!(
+    "mmap_lock",
+    "reading a process's mm->flags from the kernel (the 6.18 except-advised mode, which \
+     /proc/PID/status hides) and learning the target's mm while it sleeps";
+    "mmap_lock:mmap_lock_start_locking" on "5.10+" => "thp_mmap_lock"
+);
 
 pub const PROBES: &[LogicalProbe] = &[ALLOW_CHECK, PAGE_FAULTS, PRCTL, MMAP_LOCK];

@@ -160,8 +160,9 @@ fn evidence(out: &mut String, r: &Report) {
     } else {
         let _ = writeln!(
             out,
-            "  live      THP allow-check not observed, its counts are – (not measured): {}",
-            l.why_not.as_deref().unwrap_or("unknown")
+            "  live      THP allow-check not observed, its counts are – (not measured): {} {}",
+            l.why_not.as_deref().unwrap_or("unknown"),
+            crate::probes::DOCTOR_POINTER
         );
     }
     let f = &r.faults;

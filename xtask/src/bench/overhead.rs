@@ -60,6 +60,19 @@ macro_rules! bpftrace_wakeup_latency {
     };
 }
 
+/// What most scenarios share: an NDJSON command (ready at its plan), the whole run timed, no
+/// hooks-alone run. Each scenario names what differs and takes the rest from here.
+const NDJSON_WHOLE_RUN: Scenario = Scenario {
+    name: "",
+    workload: "",
+    workload_args: &[],
+    mm_probe_args: &[],
+    mm_probe_ready: Ready::on("probe_plan"),
+    bpftrace: "",
+    hooks: &[],
+    metrics: &[WHOLE_RUN],
+};
+
 /// Under emulation every instruction is 10-50x slower, so the guest's workloads are smaller.
 const GUEST_SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -67,36 +80,30 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "hmm_storm",
         workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
         mm_probe_args: &["retry-storm", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \
                    kretprobe:hmm_range_fault /@entry[tid]/ { @returns[retval] = count(); @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); } \
                    kprobe:__mmu_notifier_invalidate_range_start { @invalidations = count(); }",
-        hooks: &[],
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
     Scenario {
         name: "madvise(MADV_PAGEOUT) loop (64 MiB × 8) — latency, walk timed by fentry/fexit",
         workload: "fault_storm",
         workload_args: &["64", "8", "--pageout"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: concat!(
             bpftrace_wakeup_latency!(),
             " kprobe:madvise_cold_or_pageout_pte_range { @entry[tid] = nsecs; } \
              kretprobe:madvise_cold_or_pageout_pte_range /@entry[tid]/ { @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); }"
         ),
-        hooks: &[],
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
     Scenario {
         name: "pipe ping-pong (2k round trips) — latency --all-tasks",
         workload: "pingpong",
         workload_args: &["2000"],
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
-        hooks: &[],
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
 ];
 
@@ -119,20 +126,18 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "fault_storm",
         workload_args: &["256", "8", "--pageout"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
         hooks: SCHED_HOOKS,
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
     Scenario {
         name: "pipe ping-pong (100k round trips) — latency --all-tasks",
         workload: "pingpong",
         workload_args: &["100000"],
         mm_probe_args: &["latency", "--all-tasks", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: bpftrace_wakeup_latency!(),
         hooks: SCHED_HOOKS,
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
     // The default selection: every switch still runs the program, but only real-time tasks'
     // wakeups are timed (the ping-pong's tasks are not real-time, as most of a machine is not).
@@ -141,11 +146,10 @@ const HOST_SCENARIOS: &[Scenario] = &[
         workload: "pingpong",
         workload_args: &["100000"],
         mm_probe_args: &["latency", "--threshold", "10ms", "--duration", "300s", "--json"],
-        mm_probe_ready: Ready::on("probe_plan"),
         bpftrace: "tracepoint:sched:sched_wakeup /args->prio < 100/ { @ts[args->pid] = nsecs; } \
                    tracepoint:sched:sched_switch /@ts[args->next_pid]/ { @us = hist((nsecs - @ts[args->next_pid]) / 1000); delete(@ts[args->next_pid]); }",
         hooks: SCHED_HOOKS,
-        metrics: &[WHOLE_RUN],
+        ..NDJSON_WHOLE_RUN
     },
 ];
 

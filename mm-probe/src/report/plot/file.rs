@@ -126,6 +126,14 @@ mod tests {
         dir
     }
 
+    /// A scratch directory holding a file a symlinked plot path must never touch.
+    fn scratch_with_precious_file(name: &str) -> (PathBuf, PathBuf) {
+        let dir = scratch(name);
+        let outside = dir.join("outside.txt");
+        std::fs::write(&outside, "precious").unwrap();
+        (dir, outside)
+    }
+
     #[test]
     fn only_svg_file_names_are_accepted() {
         let dir = scratch("names");
@@ -163,9 +171,7 @@ mod tests {
 
     #[test]
     fn a_symlink_at_the_plot_path_is_refused_and_its_target_left_alone() {
-        let dir = scratch("link");
-        let outside = dir.join("outside.txt");
-        std::fs::write(&outside, "precious").unwrap();
+        let (dir, outside) = scratch_with_precious_file("link");
         let link = dir.join("plot.svg");
         std::os::unix::fs::symlink(&outside, &link).unwrap();
         let error = PlotFile::check(&link).unwrap_err().to_string();
@@ -180,9 +186,7 @@ mod tests {
 
     #[test]
     fn a_symlink_made_after_the_check_is_replaced_not_written_through() {
-        let dir = scratch("late-link");
-        let outside = dir.join("outside.txt");
-        std::fs::write(&outside, "precious").unwrap();
+        let (dir, outside) = scratch_with_precious_file("late-link");
         let target = dir.join("plot.svg");
         let file = PlotFile::check(&target).unwrap();
         std::os::unix::fs::symlink(&outside, &target).unwrap();

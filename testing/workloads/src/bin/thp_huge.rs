@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<()> {
         Some(arg) => arg.parse().map_err(|_| anyhow::anyhow!("usage: thp_huge MIB (got {arg})"))?,
         None => 64,
     };
-    anyhow::ensure!(mib >= 2 && mib % 2 == 0, "thp_huge: the size must be a positive multiple of 2 MiB");
+    anyhow::ensure!(mib >= 2 && mib.is_multiple_of(2), "thp_huge: the size must be a positive multiple of 2 MiB");
     let len = mib * MIB;
     // 2 MiB more than needed, so that an aligned start exists inside the mapping.
     // SAFETY: a fresh anonymous mapping; no existing memory is affected.

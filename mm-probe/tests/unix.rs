@@ -47,12 +47,36 @@ fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
             return status;
         }
         if Instant::now() > deadline {
+            let threads = where_threads_are(child.id());
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what}: mm-probe still running after {limit:?}; its stderr:\n{}", stderr_of(child));
+            panic!(
+                "{what}: mm-probe still running after {limit:?}; its threads:\n{threads}its stderr:\n{}",
+                stderr_of(child)
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Where each thread of `pid` is: state, the kernel function it sleeps in, its syscall and
+/// kernel stack (what a hang looks like from outside, for the failure message).
+fn where_threads_are(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in tasks.flatten() {
+        let read = |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+        let state = read("status").lines().find(|l| l.starts_with("State:")).unwrap_or_default().to_string();
+        out += &format!(
+            "  {} {} {state} wchan={} syscall={}\n{}",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan"),
+            read("syscall").trim(),
+            read("stack")
+        );
+    }
+    out
 }
 
 fn stderr_of(child: &mut Child) -> String {
@@ -158,11 +182,17 @@ fn ctrl_c_while_attaching_still_prints_the_summary() {
         // the skeleton closes. Earlier, in exec and the runtime's start, no program can catch it.
         wait_for_sigint_handler(child.id());
         interrupt(&child);
+        // Read while it runs: a summary with its spikes can outgrow the pipe's 64 KiB, and a
+        // writer blocked on a full pipe would look like a lost signal.
+        let mut stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            stdout.read_to_string(&mut out).map(|_| out)
+        });
         // There is no --duration: a lost signal runs forever. The bound only turns that into a
         // failure, and leaves room for loading and attaching in an emulated guest (seconds).
         let status = wait_within(&mut child, Duration::from_secs(90), &args.join(" "));
-        let mut out = String::new();
-        child.stdout.take().expect("stdout").read_to_string(&mut out).expect("reading stdout");
+        let out = reader.join().expect("stdout reader").expect("reading stdout");
         let stderr = stderr_of(&mut child);
         eprintln!("$ mm-probe {} (SIGINT once its handler existed, before it attached)\n{out}{stderr}", args.join(" "));
         assert!(status.success(), "{} ended with {status:?}", args.join(" "));

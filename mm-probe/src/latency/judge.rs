@@ -32,13 +32,103 @@ impl Level {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Verdict {
     pub level: Level,
     pub text: String,
     /// Spikes per cause (labelled as in the spike lines: a traced function, `syscall <name>`,
     /// `cpu contention`, `idle`…), most first.
     pub causes: Vec<(String, u64)>,
+    /// The worst wait against one call of a traced function that takes longer than the
+    /// threshold: whether the kernel lets a woken task in only between calls, or within one.
+    pub call_bound: Option<CallBound>,
+}
+
+/// How a traced function bounds the waits: a function that does not reschedule inside a call
+/// delays a woken task up to one call (T); one that does, by a small fraction of T.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CallBound {
+    pub function: String,
+    /// T: the function's mean call time in this run.
+    pub mean_call_ns: u64,
+    pub worst_wait_ns: u64,
+    /// worst wait ÷ T.
+    pub worst_wait_calls: f64,
+    pub bound: Bound,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// The worst wait is about one call (at least half of T), and the function is the common
+    /// cause: the woken task gets the CPU only when a call ends.
+    OneCall,
+    /// The worst wait stays under a quarter of T although calls outlast the threshold: the
+    /// function lets a woken task in within a call.
+    WithinACall,
+}
+
+/// At least this share of one call for a wait to be "bounded by one call".
+const ONE_CALL_SHARE: f64 = 0.5;
+/// Under this share of one call, the function reschedules within a call.
+const WITHIN_A_CALL_SHARE: f64 = 0.25;
+
+/// What one call of a traced function covers, where it is a fixed step of a walk.
+fn call_is(function: &str) -> Option<&'static str> {
+    // A pmd_entry callback of the page walker: one call is one PMD, 512 PTEs (x86-64).
+    (function == "madvise_cold_or_pageout_pte_range").then_some("one 2 MiB step of the walk")
+}
+
+/// The bound a traced function puts on the waits, when one of its calls lasts longer than the
+/// threshold (otherwise no wait over the threshold can be about one call).
+fn call_bound(
+    wakeups: &Distribution,
+    threshold_ns: u64,
+    common_cause: Option<Cause>,
+    functions: &[(String, Distribution)],
+    names: &[String],
+) -> Option<CallBound> {
+    let worst = wakeups.max_ns.filter(|_| wakeups.count > 0)?;
+    functions.iter().filter(|(_, d)| d.count > 0).find_map(|(name, d)| {
+        let mean = d.sum_ns / d.count;
+        if mean <= threshold_ns {
+            return None;
+        }
+        let share = worst as f64 / mean as f64;
+        let is_common = common_cause.is_some_and(|c| c.label(names) == *name);
+        let bound = if is_common && share >= ONE_CALL_SHARE {
+            Bound::OneCall
+        } else if !is_common && share < WITHIN_A_CALL_SHARE {
+            Bound::WithinACall
+        } else {
+            return None;
+        };
+        Some(CallBound {
+            function: name.clone(),
+            mean_call_ns: mean,
+            worst_wait_ns: worst,
+            worst_wait_calls: share,
+            bound,
+        })
+    })
+}
+
+impl CallBound {
+    /// The clause the verdict ends with.
+    fn says(&self) -> String {
+        let call = call_is(&self.function).map(|c| format!(" ({c})")).unwrap_or_default();
+        let t = format_nanos(self.mean_call_ns);
+        match self.bound {
+            Bound::OneCall => format!(
+                "waits are bounded by one call of {}{call}, T = {t}: the worst wait is {:.2} T, so the kernel lets the woken task in only between calls",
+                self.function, self.worst_wait_calls
+            ),
+            Bound::WithinACall => format!(
+                "one call of {}{call} takes T = {t}, yet the worst wait is {:.2} T: the kernel lets a woken task in within a call",
+                self.function, self.worst_wait_calls
+            ),
+        }
+    }
 }
 
 /// Fewer spikes than this fraction of wakeups is a warning, not critical.
@@ -88,6 +178,10 @@ pub fn judge(
         }
         (level, text)
     };
+    let call_bound = call_bound(wakeups, threshold_ns, ranked.first().map(|(c, _)| *c), functions, names);
+    if let Some(bound) = &call_bound {
+        text += &format!("; {}", bound.says());
+    }
     for (name, d) in functions.iter().filter(|(_, d)| d.over_threshold > 0) {
         text += &format!(
             "; {name} ran longer than {threshold} {} times (worst {})",
@@ -95,7 +189,7 @@ pub fn judge(
             format_nanos(d.max_ns.unwrap_or(0))
         );
     }
-    Verdict { level, text, causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect() }
+    Verdict { level, text, causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect(), call_bound }
 }
 
 #[cfg(test)]
@@ -131,6 +225,41 @@ mod tests {
              madvise_cold_or_pageout_pte_range ran longer than 500µs 20 times (worst 1.94ms)"
         );
         assert_eq!(v.causes, [(names[0].clone(), 15), ("syscall munmap".to_string(), 2)]);
+    }
+
+    fn calls(count: u64, mean_ns: u64) -> Distribution {
+        Distribution { count, sum_ns: count * mean_ns, max_ns: Some(mean_ns * 2), ..Distribution::default() }
+    }
+
+    #[test]
+    fn waits_as_long_as_one_call_of_the_common_cause_are_bounded_by_one_call() {
+        let names = ["madvise_cold_or_pageout_pte_range".to_string()];
+        let causes = BTreeMap::from([(Cause::Function(0), 40), (Cause::Preempted, 2)]);
+        let functions = [(names[0].clone(), calls(2_000, 1_640_000))];
+        let v = judge(&dist(3_000, 42, 1_680_000), 500_000, &causes, &names, &functions);
+        let bound = v.call_bound.clone().expect("a bound");
+        assert_eq!((bound.bound, bound.mean_call_ns, bound.worst_wait_ns), (Bound::OneCall, 1_640_000, 1_680_000));
+        assert!(v.text.contains("waits are bounded by one call of madvise_cold_or_pageout_pte_range (one 2 MiB step of the walk), T = 1.64ms: the worst wait is 1.02 T"), "{}", v.text);
+    }
+
+    #[test]
+    fn waits_far_shorter_than_one_call_mean_the_function_lets_a_task_in_within_a_call() {
+        let names = ["madvise_cold_or_pageout_pte_range".to_string()];
+        let functions = [(names[0].clone(), calls(2_000, 1_900_000))];
+        let v = judge(&dist(3_000, 0, 230_000), 500_000, &BTreeMap::new(), &names, &functions);
+        assert_eq!(v.call_bound.as_ref().map(|b| b.bound), Some(Bound::WithinACall));
+        assert!(v.text.contains("yet the worst wait is 0.12 T: the kernel lets a woken task in"), "{}", v.text);
+    }
+
+    #[test]
+    fn calls_shorter_than_the_threshold_or_waits_in_between_say_nothing_about_a_bound() {
+        let names = ["madvise_cold_or_pageout_pte_range".to_string()];
+        let short = [(names[0].clone(), calls(2_000, 300_000))];
+        assert_eq!(judge(&dist(3_000, 0, 250_000), 500_000, &BTreeMap::new(), &names, &short).call_bound, None);
+        // A third of a call, with other causes: neither bounded by a call nor clearly within one.
+        let long = [(names[0].clone(), calls(2_000, 1_800_000))];
+        let causes = BTreeMap::from([(Cause::CpuContention, 3)]);
+        assert_eq!(judge(&dist(3_000, 3, 600_000), 500_000, &causes, &names, &long).call_bound, None);
     }
 
     #[test]

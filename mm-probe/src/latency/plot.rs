@@ -104,7 +104,7 @@ mod tests {
             wakeup_spikes: 0,
             function_spikes: 0,
             function_attribution: super::super::report::Availability { available: true, reason: None },
-            verdict: Verdict { level: Level::Ok, text: String::new(), causes: Vec::new() },
+            verdict: Verdict { level: Level::Ok, text: String::new(), causes: Vec::new(), call_bound: None },
         }
     }
 

@@ -225,6 +225,7 @@ pub struct FunctionSpikeJson<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::latency::judge::{Bound, CallBound};
 
     #[test]
     fn histogram_json_names_the_threshold_row() {
@@ -344,6 +345,13 @@ mod tests {
                 level: Level::Warn,
                 text: "one wakeup waited 1.1 ms".into(),
                 causes: vec![(WALK.into(), 1)],
+                call_bound: Some(CallBound {
+                    function: WALK.into(),
+                    mean_call_ns: 1_000_000,
+                    worst_wait_ns: 1_100_000,
+                    worst_wait_calls: 1.1,
+                    bound: Bound::OneCall,
+                }),
             },
         };
         let syscall = Syscall {

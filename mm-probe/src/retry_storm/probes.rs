@@ -94,7 +94,8 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         statements: Vec::new(),
     };
     let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
-    let note = |subject: &str, why: Option<String>, cost: &str| Statement { subject: subject.into(), why, cost: cost.into() };
+    let note =
+        |subject: &str, why: Option<String>, cost: &str| Statement { subject: subject.into(), why, cost: cost.into() };
     if !seen.walks {
         let subject = if has_hmm(kernel) {
             "hmm_range_fault is not observable: it exists on this kernel but could not be probed"

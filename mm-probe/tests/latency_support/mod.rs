@@ -240,8 +240,19 @@ impl HeldStorm {
 /// One traced run of a SCHED_FIFO 99 waker on CPU 1 (5 ms period, like a slow cyclictest),
 /// alone or beside a storm; only the waker is traced (-p), as cyclictest measures only itself.
 pub fn trace_waker(loops: &str, threshold: &str, storms: &[&[&str]]) -> (Vec<Value>, WakerRun, Vec<Value>, bool) {
+    trace_waker_on("1", "5000", loops, threshold, storms)
+}
+
+/// The same with the waker on `cpu`, woken every `period_us`.
+pub fn trace_waker_on(
+    cpu: &str,
+    period_us: &str,
+    loops: &str,
+    threshold: &str,
+    storms: &[&[&str]],
+) -> (Vec<Value>, WakerRun, Vec<Value>, bool) {
     let mut storms: Vec<HeldStorm> = storms.iter().map(|args| HeldStorm::spawn(args)).collect();
-    let mut held = HeldWaker::spawn(&["--prio", "99", "--period-us", "5000", "--loops", loops, "--cpu", "1"]);
+    let mut held = HeldWaker::spawn(&["--prio", "99", "--period-us", period_us, "--loops", loops, "--cpu", cpu]);
     let pid = held.pid.to_string();
     let tracing = Tracing::start(&["-p", &pid, "--threshold", threshold, "--top", "100"]);
     let traced = check_function_plan(&tracing, "madvise_cold_or_pageout_pte_range");

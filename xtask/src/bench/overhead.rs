@@ -191,7 +191,11 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
             load_test_module("hmm_mirror")?;
             (
                 GUEST_SCENARIOS,
-                format!("### Overhead with function probes, in the {} guest under emulation\n\n", guest_kernel()),
+                format!(
+                    "### Overhead with function probes, in the {} guest under emulation ({})\n\n",
+                    guest_kernel(),
+                    guest_clock()
+                ),
             )
         }
     };
@@ -290,6 +294,16 @@ fn load_test_module(name: &str) -> Result<()> {
 }
 
 /// The guest's kernel release, for the table's title.
+/// How the guest's time passed (the harness says): instruction-counted ratios repeat, while
+/// free-running ones vary with the host's load.
+fn guest_clock() -> String {
+    match std::env::var("MM_PROBE_VM_CLOCK").as_deref() {
+        Ok("instruction-counted") => "instruction-counted: guest time is instructions × 4 ns".to_owned(),
+        Ok(other) => format!("{other} clock, multi-threaded TCG"),
+        Err(_) => "clock not said".to_owned(),
+    }
+}
+
 fn guest_kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_owned()).unwrap_or_default()
 }

@@ -10,6 +10,8 @@ mod kernels;
 mod qemu;
 mod report;
 
+pub use qemu::Clock;
+
 use std::{
     fs,
     path::PathBuf,
@@ -184,8 +186,11 @@ fn run_kernel_once(line: &'static KernelLine, matrix: &Matrix<'_>) -> KernelRun 
 /// Boots of one kernel at most, when the earlier ones failed by the emulator's fault.
 const EMULATOR_BOOTS: usize = 3;
 
+/// What every boot of `line` printed on its console, one log after the other.
 fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
-    fs::read_to_string(matrix.work_root.join(line.name).join("console.log")).unwrap_or_default()
+    [Clock::Free, Clock::InstructionCounted]
+        .map(|clock| fs::read_to_string(matrix.work_root.join(line.name).join(console_file(clock))).unwrap_or_default())
+        .concat()
 }
 
 /// Why a failed run is the emulator's failure rather than mm-probe's, so that the kernel is
@@ -298,34 +303,44 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let initramfs = initramfs::build(&kernel, &work)?;
     let accel = *matrix.accel.get_or_init(|| qemu::choose_accel(&kernel.vmlinuz(), &initramfs, &work));
 
-    let guest = GuestRun { kernel_line: line.name, module_dir: module_dir.as_deref() };
-    fs::write(results.join(initramfs::TEST_SCRIPT), binaries::guest_script(matrix.programs, &guest))?;
-
-    eprintln!(
-        "xtask vm-test: booting {line}: {} {} under {} (timeout {})",
-        kernel.package,
-        kernel.version,
-        accel.name(),
-        format_duration(matrix.timeout)
-    );
-    let label = format!("{line}");
-    let spec = BootSpec {
-        accel,
-        vmlinuz: &kernel.vmlinuz(),
-        initramfs: &initramfs,
-        results: Some(&results),
-        console_log: &work.join("console.log"),
-        extra_cmdline: "",
-        label: &label,
-        echo_markers: true,
-    };
-    let boot = qemu::boot(&spec, matrix.timeout)?;
-
-    let binaries = matrix
-        .programs
-        .iter()
-        .map(|b| {
-            let name = &b.name;
+    let mut binaries = Vec::new();
+    let mut boots = Vec::new();
+    let mut run_failures = Vec::new();
+    for clock in [Clock::Free, Clock::InstructionCounted] {
+        let programs: Vec<&GuestProgram> = matrix.programs.iter().filter(|p| p.clock == clock).collect();
+        if programs.is_empty() {
+            continue;
+        }
+        let guest = GuestRun { kernel_line: line.name, module_dir: module_dir.as_deref(), clock };
+        fs::write(results.join(initramfs::TEST_SCRIPT), binaries::guest_script(&programs, &guest))?;
+        // Instruction counting needs TCG: KVM runs on the host's clock.
+        let accel = if clock == Clock::Free { accel } else { Accel::Tcg };
+        eprintln!(
+            "xtask vm-test: booting {line}: {} {} under {}, {} (timeout {})",
+            kernel.package,
+            kernel.version,
+            accel.name(),
+            clock.name(),
+            format_duration(matrix.timeout)
+        );
+        let label = match clock {
+            Clock::Free => line.name.to_owned(),
+            Clock::InstructionCounted => format!("{line} icount"),
+        };
+        let spec = BootSpec {
+            accel,
+            clock,
+            vmlinuz: &kernel.vmlinuz(),
+            initramfs: &initramfs,
+            results: Some(&results),
+            console_log: &work.join(console_file(clock)),
+            extra_cmdline: "",
+            label: &label,
+            echo_markers: true,
+        };
+        let boot = qemu::boot(&spec, matrix.timeout)?;
+        binaries.extend(programs.iter().map(|p| {
+            let name = &p.name;
             report::read_binary_run(
                 &results,
                 name,
@@ -333,32 +348,35 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
                 &binaries::status_file(name),
                 &binaries::elapsed_file(name),
             )
-        })
-        .collect();
+        }));
+        boots.push(format!("{}, {} guest {}", accel.name(), clock.name(), format_duration(boot.elapsed)));
+        run_failures.extend(boot_failures(&boot, matrix.timeout));
+    }
     Ok(KernelRun {
         line: line.name.to_owned(),
-        description: describe(&kernel, accel, boot.elapsed),
+        description: describe(&kernel, &boots),
         notes,
         binaries,
-        run_failures: boot_failures(&boot, matrix.timeout),
+        run_failures,
         elapsed: Duration::ZERO,
     })
 }
 
-fn describe(kernel: &KernelBuild, accel: Accel, boot: Duration) -> String {
+/// Each boot of a kernel keeps its own console log.
+fn console_file(clock: Clock) -> &'static str {
+    match clock {
+        Clock::Free => "console.log",
+        Clock::InstructionCounted => "console-icount.log",
+    }
+}
+
+fn describe(kernel: &KernelBuild, boots: &[String]) -> String {
     let origin = match kernel.origin {
         Origin::Downloaded => "downloaded",
         Origin::Cached => "cached",
         Origin::Fallback { .. } => "cached fallback",
     };
-    format!(
-        "{} {} [{origin}], release {}, {}, guest {}",
-        kernel.package,
-        kernel.version,
-        kernel.release,
-        accel.name(),
-        format_duration(boot)
-    )
+    format!("{} {} [{origin}], release {}, {}", kernel.package, kernel.version, kernel.release, boots.join("; "))
 }
 
 /// How a run failure for a guest killed at the timeout begins.

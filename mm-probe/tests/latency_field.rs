@@ -224,14 +224,18 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
     // The control, measured against the same T: what the guest and the tool cost on their own.
     let t = step_ns.unwrap();
     assert!((control.worst_ns() as f64 / t) <= 0.15, "control: {:.2} T", control.worst_ns() as f64 / t);
-    // Instruction counting makes the runs repeat. Their P99 agree within 2 % of T everywhere;
-    // where one step bounds the waits, so do their maxima (elsewhere the maximum is one rare
-    // coincidence of a wakeup with the walk's longest stretch: stated, not asserted).
+    // Instruction counting makes the runs repeat; which figure repeats depends on the kernel.
+    // Where one step bounds the waits (6.1), half the wakeups land anywhere in [0, T] and the
+    // P99 sits on that range's upper edge, where a few wakeups move it by a histogram slot
+    // (measured 0.000-0.068 T apart), while the maximum is the step itself (0.001-0.009 T
+    // apart). Elsewhere the P99 is the steady part (0.000-0.003 T apart) and the maximum one
+    // rare coincidence of a wakeup with the walk's longest stretch (up to 0.13 T apart).
     let spread = |of: fn(&Phase) -> u64| of(&walks[0]).abs_diff(of(&walks[1])) as f64 / t;
     let (p99_spread, max_spread) = (spread(Phase::p99_ns), spread(Phase::worst_ns));
     eprintln!("MEASURED kernel={label} spread_in_steps p99={p99_spread:.3} max={max_spread:.3}");
-    assert!(p99_spread <= 0.02, "two identical runs' P99 differ by {p99_spread:.3} T");
     if expect == Expect::OneStep {
         assert!(max_spread <= 0.05, "two identical runs' worst waits differ by {max_spread:.3} T");
+    } else {
+        assert!(p99_spread <= 0.02, "two identical runs' P99 differ by {p99_spread:.3} T");
     }
 }

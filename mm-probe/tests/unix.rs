@@ -193,6 +193,7 @@ fn ctrl_c_while_attaching_still_prints_the_summary() {
         // failure, and leaves room for loading and attaching in an emulated guest (seconds).
         let status = wait_within(&mut child, Duration::from_secs(90), &args.join(" "));
         let out = reader.join().expect("stdout reader").expect("reading stdout");
+        assert!(status.success(), "{} ended with {status:?}; its stdout:\n{out}", args.join(" "));
         let stderr = stderr_of(&mut child);
         eprintln!("$ mm-probe {} (SIGINT once its handler existed, before it attached)\n{out}{stderr}", args.join(" "));
         assert!(status.success(), "{} ended with {status:?}", args.join(" "));

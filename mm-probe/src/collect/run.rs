@@ -87,17 +87,12 @@ impl Stopper {
                 None => std::future::pending().await,
             }
         };
-        // Ticks even without targets: a command whose loop has no timer of its own (latency
-        // without --interval) otherwise parks with no timeout, and a stop signal that reached
-        // the handler while the tool was still loading stayed unseen there (a guest run ended
-        // in epoll_wait with no timeout, 90 s after the SIGINT); each tick turns the runtime's
-        // drivers, which hands the signal over.
         let targets_gone = async {
+            if self.targets.is_empty() {
+                return std::future::pending().await;
+            }
             loop {
                 self.poll.tick().await;
-                if self.targets.is_empty() {
-                    continue;
-                }
                 note_exits(&self.targets, &mut self.exited);
                 if self.exited.len() == self.targets.len() {
                     return;

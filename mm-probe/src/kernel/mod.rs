@@ -7,7 +7,6 @@ pub mod layout;
 pub mod privileges;
 pub mod process;
 pub mod release;
-pub mod signals;
 pub mod tracefs;
 
 use std::sync::OnceLock;

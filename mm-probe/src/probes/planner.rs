@@ -230,8 +230,6 @@ fn load_and_attach(
     target: &str,
 ) -> Result<(), AttachFailure> {
     let btf = || kernel.btf().map(|b| &b.aya).map_err(|e| AttachFailure::NoBtf(e.to_string()));
-    // A Ctrl-C now waits until this program is verified and attached (kernel/signals.rs).
-    let _held = crate::kernel::signals::StopSignalsHeld::new();
     let result = match mechanism {
         Mechanism::Fentry => {
             let p: &mut FEntry = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;

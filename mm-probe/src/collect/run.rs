@@ -161,13 +161,13 @@ impl Ticker {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     /// A raised signal reaches every Stopper alive in this test binary: one test at a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 

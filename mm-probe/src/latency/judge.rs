@@ -73,12 +73,6 @@ const ONE_CALL_SHARE: f64 = 0.5;
 /// Under this share of one call, the function reschedules within a call.
 const WITHIN_A_CALL_SHARE: f64 = 0.25;
 
-/// What one call of a traced function covers, where it is a fixed step of a walk.
-fn call_is(function: &str) -> Option<&'static str> {
-    // A pmd_entry callback of the page walker: one call is one PMD, 512 PTEs (x86-64).
-    (function == "madvise_cold_or_pageout_pte_range").then_some("one 2 MiB step of the walk")
-}
-
 /// The bound a traced function puts on the waits, when one of its calls lasts longer than the
 /// threshold (otherwise no wait over the threshold can be about one call).
 fn call_bound(
@@ -116,7 +110,7 @@ fn call_bound(
 impl CallBound {
     /// The clause the verdict ends with.
     fn says(&self) -> String {
-        let call = call_is(&self.function).map(|c| format!(" ({c})")).unwrap_or_default();
+        let call = super::probes::one_call_is(&self.function).map(|c| format!(" ({c})")).unwrap_or_default();
         let t = format_nanos(self.mean_call_ns);
         match self.bound {
             Bound::OneCall => format!(

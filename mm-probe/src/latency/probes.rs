@@ -27,6 +27,13 @@ use crate::{
 /// the CPU for milliseconds (docs/kernel-facts.md#madvise-pageout).
 pub const DEFAULT_FUNCTION: &str = "madvise_cold_or_pageout_pte_range";
 
+/// What one call of a traced function covers, where it is a fixed step of a walk: the default
+/// function is a pmd_entry callback of the page walker, so one call is one PMD, 512 PTEs on
+/// x86-64 (docs/kernel-facts.md). The verdict names a bound in those terms.
+pub fn one_call_is(function: &str) -> Option<&'static str> {
+    (function == DEFAULT_FUNCTION).then_some("one 2 MiB step of the walk")
+}
+
 /// A sched hook: the BTF tracepoint program first (the kernel's recursion guard for those is
 /// per program, so a wakeup raised while another tracing program runs on that CPU is not
 /// skipped, as it is for classic tracepoint programs), then the classic tracepoint.

@@ -42,9 +42,32 @@ pub fn run<T>(limits: Limits, body: impl AsyncFnOnce(&mut Stopper) -> Result<T>)
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the tokio runtime")?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
-        let mut stopper = Stopper::install(limits)?;
+        let mut stopper = with_stop_signals_held(|| Stopper::install(limits))?;
         body(&mut stopper).await
     })
+}
+
+/// Runs `install` with SIGINT and SIGTERM blocked on this thread, then delivers any that came
+/// meanwhile. tokio's registry installs the sigaction first and publishes the action that
+/// records the signal a moment later; a signal in between finds no action and is dropped,
+/// although /proc already shows it caught. Held, it stays pending and reaches the complete
+/// handler at the unblock. No other thread exists yet that could take it instead: the
+/// current-thread runtime starts threads only for blocking work, later.
+fn with_stop_signals_held<T>(install: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data that sigemptyset initialises; pthread_sigmask changes
+    // only this thread's mask and is restored below on every path (`install` cannot unwind
+    // past it: panics end the process through the hook in main).
+    unsafe {
+        let mut stop: libc::sigset_t = std::mem::zeroed();
+        let mut before: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut stop);
+        libc::sigaddset(&mut stop, libc::SIGINT);
+        libc::sigaddset(&mut stop, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &stop, &mut before);
+        let installed = install();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
+        installed
+    }
 }
 
 /// The end of a run, waited for in every command's loop.
@@ -188,6 +211,25 @@ mod tests {
             // SAFETY: raise() sends SIGTERM to this thread; tokio's handler is installed.
             unsafe { libc::raise(libc::SIGTERM) };
             std::thread::sleep(Duration::from_millis(20));
+            Ok(stopper.wait().await)
+        })
+        .unwrap();
+        assert_eq!(stop, Stop::Interrupted);
+    }
+
+    #[test]
+    fn a_signal_held_while_the_handlers_are_installed_reaches_the_stopper() {
+        let _serial = serial();
+        let stop = run(Limits::default(), async |_: &mut Stopper| {
+            // The registry's window only exists at the process's first install, which an
+            // earlier test has passed: this checks the other half, that the held signal is
+            // delivered at the unblock and not kept blocked or dropped. The guests' Ctrl-C
+            // test covers the window itself.
+            let mut stopper = with_stop_signals_held(|| {
+                // SAFETY: raise() sends SIGTERM to this thread, which blocks it here.
+                unsafe { libc::raise(libc::SIGTERM) };
+                Stopper::install(Limits::default())
+            })?;
             Ok(stopper.wait().await)
         })
         .unwrap();

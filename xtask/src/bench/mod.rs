@@ -39,8 +39,14 @@ pub struct BenchArgs {
 /// Rounds in the guest: each emulated run takes seconds, and the whole bench must stay under
 /// 10 minutes.
 const GUEST_ROUNDS: usize = 5;
-/// Boot, three rounds of two scenarios with bpftrace compiling its script under emulation.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(420);
+/// Boot and GUEST_ROUNDS rounds of every guest scenario, bpftrace compiling its script each
+/// time under emulation. One instruction-counted vCPU runs what two free-running ones share.
+fn guest_timeout(clock: Clock) -> Duration {
+    match clock {
+        Clock::Free => Duration::from_secs(420),
+        Clock::InstructionCounted => Duration::from_secs(1200),
+    }
+}
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     if !cmd::is_root() {
@@ -97,9 +103,9 @@ fn in_guest(line: &str, release: &std::path::Path, clock: Clock) -> Result<Strin
     // Attaching tracepoints rewrites kernel text with int3 breakpoints, and under TCG another
     // vCPU can still execute a breakpoint the patching already removed (seen: an int3 Oops at a
     // sched tracepoint site). That is the emulator: one more boot, said out loud.
-    let output = crate::vm::run_program(line, program.clone(), GUEST_TIMEOUT).or_else(|first| {
+    let output = crate::vm::run_program(line, program.clone(), guest_timeout(clock)).or_else(|first| {
         eprintln!("xtask bench: the guest failed ({first:#}); booting it once more");
-        crate::vm::run_program(line, program, GUEST_TIMEOUT)
+        crate::vm::run_program(line, program, guest_timeout(clock))
     })?;
     // Only the table: the guest's own progress lines stay in its log.
     let table = output.find("### ").map(|start| output[start..].to_owned());

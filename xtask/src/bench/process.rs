@@ -71,6 +71,8 @@ impl Ready {
 /// A running tracer (mm-probe or bpftrace) and everything it printed.
 pub struct Tracer {
     child: Child,
+    /// The program's name, for the errors (mm-probe or bpftrace).
+    name: String,
     lines: mpsc::Receiver<String>,
     pub started: Instant,
     /// When it said it was attached (before any settle time), measured from `started`.
@@ -80,6 +82,7 @@ pub struct Tracer {
 impl Tracer {
     pub fn start(mut command: Command, ready: Ready, timeout: Duration) -> Result<Self> {
         let started = Instant::now();
+        let name = Path::new(command.get_program()).file_name().unwrap_or_default().to_string_lossy().into_owned();
         // Run it as from a terminal: SIGINT at its default. (Shells start background jobs with
         // SIGINT ignored, and a tracer that has not installed its handler yet would ignore
         // the benchmark's Ctrl-C.)
@@ -108,7 +111,7 @@ impl Tracer {
                 }
             });
         }
-        let mut tracer = Self { child, lines, started, ready_after: Duration::ZERO };
+        let mut tracer = Self { child, name, lines, started, ready_after: Duration::ZERO };
         tracer.wait_ready(ready, timeout)?;
         Ok(tracer)
     }
@@ -116,8 +119,9 @@ impl Tracer {
     fn wait_ready(&mut self, ready: Ready, timeout: Duration) -> Result<()> {
         let Ready { marker, settle } = ready;
         loop {
-            let left = timeout.checked_sub(self.started.elapsed()).context("tracer did not attach in time")?;
-            let line = self.lines.recv_timeout(left).context("tracer did not attach in time")?;
+            let late = || format!("{} did not attach in time", self.name);
+            let left = timeout.checked_sub(self.started.elapsed()).with_context(late)?;
+            let line = self.lines.recv_timeout(left).with_context(late)?;
             if line.contains(marker) {
                 break;
             }
@@ -126,7 +130,7 @@ impl Tracer {
         std::thread::sleep(settle);
         if let Some(status) = self.child.try_wait()? {
             let output: Vec<String> = self.lines.try_iter().collect();
-            bail!("tracer exited early with {status}: {}", output.join("\n"));
+            bail!("{} exited early with {status}: {}", self.name, output.join("\n"));
         }
         Ok(())
     }
@@ -151,7 +155,8 @@ impl Tracer {
         while self.child.try_wait()?.is_none() {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                bail!("tracer ignored SIGINT for 20 s");
+                let output: Vec<String> = self.lines.try_iter().collect();
+                bail!("{} ignored SIGINT for 20 s; it printed:\n{}", self.name, output.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

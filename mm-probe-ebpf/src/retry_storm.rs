@@ -27,11 +27,13 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::hmm::{
-    COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, LOG2_BUCKETS, NOTIFIER_EVENTS, NotifierEvent, ReadBeginKey,
-    SeqBegin, Stash,
+    COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS, NOTIFIER_EVENTS,
+    NotifierEvent, ReadBeginKey, SeqBegin, Stash, WALK_RING_BYTES, wakeup_bytes,
 };
 
-use crate::kernel::{bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at};
+use crate::kernel::{
+    bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, wakeup_flags,
+};
 
 /// Threads with a walk or invalidation in flight at once; LRU so a missed return never leaks.
 const THREADS: u32 = 16384;
@@ -42,9 +44,9 @@ static HMM_FILTER_TGIDS: Global<u32> = Global::new(0);
 static HMM_STREAM_EVENTS: Global<u32> = Global::new(1);
 
 #[map]
-static HMM_WALK_EVENTS: RingBuf = RingBuf::with_byte_size(2 << 20, 0);
+static HMM_WALK_EVENTS: RingBuf = RingBuf::with_byte_size(WALK_RING_BYTES, 0);
 #[map]
-static HMM_INVALIDATE_EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+static HMM_INVALIDATE_EVENTS: RingBuf = RingBuf::with_byte_size(INVALIDATE_RING_BYTES, 0);
 #[map]
 static HMM_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 #[map]
@@ -109,15 +111,15 @@ fn emit(event: HmmEvent) {
     if HMM_STREAM_EVENTS.load() == 0 {
         return;
     }
-    let (ring, lost) = if event.kind == EventKind::Invalidate as u32 {
-        (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents)
+    let (ring, lost, wake_at) = if event.kind == EventKind::Invalidate as u32 {
+        (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents, wakeup_bytes(INVALIDATE_RING_BYTES))
     } else {
-        (&HMM_WALK_EVENTS, Counter::LostWalkEvents)
+        (&HMM_WALK_EVENTS, Counter::LostWalkEvents, wakeup_bytes(WALK_RING_BYTES))
     };
     match ring.reserve::<HmmEvent>(0) {
         Some(mut entry) => {
             entry.write(event);
-            entry.submit(0);
+            entry.submit(wakeup_flags(ring, wake_at));
         }
         None => count(lost),
     }

@@ -143,6 +143,14 @@ fn print_interval(json: bool, snapshot: &Snapshot) {
     }
 }
 
+/// What woke the collection loop.
+enum Turn {
+    Read,
+    Settle,
+    Sample,
+    Report,
+}
+
 async fn collect(
     ebpf: &mut Ebpf,
     mut collector: Collector,
@@ -160,17 +168,19 @@ async fn collect(
     let mut plot_tick = Ticker::every(collector.timeline.is_some().then_some(PLOT_SAMPLE_PERIOD));
     let (mut walk_batch, mut invalidate_batch) = (Vec::new(), Vec::new());
     let stopped_by: Stop = loop {
-        tokio::select! {
-            read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; }
-            read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; }
-            _ = settle_tick.tick() => collector.settle(monotonic_ns()),
-            _ = plot_tick.tick() => collector.sample(ebpf, monotonic_ns())?,
-            _ = report_tick.tick() => {
-                collector.settle(monotonic_ns());
-                let snapshot = collector.close_window(KernelTotals::read(ebpf)?, monotonic_ns());
-                print_interval(args.json, &snapshot);
-            }
+        let turn = tokio::select! {
+            read = walk_ring.read(|raw| walk_batch.push(raw)) => { read?; Turn::Read }
+            read = invalidate_ring.read(|raw| invalidate_batch.push(raw)) => { read?; Turn::Read }
+            _ = settle_tick.tick() => Turn::Settle,
+            _ = plot_tick.tick() => Turn::Sample,
+            _ = report_tick.tick() => Turn::Report,
             reason = stopper.wait() => break reason,
+        };
+        if matches!(turn, Turn::Settle | Turn::Report) {
+            // Records below the rings' wake-up mark are still in them: take everything written
+            // so far, so that the settle sees every invalidation older than its cutoff.
+            walk_ring.drain_now(|raw| walk_batch.push(raw));
+            invalidate_ring.drain_now(|raw| invalidate_batch.push(raw));
         }
         // Walks first: an invalidation batch read in the same turn may be newer, never older
         // than what the overlap joiner still holds for them.
@@ -179,6 +189,16 @@ async fn collect(
         }
         for raw in invalidate_batch.drain(..) {
             collector.on_raw(&raw);
+        }
+        match turn {
+            Turn::Read => {}
+            Turn::Settle => collector.settle(monotonic_ns()),
+            Turn::Sample => collector.sample(ebpf, monotonic_ns())?,
+            Turn::Report => {
+                collector.settle(monotonic_ns());
+                let snapshot = collector.close_window(KernelTotals::read(ebpf)?, monotonic_ns());
+                print_interval(args.json, &snapshot);
+            }
         }
     };
     // Whatever the rings still hold once nothing more can arrive, then close every open chain

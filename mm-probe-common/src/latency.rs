@@ -157,8 +157,13 @@ pub struct CpuCurrent {
     pub prio: i32,
     /// When it was switched in; 0 when no switch was seen on this CPU since tracing started.
     pub since_ns: u64,
+    /// Its se.sum_exec_runtime at that switch-in; [`EXEC_UNKNOWN`] without BTF tracepoints.
+    pub exec_at_switch_in: u64,
     pub comm: [u8; 16],
 }
+
+/// A run time (se.sum_exec_runtime) that was not read.
+pub const EXEC_UNKNOWN: u64 = u64::MAX;
 
 /// A wakeup waiting for its task to run (value of the pending-wakeup map, keyed by pid).
 #[repr(C)]
@@ -211,6 +216,10 @@ pub struct RunSlice {
     /// Bit `i` set: the task was inside the traced function of slot `i` when it switched out.
     pub in_funcs: u32,
     pub _pad: u32,
+    /// The run time the scheduler charged it over the stay (se.sum_exec_runtime at the switch
+    /// out minus at the switch in): less than the stay when, with paravirt time accounting, the
+    /// hypervisor ran something else meanwhile. [`EXEC_UNKNOWN`] when not read.
+    pub exec_ns: u64,
 }
 
 /// The last [`MAX_SLICES`] run slices of one CPU (value of the per-CPU [`SLICES_MAP`]).

@@ -12,6 +12,7 @@ pub const TASK_STRUCT_TGID: &str = "OFF_TASK_STRUCT_TGID";
 pub const TASK_STRUCT_PRIO: &str = "OFF_TASK_STRUCT_PRIO";
 pub const TASK_STRUCT_COMM: &str = "OFF_TASK_STRUCT_COMM";
 pub const TASK_STRUCT_CPU: &str = "OFF_TASK_STRUCT_CPU";
+pub const TASK_STRUCT_EXEC_RUNTIME: &str = "OFF_TASK_STRUCT_EXEC_RUNTIME";
 pub const MM_STRUCT_FLAGS: &str = "OFF_MM_STRUCT_FLAGS";
 pub const VMA_VM_MM: &str = "OFF_VMA_VM_MM";
 pub const VMA_VM_FLAGS: &str = "OFF_VMA_VM_FLAGS";

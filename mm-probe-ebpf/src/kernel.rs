@@ -167,6 +167,7 @@ pub mod offsets {
         OFF_TASK_STRUCT_PRIO,
         OFF_TASK_STRUCT_COMM,
         OFF_TASK_STRUCT_CPU,
+        OFF_TASK_STRUCT_EXEC_RUNTIME,
         OFF_MM_STRUCT_FLAGS,
         OFF_VMA_VM_MM,
         OFF_VMA_VM_FLAGS,

@@ -36,15 +36,16 @@ use aya_ebpf::{
     },
 };
 use mm_probe_common::latency::{
-    Counter, CpuCurrent, CpuSlices, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, MAX_CPUS, MAX_FUNCS,
-    MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
+    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, MAX_CPUS,
+    MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
 };
 
 use crate::kernel::{
     btf_read, btf_read_comm, bump, current_pid, current_tgid, log2_bucket,
     offsets::{
         OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
-        OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
+        OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_EXEC_RUNTIME, OFF_TASK_STRUCT_PID,
+        OFF_TASK_STRUCT_PRIO,
     },
     read_at, tp_field,
 };
@@ -217,6 +218,10 @@ struct Switch {
     next_pid: u32,
     next_prio: i32,
     next_comm: [u8; 16],
+    /// se.sum_exec_runtime of each ([`EXEC_UNKNOWN`] from the classic tracepoint, whose record
+    /// has no task pointers).
+    prev_exec: u64,
+    next_exec: u64,
 }
 
 /// tp_btf/sched_wakeup(struct task_struct *p). BTF tracepoints are preferred: the kernel's
@@ -326,6 +331,8 @@ fn try_switch_btf(ctx: &BtfTracePointContext) -> Option<()> {
         next_pid: btf_read(next, OFF_TASK_STRUCT_PID.load())?,
         next_prio: btf_read(next, OFF_TASK_STRUCT_PRIO.load()).unwrap_or(0),
         next_comm: btf_read_comm(next, OFF_TASK_STRUCT_COMM.load()).unwrap_or([0; 16]),
+        prev_exec: btf_read(prev, OFF_TASK_STRUCT_EXEC_RUNTIME.load()).unwrap_or(EXEC_UNKNOWN),
+        next_exec: btf_read(next, OFF_TASK_STRUCT_EXEC_RUNTIME.load()).unwrap_or(EXEC_UNKNOWN),
     };
     on_switch(ctx, &switch)
 }
@@ -362,6 +369,8 @@ fn try_switch(ctx: &TracePointContext) -> Option<()> {
         next_pid: tp_field(ctx, &LAT_TP_SWITCH_NEXT_PID)?,
         next_prio: tp_field(ctx, &LAT_TP_SWITCH_NEXT_PRIO).unwrap_or(0),
         next_comm: tp_field(ctx, &LAT_TP_SWITCH_NEXT_COMM).unwrap_or([0; 16]),
+        prev_exec: EXEC_UNKNOWN,
+        next_exec: EXEC_UNKNOWN,
     };
     on_switch(ctx, &switch)
 }
@@ -374,12 +383,14 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
 
     // Who held this CPU until now, then who holds it from now on.
     let here = unsafe { &mut *LAT_CPU_CURRENT.get_ptr_mut(cpu)? };
-    let prev_since_ns = if here.pid == prev_pid { here.since_ns } else { 0 };
+    let (prev_since_ns, prev_exec_since) =
+        if here.pid == prev_pid { (here.since_ns, here.exec_at_switch_in) } else { (0, EXEC_UNKNOWN) };
     here.pid = next_pid;
     here.prio = switch.next_prio;
     here.since_ns = now;
+    here.exec_at_switch_in = switch.next_exec;
     here.comm = switch.next_comm;
-    close_slice(switch, prev_since_ns, now);
+    close_slice(switch, prev_since_ns, run_time(prev_exec_since, switch.prev_exec), now);
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
@@ -406,7 +417,7 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
 /// Closes the stay of the task switching out into this CPU's slice ring: a few stores, no
 /// helper call beyond the map lookup (and the function-state lookup once functions are traced).
 #[inline(always)]
-fn close_slice(switch: &Switch, since_ns: u64, now: u64) {
+fn close_slice(switch: &Switch, since_ns: u64, exec_ns: u64, now: u64) {
     let Some(ring) = LAT_SLICES.get_ptr_mut(0) else { return };
     let ring = unsafe { &mut *ring };
     let Some(slice) = ring.slices.get_mut(ring.written as usize & (MAX_SLICES - 1)) else { return };
@@ -418,7 +429,20 @@ fn close_slice(switch: &Switch, since_ns: u64, now: u64) {
     slice.tgid = current_tgid();
     slice.comm = switch.prev_comm;
     slice.in_funcs = functions_in_progress(switch.prev_pid);
+    slice.exec_ns = exec_ns;
     ring.written += 1;
+}
+
+/// The run time charged between two readings of se.sum_exec_runtime, unknown if either is.
+/// The scheduler updates prev's before the tracepoint fires (put_prev_task), and next's has
+/// not moved since it last left a CPU.
+#[inline(always)]
+fn run_time(at_switch_in: u64, at_switch_out: u64) -> u64 {
+    if at_switch_in == EXEC_UNKNOWN || at_switch_out == EXEC_UNKNOWN || at_switch_out < at_switch_in {
+        EXEC_UNKNOWN
+    } else {
+        at_switch_out - at_switch_in
+    }
 }
 
 /// Bit `i` set when task `pid` is inside the function of slot `i`.

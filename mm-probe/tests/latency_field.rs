@@ -19,7 +19,6 @@ use common::{require_root, vm_kernel};
 use latency_support::*;
 use serde_json::Value;
 
-const WALK: &str = "madvise_cold_or_pageout_pte_range";
 const STEP_BYTES: u64 = 2 << 20;
 const THRESHOLD_NS: u64 = 500_000;
 
@@ -120,7 +119,7 @@ impl Phase {
         let wakeup = &self.summary()["wakeup"];
         let us = |ns: u64| ns as f64 / 1000.0;
         let of_step = |ns: u64| step_ns.map_or("-".into(), |t| format!("{:.2}", ns as f64 / t));
-        let walk = walk_summary(self.summary());
+        let walk = find_function(self.summary(), WALK).unwrap_or(&Value::Null);
         eprintln!(
             "MEASURED kernel={kernel} clock={clock} phase={phase} wakeups={} p99_us={:.0} max_us={:.0} \
              max_in_steps={} step_us={} over_500us={} blamed_on_walk={} madvise_calls={} walk_calls={} \

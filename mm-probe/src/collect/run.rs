@@ -202,38 +202,38 @@ mod tests {
         assert_eq!(stop, Stop::DurationElapsed);
     }
 
+    /// Sends SIGTERM to this thread, whose handler tokio has installed.
+    fn raise_sigterm() {
+        // SAFETY: raise() has no memory effects; the signal is caught, not fatal.
+        unsafe { libc::raise(libc::SIGTERM) };
+    }
+
     #[test]
     fn a_signal_sent_before_the_wait_is_not_lost() {
         let _serial = serial();
         // Raised after the handlers exist but before anyone waits: the moment between attaching
         // and the first turn of a command's loop.
         let stop = run(Limits::default(), async |stopper: &mut Stopper| {
-            // SAFETY: raise() sends SIGTERM to this thread; tokio's handler is installed.
-            unsafe { libc::raise(libc::SIGTERM) };
+            raise_sigterm();
             std::thread::sleep(Duration::from_millis(20));
             Ok(stopper.wait().await)
-        })
-        .unwrap();
-        assert_eq!(stop, Stop::Interrupted);
+        });
+        assert_eq!(stop.unwrap(), Stop::Interrupted);
     }
 
     #[test]
     fn a_signal_held_while_the_handlers_are_installed_reaches_the_stopper() {
         let _serial = serial();
-        let stop = run(Limits::default(), async |_: &mut Stopper| {
-            // The registry's window only exists at the process's first install, which an
-            // earlier test has passed: this checks the other half, that the held signal is
-            // delivered at the unblock and not kept blocked or dropped. The guests' Ctrl-C
-            // test covers the window itself.
-            let mut stopper = with_stop_signals_held(|| {
-                // SAFETY: raise() sends SIGTERM to this thread, which blocks it here.
-                unsafe { libc::raise(libc::SIGTERM) };
-                Stopper::install(Limits::default())
-            })?;
-            Ok(stopper.wait().await)
-        })
-        .unwrap();
-        assert_eq!(stop, Stop::Interrupted);
+        // The registry's window only exists at the process's first install, which an earlier
+        // test has passed: this checks the other half, that the held signal is delivered at the
+        // unblock and not kept blocked or dropped. The guests' Ctrl-C test covers the window.
+        let held_install = || {
+            raise_sigterm();
+            Stopper::install(Limits::default())
+        };
+        let stop =
+            run(Limits::default(), async |_: &mut Stopper| Ok(with_stop_signals_held(held_install)?.wait().await));
+        assert_eq!(stop.unwrap(), Stop::Interrupted);
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub const MEMBERS: &[Member] = &[
     member!(names::TASK_STRUCT_COMM => task_struct["comm"], "all"),
     member!(names::TASK_STRUCT_CPU => task_struct["thread_info.cpu", "cpu"],
         "task_cpu(): thread_info.cpu with THREAD_INFO_IN_TASK (x86) since 5.16, task_struct.cpu before"),
+    member!(names::TASK_STRUCT_EXEC_RUNTIME => task_struct["se.sum_exec_runtime"],
+        "all; leaves out steal (paravirt time accounting) and interrupts (IRQ time accounting)"),
     member!(names::MM_STRUCT_FLAGS => mm_struct["flags"],
         "unsigned long until 6.17; mm_flags_t (a one-word bitmap on 64-bit) from 6.18"),
     member!(names::VMA_VM_MM => vm_area_struct["vm_mm"], "all"),

@@ -42,6 +42,11 @@ pub struct Holder {
     pub comm: String,
     /// Its time on the CPU within the wait.
     pub on_cpu_ns: u64,
+    /// The run time the scheduler charged it for that time (se.sum_exec_runtime): less than
+    /// `on_cpu_ns` when the hypervisor ran something else meanwhile (steal) or, where IRQ time
+    /// is accounted, interrupts ran. `None` when not read (classic tracepoints, a stay begun
+    /// before tracing, the idle task).
+    pub executed_ns: Option<u64>,
     /// How it last left the CPU within the wait ("preempted (R+)", "sleeping (S)"…).
     pub left: String,
     #[serde(skip)]
@@ -82,6 +87,10 @@ pub enum Cause {
     Idle,
     /// mm-probe's own start-up (loading and attaching its programs) held the CPU.
     OwnStartup,
+    /// Most of the wait the tasks on the CPU were on it but not running: time the scheduler did
+    /// not charge them, which is the hypervisor running something else (steal, with paravirt
+    /// time accounting) or interrupts (with IRQ time accounting).
+    StolenOrIrq,
     /// It held the CPU and then slept, or nothing recorded says what it ran.
     Unknown,
 }
@@ -103,6 +112,7 @@ impl Cause {
             Cause::CpuContention => "cpu contention".into(),
             Cause::Idle => "idle".into(),
             Cause::OwnStartup => "mm-probe start-up".into(),
+            Cause::StolenOrIrq => "steal or irq time".into(),
             Cause::Unknown => "unknown".into(),
         }
     }
@@ -123,6 +133,7 @@ impl Cause {
             Cause::CpuContention => "CPU contention: several tasks ran in turn, none for most of the wait".into(),
             Cause::Idle => "the CPU was idle (wakeup from idle, interrupts)".into(),
             Cause::OwnStartup => "mm-probe's own start-up (loading its programs)".into(),
+            Cause::StolenOrIrq => "the tasks on the CPU were not running: hypervisor steal or interrupt time".into(),
             Cause::Unknown => "the blocker ran outside the traced functions and syscalls (then slept)".into(),
         }
     }
@@ -146,6 +157,10 @@ pub struct Attribution {
     pub ran_during_wait_complete: bool,
     /// The syscall the last task went to sleep in: context, never the cause.
     pub slept_in: Option<&'static str>,
+    /// Time within the wait the tasks on the CPU were on it but not charged as running
+    /// (hypervisor steal, or interrupts where IRQ time is accounted); `None` when some task's
+    /// run time was not read.
+    pub stolen_ns: Option<u64>,
     #[serde(skip)]
     pub cause: Cause,
     pub explanation: String,
@@ -156,6 +171,8 @@ const CAUSE_SHARE: f64 = 0.5;
 /// A task on the CPU for at least this share of the wait held it (the rest: short switches,
 /// interrupts).
 const HOLD_SHARE: f64 = 0.8;
+/// Uncharged time (steal or IRQ) of at least this share of the wait is the cause.
+const STEAL_SHARE: f64 = 0.5;
 
 /// Who held the CPU during a wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,13 +206,18 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
     let syscall = wakeup.prev_syscall.as_ref().and_then(Option::as_ref);
     let slept_in = syscall.filter(|_| !running(wakeup.prev_state)).and_then(|call| call.name);
     let facts = Facts { wakeup, shares: &shares, syscall, functions };
+    let stolen_ns = stolen(&holders);
     let cause = match occupancy {
+        _ if stolen_ns.is_some_and(|s| s as f64 >= STEAL_SHARE * wakeup.latency_ns.max(1) as f64) => Cause::StolenOrIrq,
         Occupancy::Idle => Cause::Idle,
         Occupancy::Contention if holders[0].tgid == own_tgid => Cause::OwnStartup,
         Occupancy::Contention => Cause::CpuContention,
         Occupancy::Held(i) => held_cause(&facts, &holders[i], own_tgid),
     };
-    let explanation = explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
+    let mut explanation = explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
+    if cause == Cause::StolenOrIrq {
+        explanation += &steal_text(&holders, stolen_ns.unwrap_or(0));
+    }
     Attribution {
         blocker_ran_until_switch: same_task,
         without_rescheduling,
@@ -207,9 +229,33 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         ran_during_wait_complete: !wakeup.slices_truncated,
         ran_during_wait: holders,
         slept_in,
+        stolen_ns,
         cause,
         explanation,
     }
+}
+
+/// On-CPU time within the wait the scheduler did not charge as run time, summed over the
+/// tasks (not the idle task, whose run time is never charged); `None` unless every task's run
+/// time is known.
+fn stolen(holders: &[Holder]) -> Option<u64> {
+    let busy = holders.iter().filter(|h| h.pid != 0);
+    busy.map(|h| h.executed_ns.map(|ran| h.on_cpu_ns.saturating_sub(ran))).sum()
+}
+
+/// "; but for 4.7ms of it no task ran (hypervisor steal or interrupts): nap_1ms-25443 ran 0.1ms
+/// of its time on the CPU".
+fn steal_text(holders: &[Holder], stolen_ns: u64) -> String {
+    let ran: Vec<String> = holders
+        .iter()
+        .filter(|h| h.pid != 0)
+        .filter_map(|h| h.executed_ns.map(|ns| format!("{} ran {}", h.task(), format_nanos(ns))))
+        .collect();
+    format!(
+        "; but for {} of it no task ran (hypervisor steal or interrupts: time the scheduler did not charge): {} of its time on the CPU",
+        format_nanos(stolen_ns),
+        ran.join(", ")
+    )
 }
 
 /// What the explanation of a spike draws on.
@@ -242,6 +288,7 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
             end_ns: w.run_ns,
             state: w.prev_state,
             in_funcs: in_progress(&w.prev_funcs),
+            exec_ns: None,
         }];
         &synthesized
     } else {
@@ -256,15 +303,18 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
             continue;
         }
         let left = prev_state_name(slice.state);
+        let executed_ns = executed_within(slice, on_cpu_ns);
         match holders.iter_mut().find(|h| h.pid == slice.task.pid) {
             Some(h) => {
                 h.on_cpu_ns += on_cpu_ns;
+                h.executed_ns = h.executed_ns.zip(executed_ns).map(|(a, b)| a + b);
                 (h.state, h.in_funcs, h.left, h.is_prev) = (slice.state, slice.in_funcs, left, h.is_prev || is_prev);
             }
             None => holders.push(Holder {
                 pid: slice.task.pid,
                 comm: slice.task.comm.clone(),
                 on_cpu_ns,
+                executed_ns,
                 left,
                 tgid: slice.tgid,
                 state: slice.state,
@@ -275,6 +325,18 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
     }
     holders.sort_by_key(|h| Reverse(h.on_cpu_ns));
     holders
+}
+
+/// The run time of `slice` that fell within the wait, `on_cpu_ns` of its stay: the stay's run
+/// time in proportion (the kernel reads it only at the stay's two ends). Never for the idle
+/// task, whose run time the scheduler does not charge.
+fn executed_within(slice: &Slice, on_cpu_ns: u64) -> Option<u64> {
+    let stay_ns = slice.end_ns.saturating_sub(slice.start_ns?);
+    let exec_ns = slice.exec_ns.filter(|_| slice.task.pid != 0)?;
+    if stay_ns == 0 {
+        return Some(0);
+    }
+    Some((exec_ns.min(stay_ns) as u128 * on_cpu_ns as u128 / stay_ns as u128) as u64)
 }
 
 /// One task held the CPU when it ran for most of the wait, or was the only one to run for
@@ -667,7 +729,51 @@ mod tests {
     }
 
     fn slice(pid: u32, comm: &str, start_ns: u64, end_ns: u64, state: i64) -> Slice {
-        Slice { task: task(pid, comm), tgid: pid, start_ns: Some(start_ns), end_ns, state, in_funcs: 0 }
+        Slice { task: task(pid, comm), tgid: pid, start_ns: Some(start_ns), end_ns, state, in_funcs: 0, exec_ns: None }
+    }
+
+    /// The same stay, with the run time the scheduler charged for all of it.
+    fn charged(slice: Slice, exec_ns: u64) -> Slice {
+        Slice { exec_ns: Some(exec_ns), ..slice }
+    }
+
+    /// Seen on a cloud VM under load: a task sleeping 1 ms at a time was on the CPU for most of
+    /// a 2 ms wait, charged 100 µs of it. It did not hold the CPU by running: the hypervisor ran
+    /// another guest's vCPU (steal), and the spike says so instead of blaming the sleeper.
+    #[test]
+    fn time_the_scheduler_did_not_charge_is_steal_not_the_holders() {
+        let w = ended_by_a_sleeper(vec![
+            charged(slice(264, "stress-ng", 9 * MS, 10 * MS + 100 * US, 0x100), 1100 * US),
+            charged(slice(77, "sleeper", 10 * MS + 100 * US, 12 * MS, 1), 100 * US),
+        ]);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::StolenOrIrq);
+        assert_eq!(a.cause.label(&names()), "steal or irq time");
+        assert_eq!(a.stolen_ns, Some(1800 * US), "1.9 ms on the CPU, 0.1 ms of it charged");
+        let sleeper = a.ran_during_wait.iter().find(|h| h.pid == 77).unwrap();
+        assert_eq!((sleeper.on_cpu_ns, sleeper.executed_ns), (1900 * US, Some(100 * US)));
+        assert_says(&a, Says::Contains, "but for 1.8ms of it no task ran (hypervisor steal or interrupts");
+        assert_says(&a, Says::Contains, "sleeper-77 ran 100µs, stress-ng-264 ran 100µs of its time on the CPU");
+    }
+
+    #[test]
+    fn fully_charged_stays_keep_their_cause_and_unread_run_time_is_null() {
+        let stays = |exec: Option<u64>| {
+            let hog = slice(264, "stress-ng", 9 * MS, 12 * MS - 20 * US, 0x100);
+            let sleeper = slice(77, "sleeper", 12 * MS - 20 * US, 12 * MS, 1);
+            match exec {
+                Some(_) => vec![charged(hog, 3 * MS - 20 * US), charged(sleeper, 20 * US)],
+                None => vec![hog, sleeper],
+            }
+        };
+        let charged_run = attribute(&ended_by_a_sleeper(stays(Some(0))), &names(), MM_PROBE);
+        assert_eq!(charged_run.cause, Cause::Preempted);
+        assert_eq!(charged_run.stolen_ns, Some(0));
+        // The hog's stay began 1 ms before the wait: only its part within the wait counts.
+        assert_eq!(charged_run.held_by.as_ref().and_then(|h| h.executed_ns), Some(2 * MS - 20 * US));
+        let unread = attribute(&ended_by_a_sleeper(stays(None)), &names(), MM_PROBE);
+        assert_eq!((unread.cause, unread.stolen_ns), (Cause::Preempted, None));
+        assert_eq!(unread.held_by.as_ref().map(|h| h.executed_ns), Some(None));
     }
 
     fn sleeping_in(call: i64, args: [u64; 4]) -> Option<Option<Syscall>> {

@@ -2,7 +2,9 @@
 //! syscalls named, times made relative to the start of the run.
 
 use aya::maps::{MapData, StackTraceMap};
-use mm_probe_common::latency::{CpuCurrent, CpuSlices, FuncSpike, FuncState, MAX_SLICES, SyscallState, WakeupSpike};
+use mm_probe_common::latency::{
+    CpuCurrent, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, MAX_SLICES, SyscallState, WakeupSpike,
+};
 use serde::Serialize;
 
 use super::syscalls;
@@ -127,6 +129,8 @@ pub struct Slice {
     pub state: i64,
     /// Bit `i`: inside the traced function of slot `i` when it left.
     pub in_funcs: u32,
+    /// The run time the scheduler charged it over the whole stay; `None` when not read.
+    pub exec_ns: Option<u64>,
 }
 
 /// A wakeup that took longer than the threshold.
@@ -291,6 +295,7 @@ pub fn overlapping_slices(ring: &CpuSlices, wakeup_ns: u64) -> Vec<Slice> {
             end_ns: raw.end_ns,
             state: raw.prev_state,
             in_funcs: raw.in_funcs,
+            exec_ns: (raw.exec_ns != EXEC_UNKNOWN).then_some(raw.exec_ns),
         })
         .collect()
 }

@@ -387,6 +387,7 @@ mod tests {
             pid: 7,
             comm: "storm".into(),
             on_cpu_ns: 1_000_000,
+            executed_ns: Some(1_000_000),
             left: "preempted (R+)".into(),
             tgid: 7,
             state: 0x100,
@@ -400,6 +401,7 @@ mod tests {
             ran_during_wait: vec![storm_holder.clone(), Holder { pid: 0, comm: "swapper/1".into(), ..storm_holder }],
             ran_during_wait_complete: true,
             slept_in: Some("clock_nanosleep"),
+            stolen_ns: Some(0),
             functions: vec![FunctionShare {
                 slot: 0,
                 function: WALK.into(),

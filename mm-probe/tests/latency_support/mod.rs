@@ -168,19 +168,25 @@ pub struct HeldWaker {
     pub pid: u32,
 }
 
+/// Starts a workload with `--go-on-stdin` and reads the line it prints once it is ready.
+fn spawn_held(program: &str, args: &[&str]) -> (Child, BufReader<ChildStdout>, String) {
+    let mut child = Command::new(workload(program))
+        .args(args)
+        .arg("--go-on-stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+    let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap_or_else(|e| panic!("{program}'s ready line: {e}"));
+    (child, stdout, ready)
+}
+
 impl HeldWaker {
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(workload("rt_waker"))
-            .args(args)
-            .arg("--go-on-stdin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting rt_waker");
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let (mut child, stdout, ready) = spawn_held("rt_waker", args);
         let stdin = child.stdin.take();
-        let mut ready = String::new();
-        stdout.read_line(&mut ready).expect("rt_waker ready line");
         let pid = ready.trim().strip_prefix("ready pid=").and_then(|p| p.parse().ok()).expect("ready pid=N");
         Self { child, stdout, stdin, pid }
     }
@@ -209,31 +215,25 @@ impl HeldWaker {
 /// A storm prepared (memory faulted in) but held until released.
 pub struct HeldStorm {
     pub child: Child,
+    stdout: BufReader<ChildStdout>,
 }
 
 impl HeldStorm {
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(workload("pageout_storm"))
-            .args(args)
-            .arg("--go-on-stdin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting pageout_storm");
-        let mut ready = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut ready).expect("pageout_storm ready line");
+        let (child, stdout, ready) = spawn_held("pageout_storm", args);
         assert!(ready.starts_with("ready"), "{ready}");
-        Self { child }
+        Self { child, stdout }
     }
 
     pub fn release(&mut self) {
         self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     }
 
-    pub fn finish(self) -> Value {
-        let out = self.child.wait_with_output().unwrap();
-        assert!(out.status.success());
-        serde_json::from_slice(&out.stdout).expect("pageout_storm prints JSON")
+    pub fn finish(mut self) -> Value {
+        let mut report = Vec::new();
+        self.stdout.read_to_end(&mut report).expect("reading pageout_storm's report");
+        assert!(self.child.wait().unwrap().success());
+        serde_json::from_slice(&report).expect("pageout_storm prints JSON")
     }
 }
 
@@ -266,14 +266,20 @@ pub fn trace_waker_on(
     (lines, waker, storms, traced)
 }
 
-pub fn walk_summary(summary: &Value) -> Value {
-    summary["functions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["name"] == "madvise_cold_or_pageout_pte_range")
-        .cloned()
-        .unwrap_or_default()
+/// The summary's entry for the traced function `name`, if it was traced.
+pub fn find_function<'a>(summary: &'a Value, name: &str) -> Option<&'a Value> {
+    summary["functions"].as_array()?.iter().find(|f| f["name"] == name)
+}
+
+/// The same, where it must be there: a panic that shows the summary if it is not.
+pub fn function_summary<'a>(summary: &'a Value, name: &str) -> &'a Value {
+    find_function(summary, name).unwrap_or_else(|| panic!("no {name} summary: {summary}"))
+}
+
+pub const WALK: &str = "madvise_cold_or_pageout_pte_range";
+
+pub fn walk_summary(summary: &Value) -> &Value {
+    function_summary(summary, WALK)
 }
 
 /// A stack's frames, innermost first.

@@ -2,6 +2,7 @@
 //! its symbols, tracefs, the privileges this process holds, and the processes it is asked to trace.
 
 pub mod btf;
+pub mod config;
 pub mod kallsyms;
 pub mod layout;
 pub mod privileges;

@@ -179,6 +179,10 @@ pub struct Decoder<'a> {
     pub stacks: Option<StackTraceMap<MapData>>,
     /// Stacks already read, by id.
     pub symbolized: std::collections::HashMap<u32, Vec<String>>,
+    /// Whether run time read from the kernel means anything beside time on the CPU: only when
+    /// the kernel leaves steal or IRQ time out of it (`KernelConfig::charges_less_than_wall_time`);
+    /// elsewhere it is dropped and shown as not read.
+    pub run_time_is_charged: bool,
 }
 
 impl Decoder<'_> {
@@ -200,7 +204,7 @@ impl Decoder<'_> {
             prev_stack: self.stack(raw.prev_stack_id),
             prev_funcs: raw.prev_funcs,
             prev_syscall: (syscall.regs_read != 0).then(|| decode_syscall(syscall)),
-            slices: overlapping_slices(&raw.slices, raw.wakeup_ns),
+            slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
         }
     }
@@ -283,7 +287,7 @@ fn on_cpu(raw: &CpuCurrent) -> OnCpu {
 }
 
 /// The ring's slices that ended after the wakeup, oldest first.
-pub fn overlapping_slices(ring: &CpuSlices, wakeup_ns: u64) -> Vec<Slice> {
+pub fn overlapping_slices(ring: &CpuSlices, wakeup_ns: u64, run_time_is_charged: bool) -> Vec<Slice> {
     let written = ring.written;
     (written.saturating_sub(MAX_SLICES as u64)..written)
         .map(|n| &ring.slices[n as usize % MAX_SLICES])
@@ -295,7 +299,7 @@ pub fn overlapping_slices(ring: &CpuSlices, wakeup_ns: u64) -> Vec<Slice> {
             end_ns: raw.end_ns,
             state: raw.prev_state,
             in_funcs: raw.in_funcs,
-            exec_ns: (raw.exec_ns != EXEC_UNKNOWN).then_some(raw.exec_ns),
+            exec_ns: (run_time_is_charged && raw.exec_ns != EXEC_UNKNOWN).then_some(raw.exec_ns),
         })
         .collect()
 }
@@ -497,12 +501,25 @@ mod tests {
             ring.slices[n as usize % MAX_SLICES] = raw_slice(100 + n as u32, n * 1000, (n + 1) * 1000);
             ring.written = n + 1;
         }
-        let kept = overlapping_slices(&ring, 7500);
+        let kept = overlapping_slices(&ring, 7500, true);
         assert_eq!(kept.iter().map(|s| s.task.pid).collect::<Vec<_>>(), [107, 108, 109]);
         assert!(!slices_truncated(&ring, 7500));
-        assert_eq!(overlapping_slices(&ring, 500).len(), MAX_SLICES);
+        assert_eq!(overlapping_slices(&ring, 500, true).len(), MAX_SLICES);
         assert!(slices_truncated(&ring, 500), "stays from 0.5 to 2 ms were overwritten");
-        assert!(overlapping_slices(&CpuSlices::default(), 0).is_empty());
+        assert!(overlapping_slices(&CpuSlices::default(), 0, true).is_empty());
+    }
+
+    #[test]
+    fn run_time_is_kept_only_where_the_kernel_charges_less_than_wall_time() {
+        let mut ring = CpuSlices::default();
+        ring.slices[0] = mm_probe_common::latency::RunSlice { exec_ns: 60_000, ..raw_slice(7, 1000, 1_700_000) };
+        ring.written = 1;
+        assert_eq!(overlapping_slices(&ring, 500, true)[0].exec_ns, Some(60_000));
+        // Under emulation with no steal or IRQ time accounting, a 1.7 ms stay read 60 µs: the
+        // scheduler clock's granularity, which must not read as steal.
+        assert_eq!(overlapping_slices(&ring, 500, false)[0].exec_ns, None);
+        ring.slices[0].exec_ns = EXEC_UNKNOWN;
+        assert_eq!(overlapping_slices(&ring, 500, true)[0].exec_ns, None);
     }
 
     #[test]

@@ -77,6 +77,9 @@ async fn attach_and_collect(
     let mut ebpf = load_object(&kernel, &[MapFamily::RetryStorm], &settings(&args.pids))?;
     select_processes(&mut ebpf, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
+    // Mapped before the plan is out: mapping runs in the kernel without rescheduling, and a
+    // workload may start on the plan line.
+    let rings = Rings::map(&mut ebpf)?;
     let seen = observability(&kernel, &plan);
     let timeout_ns = args.timeout.as_nanos() as u64;
     if args.json {
@@ -90,7 +93,22 @@ async fn attach_and_collect(
         collector.sample_every(PLOT_SAMPLE_PERIOD, PLOT_MAX_SAMPLES);
         PlotRequest { file, kernel: kernel.release.text.clone() }
     });
-    collect(&mut ebpf, collector, args, plot, stopper).await
+    collect(&mut ebpf, rings, collector, args, plot, stopper).await
+}
+
+/// The walk and invalidation rings, mapped for reading.
+struct Rings {
+    walks: RingReader<HmmEvent>,
+    invalidations: RingReader<HmmEvent>,
+}
+
+impl Rings {
+    fn map(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut ring = |name: &str| -> Result<RingReader<HmmEvent>> {
+            RingReader::new(ebpf.take_map(name).with_context(|| format!("{name} missing from the object"))?)
+        };
+        Ok(Self { walks: ring(names::WALK_EVENTS_MAP)?, invalidations: ring(names::INVALIDATE_EVENTS_MAP)? })
+    }
 }
 
 /// `--plot`: where to draw, and the kernel for the title.
@@ -153,16 +171,13 @@ enum Turn {
 
 async fn collect(
     ebpf: &mut Ebpf,
+    rings: Rings,
     mut collector: Collector,
     args: &RetryStormArgs,
     plot: Option<PlotRequest>,
     stopper: &mut Stopper,
 ) -> Result<()> {
-    let mut walk_ring: RingReader<HmmEvent> =
-        RingReader::new(ebpf.take_map(names::WALK_EVENTS_MAP).context("walk ring missing from the object")?)?;
-    let mut invalidate_ring: RingReader<HmmEvent> = RingReader::new(
-        ebpf.take_map(names::INVALIDATE_EVENTS_MAP).context("invalidation ring missing from the object")?,
-    )?;
+    let Rings { walks: mut walk_ring, invalidations: mut invalidate_ring } = rings;
     let mut settle_tick = Ticker::every(Some(SETTLE_TICK));
     let mut report_tick = Ticker::every(args.interval);
     let mut plot_tick = Ticker::every(collector.timeline.is_some().then_some(PLOT_SAMPLE_PERIOD));

@@ -14,14 +14,6 @@ pub const INVALIDATE_EVENTS_MAP: &str = "HMM_INVALIDATE_EVENTS";
 /// The rings' sizes in bytes (powers of two, multiples of the page size).
 pub const WALK_RING_BYTES: u32 = 2 << 20;
 pub const INVALIDATE_RING_BYTES: u32 = 8 << 20;
-
-/// A ring wakes user space only once an eighth of it is waiting. Woken per record, the reader
-/// took a wakeup and two context switches per walk and per invalidation, which on a machine
-/// with no idle CPU cost more than the storm itself. User space drains both rings on its
-/// settle tick, so records below the mark still arrive before they are needed.
-pub const fn wakeup_bytes(ring_bytes: u32) -> u64 {
-    (ring_bytes / 8) as u64
-}
 /// Per-CPU array of u64 counters indexed by [`Counter`].
 pub const COUNTERS_MAP: &str = "HMM_COUNTERS";
 /// Per-CPU hash map [`ReadBeginKey`] → u64: mmu_interval_read_begin() calls.

@@ -34,7 +34,7 @@ pub const RING_LOST_MAP: &str = "SELFTEST_RING_LOST";
 /// Ring size in bytes (power of two, multiple of the page size).
 pub const RING_BYTES: u32 = 256 * 1024;
 /// Wake user space only when this much is waiting (user space also drains on a timer).
-pub const RING_WAKEUP_BYTES: u64 = (RING_BYTES / 8) as u64;
+pub const RING_WAKEUP_BYTES: u64 = crate::ring_wakeup_bytes(RING_BYTES);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

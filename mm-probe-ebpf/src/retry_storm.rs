@@ -28,8 +28,9 @@ use aya_ebpf::{
 };
 use mm_probe_common::hmm::{
     COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS, NOTIFIER_EVENTS,
-    NotifierEvent, ReadBeginKey, SeqBegin, Stash, WALK_RING_BYTES, wakeup_bytes,
+    NotifierEvent, ReadBeginKey, SeqBegin, Stash, WALK_RING_BYTES,
 };
+use mm_probe_common::ring_wakeup_bytes;
 
 use crate::kernel::{
     bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, wakeup_flags,
@@ -112,9 +113,9 @@ fn emit(event: HmmEvent) {
         return;
     }
     let (ring, lost, wake_at) = if event.kind == EventKind::Invalidate as u32 {
-        (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents, wakeup_bytes(INVALIDATE_RING_BYTES))
+        (&HMM_INVALIDATE_EVENTS, Counter::LostInvalidateEvents, ring_wakeup_bytes(INVALIDATE_RING_BYTES))
     } else {
-        (&HMM_WALK_EVENTS, Counter::LostWalkEvents, wakeup_bytes(WALK_RING_BYTES))
+        (&HMM_WALK_EVENTS, Counter::LostWalkEvents, ring_wakeup_bytes(WALK_RING_BYTES))
     };
     match ring.reserve::<HmmEvent>(0) {
         Some(mut entry) => {

@@ -15,7 +15,8 @@ impl KernelConfig {
         from_proc.or_else(|| std::fs::read_to_string(format!("/boot/config-{release}")).ok()).map(Self)
     }
 
-    pub fn from_text(text: &str) -> Self {
+    #[cfg(test)]
+    fn from_text(text: &str) -> Self {
         Self(text.to_owned())
     }
 

@@ -515,8 +515,9 @@ mod tests {
         ring.slices[0] = mm_probe_common::latency::RunSlice { exec_ns: 60_000, ..raw_slice(7, 1000, 1_700_000) };
         ring.written = 1;
         assert_eq!(overlapping_slices(&ring, 500, true)[0].exec_ns, Some(60_000));
-        // Under emulation with no steal or IRQ time accounting, a 1.7 ms stay read 60 µs: the
-        // scheduler clock's granularity, which must not read as steal.
+        // Seen in an emulated guest with neither steal nor IRQ time accounting: a 1.7 ms stay
+        // read as 60 µs of run time. Such a kernel charges time on the CPU in full, so the
+        // difference is not steal and is not shown.
         assert_eq!(overlapping_slices(&ring, 500, false)[0].exec_ns, None);
         ring.slices[0].exec_ns = EXEC_UNKNOWN;
         assert_eq!(overlapping_slices(&ring, 500, true)[0].exec_ns, None);

@@ -65,6 +65,8 @@ pub const FUNC_SPIKES_RING: &str = "LAT_FUNC_SPIKES";
 pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
 /// Per-CPU ring of the last run slices ([`CpuSlices`]).
 pub const SLICES_MAP: &str = "LAT_SLICES";
+/// Per-CPU last long stay ([`LongStay`]).
+pub const LONG_STAY_MAP: &str = "LAT_LONG_STAY";
 /// Slot 0 set to 1 once a function probe is attached.
 pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
 
@@ -232,6 +234,34 @@ pub struct CpuSlices {
     pub slices: [RunSlice; MAX_SLICES],
 }
 
+/// Frames kept of a long stay's kernel stack: the deepest sched_switch stacks seen (a page
+/// fault inside a syscall, under the tracepoint's own frames) stay well under it.
+pub const LONG_STAY_FRAMES: usize = 40;
+
+/// What the last task to stay long on a CPU was doing when it left (value of the per-CPU
+/// [`LONG_STAY_MAP`]). A stay counts as long from half the threshold: a task that held the CPU
+/// through most of a wait over the threshold stayed that long, so when another task switched
+/// away last, the holder's stack and syscall are still here, without a stack-map entry per
+/// stay.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LongStay {
+    /// 0 when no stay was long yet.
+    pub pid: u32,
+    /// Bytes of `frames` that bpf_get_stack filled (0 on failure).
+    pub stack_bytes: u32,
+    /// The switch that ended the stay (its slice's `end_ns`).
+    pub end_ns: u64,
+    pub syscall: SyscallState,
+    pub frames: [u64; LONG_STAY_FRAMES],
+}
+
+impl Default for LongStay {
+    fn default() -> Self {
+        Self { pid: 0, stack_bytes: 0, end_ns: 0, syscall: SyscallState::default(), frames: [0; LONG_STAY_FRAMES] }
+    }
+}
+
 /// A wakeup over the threshold, sent at the sched_switch that finally ran the task.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -261,6 +291,8 @@ pub struct WakeupSpike {
     /// The run CPU's last slices at the switch (the newest is `prev`'s, just closed): user
     /// space keeps those overlapping the wait to see who held the CPU during it.
     pub slices: CpuSlices,
+    /// This CPU's last long stay at the switch (the holder's context when it was not `prev`).
+    pub long_stay: LongStay,
 }
 
 /// A traced function call over the threshold, sent at its return.

@@ -15,7 +15,10 @@
 //!
 //! At each sched_switch the stay of the task switching out is closed into a small per-CPU ring
 //! of run slices; a spike carries that ring so user space can tell who held the CPU during the
-//! wait (one task throughout, or several in turn) without any judgement here.
+//! wait (one task throughout, or several in turn) without any judgement here. A stay of at
+//! least half the threshold also leaves its task's stack and syscall in a per-CPU record, which
+//! the spike carries too: the task that held the CPU is not always the one that switched away
+//! last (a stopper or kernel thread can run between them).
 //!
 //! Traced kernel functions (madvise_cold_or_pageout_pte_range and the `--func` targets) are
 //! timed entry to return, per task. A loaded fentry/fexit program is bound to one function (its
@@ -36,8 +39,9 @@ use aya_ebpf::{
     },
 };
 use mm_probe_common::latency::{
-    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, MAX_CPUS,
-    MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
+    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, LongStay,
+    MAX_CPUS, MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart,
+    hist_slot,
 };
 
 use crate::kernel::{
@@ -112,7 +116,10 @@ static LAT_SCRATCH: PerCpuArray<WakeupStart> = PerCpuArray::with_max_entries(1, 
 /// Each CPU's last run slices, written at every switch there and read only there.
 #[map]
 static LAT_SLICES: PerCpuArray<CpuSlices> = PerCpuArray::with_max_entries(1, 0);
-/// About 1 KiB per spike: room for a burst of several hundred.
+/// Each CPU's last long stay: the stack and syscall of a holder that did not switch away last.
+#[map]
+static LAT_LONG_STAY: PerCpuArray<LongStay> = PerCpuArray::with_max_entries(1, 0);
+/// About 1.5 KiB per spike: room for a burst of several hundred.
 #[map]
 static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
 
@@ -391,6 +398,9 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     here.exec_at_switch_in = switch.next_exec;
     here.comm = switch.next_comm;
     close_slice(switch, prev_since_ns, run_time(prev_exec_since, switch.prev_exec), now);
+    if prev_since_ns != 0 && prev_pid != 0 && now - prev_since_ns >= threshold_ns() / 2 && stream_spikes() {
+        keep_long_stay(ctx, prev_pid, now);
+    }
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
     // forget it when the task leaves the CPU, or its next switch-in would look very late.
@@ -431,6 +441,22 @@ fn close_slice(switch: &Switch, since_ns: u64, exec_ns: u64, now: u64) {
     slice.in_funcs = functions_in_progress(switch.prev_pid);
     slice.exec_ns = exec_ns;
     ring.written += 1;
+}
+
+/// Keeps what the task switching out after a long stay was doing: its kernel stack (copied, not
+/// a stack-map id: long stays that delayed nobody would fill the map) and its syscall. At most
+/// one capture per half threshold per CPU.
+#[inline(always)]
+fn keep_long_stay<C: StackIdContext>(ctx: &C, pid: u32, now: u64) {
+    let Some(stay) = LAT_LONG_STAY.get_ptr_mut(0) else { return };
+    let stay = unsafe { &mut *stay };
+    stay.pid = pid;
+    stay.end_ns = now;
+    let bytes = unsafe {
+        generated::bpf_get_stack(ctx.as_ptr(), stay.frames.as_mut_ptr().cast(), size_of_val(&stay.frames) as u32, 0)
+    };
+    stay.stack_bytes = if bytes > 0 { bytes as u32 } else { 0 };
+    current_syscall(&mut stay.syscall);
 }
 
 /// The run time charged between two readings of se.sum_exec_runtime, unknown if either is.
@@ -530,6 +556,10 @@ fn emit_wakeup_spike<C: StackIdContext>(
     match LAT_SLICES.get_ptr(0) {
         Some(ring) => copy_record(&mut spike.slices, ring),
         None => spike.slices.written = 0,
+    }
+    match LAT_LONG_STAY.get_ptr(0) {
+        Some(stay) => copy_record(&mut spike.long_stay, stay),
+        None => spike.long_stay.pid = 0,
     }
     entry.submit(0);
 }

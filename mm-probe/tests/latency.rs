@@ -346,21 +346,35 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     }
 
     // The wakeup spikes: the waker waited on the writer, which was inside cpu_hog_hold, and the
-    // writer's stack when it let the waker in shows the hold.
+    // writer's stack when it left the CPU shows the hold. Usually the writer lets the waker in
+    // itself; now and then a stopper (migration/N) preempts it first and switches away last, and
+    // the spike must still blame the writer and show the writer's stack, not the stopper's.
     let waits: Vec<&Value> = spikes(&lines, "wakeup").into_iter().filter(|s| s["pid"] == waker.pid).collect();
     let blamed: Vec<&&Value> = waits.iter().filter(|s| s["cause"] == "cpu_hog_hold").collect();
     assert!(!blamed.is_empty(), "no wakeup of rt_waker was blamed on cpu_hog_hold: {waits:#?}");
     for spike in &blamed {
-        assert_eq!(spike["prev"]["pid"], writer_tid, "{spike}");
         assert_eq!(spike["blocker"]["pid"], writer_tid, "{spike}");
-        assert_eq!(spike["without_rescheduling"], true, "{spike}");
-        assert!(has_frame(&spike["stack"], "cpu_hog_hold"), "the hold must be on the blocker's stack: {spike}");
+        assert_eq!(spike["held_by"]["pid"], writer_tid, "{spike}");
+        assert_eq!(spike["stack_of"]["pid"], writer_tid, "{spike}");
+        assert!(has_frame(&spike["stack"], "cpu_hog_hold"), "the hold must be on the writer's stack: {spike}");
         assert_eq!(spike["syscall"]["name"], "write", "{spike}");
-        let share = &spike["functions"][0];
-        assert_eq!(share["function"], "cpu_hog_hold");
-        assert!(share["in_wait_ns"].as_u64().unwrap() * 2 >= spike["latency_ns"].as_u64().unwrap(), "{spike}");
         let explanation = spike["explanation"].as_str().unwrap();
-        assert!(explanation.contains("cpu_hog_writer") && explanation.contains("→ cpu_hog_hold for"), "{explanation}");
+        assert!(explanation.contains("cpu_hog_writer"), "{explanation}");
+        if spike["prev"]["pid"] == writer_tid {
+            assert_eq!(spike["without_rescheduling"], true, "{spike}");
+            let share = &spike["functions"][0];
+            assert_eq!(share["function"], "cpu_hog_hold");
+            assert!(share["in_wait_ns"].as_u64().unwrap() * 2 >= spike["latency_ns"].as_u64().unwrap(), "{spike}");
+            assert!(explanation.contains("→ cpu_hog_hold for"), "{explanation}");
+        } else {
+            eprintln!("a task ran between the writer and the waker: {spike}");
+            assert_eq!(spike["without_rescheduling"], false, "{spike}");
+            assert!(spike["held_by"]["on_cpu_ns"].as_u64().unwrap() * 2 >= spike["latency_ns"].as_u64().unwrap());
+            assert!(
+                explanation.contains("held the CPU for") && explanation.contains("inside cpu_hog_hold"),
+                "{explanation}"
+            );
+        }
     }
     assert_eq!(only(&lines, "lost_events")["wakeup_spikes"], 0);
 }

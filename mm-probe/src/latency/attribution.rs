@@ -8,6 +8,9 @@
 //! task that switched away last the kernel adds its stack, syscall and function state; the time
 //! inside a traced function during the wait is the difference of two copies of that state (at
 //! the wakeup and at the switch), corrected for calls that straddle either end of the wait.
+//! When another task held the CPU and a short one (a stopper, a kernel thread) switched away
+//! last, the holder's stack and syscall come from the CPU's last long stay, if it was the
+//! holder's: the spike shows the culprit's stack, and says whose it is.
 
 use std::cmp::Reverse;
 
@@ -15,7 +18,7 @@ use mm_probe_common::latency::{FuncState, MAX_FUNCS};
 use serde::Serialize;
 
 use super::{
-    decoder::{KernelEntry, Slice, Syscall, TaskRef, Wakeup, prev_state_name},
+    decoder::{Departure, KernelEntry, Slice, Stack, Syscall, TaskRef, Wakeup, prev_state_name},
     syscalls,
 };
 use crate::units::format_nanos;
@@ -55,6 +58,9 @@ pub struct Holder {
     pub state: i64,
     #[serde(skip)]
     pub in_funcs: u32,
+    /// When it last left the CPU within the wait (its last slice's end).
+    #[serde(skip)]
+    pub left_at_ns: u64,
     /// It switched away to let the woken task run: its stack, syscall and functions are known.
     #[serde(skip)]
     pub is_prev: bool,
@@ -161,6 +167,10 @@ pub struct Attribution {
     /// (hypervisor steal, or interrupts where IRQ time is accounted); `None` when some task's
     /// run time was not read.
     pub stolen_ns: Option<u64>,
+    /// Whose `stack` and `syscall` these are: the holder's, else the task that switched away.
+    pub stack_of: TaskRef,
+    pub stack: Stack,
+    pub syscall: Option<Syscall>,
     #[serde(skip)]
     pub cause: Cause,
     pub explanation: String,
@@ -205,7 +215,16 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
     let occupancy = occupancy(&holders, wakeup.latency_ns);
     let syscall = wakeup.prev_syscall.as_ref().and_then(Option::as_ref);
     let slept_in = syscall.filter(|_| !running(wakeup.prev_state)).and_then(|call| call.name);
-    let facts = Facts { wakeup, shares: &shares, syscall, functions };
+    let held_by = match occupancy {
+        Occupancy::Held(i) => Some(&holders[i]),
+        _ => None,
+    };
+    let departure = held_by.and_then(|holder| departure_of(wakeup, holder));
+    let stack_of = match (departure, held_by) {
+        (Some(_), Some(holder)) => holder.task(),
+        _ => wakeup.prev.task.clone(),
+    };
+    let facts = Facts { wakeup, shares: &shares, functions, departure };
     let stolen_ns = stolen(&holders);
     let cause = match occupancy {
         _ if stolen_ns.is_some_and(|s| s as f64 >= STEAL_SHARE * wakeup.latency_ns.max(1) as f64) => Cause::StolenOrIrq,
@@ -222,17 +241,23 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         blocker_ran_until_switch: same_task,
         without_rescheduling,
         functions: shares,
-        held_by: match occupancy {
-            Occupancy::Held(i) => Some(holders[i].clone()),
-            _ => None,
-        },
+        held_by: held_by.cloned(),
         ran_during_wait_complete: !wakeup.slices_truncated,
         ran_during_wait: holders,
         slept_in,
         stolen_ns,
+        stack_of,
+        stack: departure.map_or(&wakeup.prev_stack, |d| &d.stack).clone(),
+        syscall: departure.map_or(syscall, |d| d.syscall.as_ref().and_then(Option::as_ref)).cloned(),
         cause,
         explanation,
     }
+}
+
+/// The holder's own departure, when it did not switch away last and the CPU's last long stay is
+/// its last stay in the wait.
+fn departure_of<'a>(w: &'a Wakeup, holder: &Holder) -> Option<&'a Departure> {
+    w.long_stay.as_ref().filter(|d| !holder.is_prev && d.pid == holder.pid && d.end_ns == holder.left_at_ns)
 }
 
 /// On-CPU time within the wait the scheduler did not charge as run time, summed over the
@@ -262,8 +287,9 @@ fn steal_text(holders: &[Holder], stolen_ns: u64) -> String {
 struct Facts<'a> {
     wakeup: &'a Wakeup,
     shares: &'a [FunctionShare],
-    syscall: Option<&'a Syscall>,
     functions: &'a [String],
+    /// The holder's stack and syscall when it was not the last to switch away.
+    departure: Option<&'a Departure>,
 }
 
 /// Whether a task that left the CPU in `state` was still running (preempted, or yielded).
@@ -309,6 +335,7 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
                 h.on_cpu_ns += on_cpu_ns;
                 h.executed_ns = h.executed_ns.zip(executed_ns).map(|(a, b)| a + b);
                 (h.state, h.in_funcs, h.left, h.is_prev) = (slice.state, slice.in_funcs, left, h.is_prev || is_prev);
+                h.left_at_ns = slice.end_ns;
             }
             None => holders.push(Holder {
                 pid: slice.task.pid,
@@ -319,6 +346,7 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
                 tgid: slice.tgid,
                 state: slice.state,
                 in_funcs: slice.in_funcs,
+                left_at_ns: slice.end_ns,
                 is_prev,
             }),
         }
@@ -356,8 +384,9 @@ fn occupancy(holders: &[Holder], wait_ns: u64) -> Occupancy {
     }
 }
 
-/// What the one task holding the CPU was doing. Only the last task has a stack and syscall; an
-/// earlier one has how it left and the functions it was inside.
+/// What the one task holding the CPU was doing. The last task has a stack and syscall; an
+/// earlier one has how it left and the functions it was inside, and its stack and syscall
+/// when its stay was the CPU's last long one.
 fn held_cause(f: &Facts, holder: &Holder, own_tgid: u32) -> Cause {
     let w = f.wakeup;
     if holder.tgid == own_tgid && own_tgid != 0 {
@@ -366,8 +395,8 @@ fn held_cause(f: &Facts, holder: &Holder, own_tgid: u32) -> Cause {
     if !holder.is_prev {
         return match (0..f.functions.len().min(MAX_FUNCS)).find(|slot| holder.in_funcs & (1 << slot) != 0) {
             Some(slot) => Cause::Function(slot),
-            None if running(holder.state) => Cause::Preempted,
-            None => Cause::Unknown,
+            None if !running(holder.state) => Cause::Unknown,
+            None => f.departure.map_or(Cause::Preempted, |d| activity_cause(&d.syscall, &d.stack)),
         };
     }
     if let Some(top) = f.shares.first().filter(|s| s.in_wait_ns as f64 >= CAUSE_SHARE * w.latency_ns.max(1) as f64) {
@@ -380,15 +409,21 @@ fn held_cause(f: &Facts, holder: &Holder, own_tgid: u32) -> Cause {
         // It went to sleep: the syscall it slept in held nobody up.
         return Cause::Unknown;
     }
-    match f.syscall {
+    activity_cause(&w.prev_syscall, &w.prev_stack)
+}
+
+/// What a task preempted while running was doing, from its syscall (`None`: registers not
+/// read) and its stack.
+fn activity_cause(syscall: &Option<Option<Syscall>>, stack: &Stack) -> Cause {
+    match syscall.as_ref().and_then(Option::as_ref) {
         Some(call) if call.name.is_some_and(|name| syscalls::only_waits(name, &call.args)) => Cause::Preempted,
         Some(call) => Cause::Syscall(call.nr),
-        None => match w.prev_stack.entry() {
+        None => match stack.entry() {
             Some(KernelEntry::PageFault) => Cause::PageFault,
             Some(KernelEntry::Exception) => Cause::Exception,
             Some(KernelEntry::KernelThread) => Cause::KernelThread,
             Some(KernelEntry::Idle) => Cause::Idle,
-            Some(KernelEntry::Syscall) if w.prev_syscall.is_none() => Cause::UnnamedSyscall,
+            Some(KernelEntry::Syscall) if syscall.is_none() => Cause::UnnamedSyscall,
             _ => Cause::Preempted,
         },
     }
@@ -463,9 +498,10 @@ fn explain(
     };
     if !holder.is_prev {
         text += &format!("{} held the CPU for {} of it", holder.task(), format_nanos(holder.on_cpu_ns));
-        match cause {
-            Cause::Function(_) => text += &format!(" inside {}", cause.label(f.functions)),
-            Cause::OwnStartup => text += " (mm-probe's own start-up)",
+        match (cause, f.departure) {
+            (Cause::Function(_), _) => text += &format!(" inside {}", cause.label(f.functions)),
+            (Cause::OwnStartup, _) => text += " (mm-probe's own start-up)",
+            (_, Some(d)) => text += &format!(" ({})", what_it_ran(&d.syscall, &d.stack)),
             _ => {}
         }
         return text + &format!(" and left it {}; {} ran last before it", prev_state_name(holder.state), w.prev.task);
@@ -479,7 +515,7 @@ fn explain(
         text += "mm-probe's own start-up: ";
     }
     if running(w.prev_state) {
-        text += &format!("{} was {}", w.prev.task, what_it_ran(f));
+        text += &format!("{} was {}", w.prev.task, what_it_ran(&w.prev_syscall, &w.prev_stack));
     } else {
         text += &format!("{} held the CPU for {} of it", w.prev.task, format_nanos(holder.on_cpu_ns));
     }
@@ -515,15 +551,15 @@ fn contention(w: &Wakeup, holders: &[Holder], cause: Cause) -> String {
     text
 }
 
-/// What the last task was running when it was preempted.
-fn what_it_ran(f: &Facts) -> String {
-    match (f.syscall, f.wakeup.prev_stack.entry()) {
+/// What a task was running when it was preempted, from its syscall and stack.
+fn what_it_ran(syscall: &Option<Option<Syscall>>, stack: &Stack) -> String {
+    match (syscall.as_ref().and_then(Option::as_ref), stack.entry()) {
         (Some(call), _) if call.name.is_some_and(|name| syscalls::only_waits(name, &call.args)) => {
             format!("preempted around {}, a syscall that waits", call.summary)
         }
         (Some(call), _) => format!("in {}", call.summary),
         (None, Some(entry)) => entry.phrase().to_string(),
-        (None, None) if f.wakeup.prev_syscall.is_some() => "in user space or an interrupt".to_string(),
+        (None, None) if syscall.is_some() => "in user space or an interrupt".to_string(),
         (None, None) => "running".to_string(),
     }
 }
@@ -601,6 +637,7 @@ mod tests {
             })),
             slices: Vec::new(),
             slices_truncated: false,
+            long_stay: None,
         }
     }
 
@@ -810,6 +847,52 @@ mod tests {
             "cyclictest-250 waited 2ms on CPU 1: stress-ng-264 held the CPU for 1.98ms of it and left it \
              preempted (R+); sleeper-77 ran last before it"
         );
+    }
+
+    /// stress-ng-264 held CPU 1 from 9 ms in write(2) and was preempted at 12 ms - 20 µs by
+    /// migration/1, which switched away last: the CPU's last long stay is the hog's.
+    fn hog_then_stopper(departure_end_ns: u64) -> Wakeup {
+        let mut w = wakeup(2 * MS);
+        w.prev = OnCpu { task: task(21, "migration/1"), since_ns: Some(12 * MS - 20 * US) };
+        w.prev_state = 1;
+        w.prev_syscall = Some(None);
+        w.prev_stack = Stack { frames: vec!["__schedule+0x50e".into(), "smpboot_thread_fn+0x1dc".into()], error: None };
+        w.slices = vec![
+            slice(264, "stress-ng", 9 * MS, 12 * MS - 20 * US, 0x100),
+            slice(21, "migration/1", 12 * MS - 20 * US, 12 * MS, 1),
+        ];
+        let write =
+            SyscallState { orig_ax: libc::SYS_write, ax: -i64::from(libc::ENOSYS), regs_read: 1, args: [3, 0, 8, 0] };
+        w.long_stay = Some(Departure {
+            pid: 264,
+            end_ns: departure_end_ns,
+            stack: Stack { frames: vec!["__schedule+0x10".into(), "ksys_write+0x60".into()], error: None },
+            syscall: Some(decode_syscall(&write)),
+        });
+        w
+    }
+
+    #[test]
+    fn a_holder_preempted_by_a_stopper_shows_its_own_stack_and_syscall() {
+        let a = attribute(&hog_then_stopper(12 * MS - 20 * US), &names(), MM_PROBE);
+        assert_eq!(a.held_by.as_ref().map(|h| h.pid), Some(264));
+        assert_eq!(a.cause, Cause::Syscall(libc::SYS_write));
+        assert_eq!(a.stack_of, task(264, "stress-ng"));
+        assert_eq!(a.stack.frames[1], "ksys_write+0x60");
+        assert_eq!(a.syscall.as_ref().and_then(|c| c.name), Some("write"));
+        assert_says(&a, Says::Contains, "stress-ng-264 held the CPU for 1.98ms of it (in write(");
+        assert_says(&a, Says::Ends, "; migration/1-21 ran last before it");
+    }
+
+    #[test]
+    fn a_long_stay_that_is_not_the_holders_last_is_not_shown_as_its_stack() {
+        // The long stay kept is an earlier one of the same task: what it did then is not what
+        // it did when it left in the wait.
+        let a = attribute(&hog_then_stopper(8 * MS), &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Preempted);
+        assert_eq!(a.stack_of, task(21, "migration/1"));
+        assert_eq!(a.stack.frames[1], "smpboot_thread_fn+0x1dc");
+        assert_eq!(a.syscall, None);
     }
 
     #[test]

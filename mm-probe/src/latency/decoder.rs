@@ -3,7 +3,7 @@
 
 use aya::maps::{MapData, StackTraceMap};
 use mm_probe_common::latency::{
-    CpuCurrent, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, MAX_SLICES, SyscallState, WakeupSpike,
+    CpuCurrent, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, LongStay, MAX_SLICES, SyscallState, WakeupSpike,
 };
 use serde::Serialize;
 
@@ -157,6 +157,19 @@ pub struct Wakeup {
     pub slices: Vec<Slice>,
     /// Some stays at the start of the wait fell out of the ring (more switches than it holds).
     pub slices_truncated: bool,
+    /// The run CPU's last stay of at least half the threshold, up to the switch.
+    pub long_stay: Option<Departure>,
+}
+
+/// What a task was doing when it left a CPU after a long stay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Departure {
+    pub pid: u32,
+    /// The switch that ended the stay: its slice's `end_ns`.
+    pub end_ns: u64,
+    pub stack: Stack,
+    /// As [`Wakeup::prev_syscall`].
+    pub syscall: Option<Option<Syscall>>,
 }
 
 /// A traced function call that took longer than the threshold.
@@ -206,7 +219,25 @@ impl Decoder<'_> {
             prev_syscall: (syscall.regs_read != 0).then(|| decode_syscall(syscall)),
             slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
+            long_stay: self.departure(&raw.long_stay),
         }
+    }
+
+    fn departure(&self, raw: &LongStay) -> Option<Departure> {
+        if raw.pid == 0 {
+            return None;
+        }
+        let depth = (raw.stack_bytes as usize / size_of::<u64>()).min(raw.frames.len());
+        let stack = match depth {
+            0 => Stack { frames: Vec::new(), error: Some("bpf_get_stack failed".into()) },
+            _ => Stack { frames: self.frames(&raw.frames[..depth]), error: None },
+        };
+        Some(Departure {
+            pid: raw.pid,
+            end_ns: raw.end_ns,
+            stack,
+            syscall: (raw.syscall.regs_read != 0).then(|| decode_syscall(&raw.syscall)),
+        })
     }
 
     pub fn function_call(&mut self, raw: &FuncSpike) -> FunctionCall {
@@ -244,11 +275,18 @@ impl Decoder<'_> {
             Ok(trace) => trace,
             Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
         };
-        let mut frames: Vec<String> = trace.frames().iter().map(|f| symbolize(self.kallsyms, f.ip)).collect();
-        let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
-        frames.drain(..machinery);
+        let ips: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+        let frames = self.frames(&ips);
         self.symbolized.insert(id, frames.clone());
         Stack { frames, error: None }
+    }
+
+    /// Return addresses, innermost first, as symbols, without the tracing machinery's frames.
+    fn frames(&self, ips: &[u64]) -> Vec<String> {
+        let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(self.kallsyms, ip)).collect();
+        let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
+        frames.drain(..machinery);
+        frames
     }
 }
 

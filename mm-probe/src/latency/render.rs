@@ -238,7 +238,8 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
         }
         out.push_str(")\n");
     }
-    stack_text(out, &format!("stack of {} when it switched away", w.prev.task), &w.prev_stack);
+    let left = if a.stack_of == w.prev.task { "switched away" } else { "left the CPU" };
+    stack_text(out, &format!("stack of {} when it {left}", a.stack_of), &a.stack);
 }
 
 fn stack_text(out: &mut String, title: &str, stack: &Stack) {

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::{
     aggregator::{Distribution, TaskSummary},
     attribution::Attribution,
-    decoder::{FunctionCall, Stack, Syscall, TaskRef, Wakeup, prev_state_name},
+    decoder::{FunctionCall, TaskRef, Wakeup, prev_state_name},
     judge::Verdict,
 };
 use crate::{
@@ -177,8 +177,6 @@ pub struct WakeupSpikeJson<'a> {
     pub prev_state: String,
     /// How long `prev` had been on the CPU when it switched away (null: since before tracing).
     pub prev_on_cpu_ns: Option<u64>,
-    pub stack: &'a Stack,
-    pub syscall: Option<&'a Syscall>,
     /// The attribution's cause, labelled.
     pub cause: String,
     #[serde(flatten)]
@@ -203,8 +201,6 @@ impl<'a> WakeupSpikeJson<'a> {
             prev: &w.prev.task,
             prev_state: prev_state_name(w.prev_state),
             prev_on_cpu_ns: w.prev.since_ns.map(|since| w.run_ns.saturating_sub(since)),
-            stack: &w.prev_stack,
-            syscall: w.prev_syscall.as_ref().and_then(Option::as_ref),
             cause: a.cause.label(functions),
             attribution: a,
         }
@@ -225,6 +221,7 @@ pub struct FunctionSpikeJson<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::latency::decoder::{Stack, Syscall};
     use crate::latency::judge::{Bound, CallBound};
 
     #[test]
@@ -382,6 +379,7 @@ mod tests {
             prev_syscall: Some(Some(syscall.clone())),
             slices: Vec::new(),
             slices_truncated: false,
+            long_stay: None,
         };
         let storm_holder = Holder {
             pid: 7,
@@ -392,6 +390,7 @@ mod tests {
             tgid: 7,
             state: 0x100,
             in_funcs: 1,
+            left_at_ns: 1_100_010,
             is_prev: true,
         };
         let attribution = Attribution {
@@ -409,6 +408,9 @@ mod tests {
                 calls: 2,
                 running_call_ns: Some(900_000),
             }],
+            stack_of: storm.task.clone(),
+            stack: stack.clone(),
+            syscall: Some(syscall.clone()),
             cause: Cause::Function(0),
             explanation: "storm-7 held CPU 1".into(),
         };

@@ -220,10 +220,7 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         _ => None,
     };
     let departure = held_by.and_then(|holder| departure_of(wakeup, holder));
-    let stack_of = match (departure, held_by) {
-        (Some(_), Some(holder)) => holder.task(),
-        _ => wakeup.prev.task.clone(),
-    };
+    let stack_of = held_by.filter(|_| departure.is_some()).map_or_else(|| wakeup.prev.task.clone(), Holder::task);
     let facts = Facts { wakeup, shares: &shares, functions, departure };
     let stolen_ns = stolen(&holders);
     let cause = match occupancy {

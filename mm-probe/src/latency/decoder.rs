@@ -200,7 +200,6 @@ pub struct Decoder<'a> {
 
 impl Decoder<'_> {
     pub fn wakeup(&mut self, raw: &WakeupSpike) -> Wakeup {
-        let syscall = &raw.prev_syscall;
         Wakeup {
             task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
             prio: raw.prio,
@@ -216,7 +215,7 @@ impl Decoder<'_> {
             prev_state: raw.prev_state,
             prev_stack: self.stack(raw.prev_stack_id),
             prev_funcs: raw.prev_funcs,
-            prev_syscall: (syscall.regs_read != 0).then(|| decode_syscall(syscall)),
+            prev_syscall: registers_syscall(&raw.prev_syscall),
             slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
             long_stay: self.departure(&raw.long_stay),
@@ -232,12 +231,7 @@ impl Decoder<'_> {
             0 => Stack { frames: Vec::new(), error: Some("bpf_get_stack failed".into()) },
             _ => Stack { frames: self.frames(&raw.frames[..depth]), error: None },
         };
-        Some(Departure {
-            pid: raw.pid,
-            end_ns: raw.end_ns,
-            stack,
-            syscall: (raw.syscall.regs_read != 0).then(|| decode_syscall(&raw.syscall)),
-        })
+        Some(Departure { pid: raw.pid, end_ns: raw.end_ns, stack, syscall: registers_syscall(&raw.syscall) })
     }
 
     pub fn function_call(&mut self, raw: &FuncSpike) -> FunctionCall {
@@ -350,6 +344,11 @@ fn slices_truncated(ring: &CpuSlices, wakeup_ns: u64) -> bool {
     }
     let oldest = &ring.slices[ring.written as usize % MAX_SLICES];
     oldest.end_ns > wakeup_ns && oldest.start_ns > wakeup_ns
+}
+
+/// As [`Wakeup::prev_syscall`]: `None` when the registers were not read, else [`decode_syscall`].
+fn registers_syscall(raw: &SyscallState) -> Option<Option<Syscall>> {
+    (raw.regs_read != 0).then(|| decode_syscall(raw))
 }
 
 /// The syscall a task was in, from its saved user registers; `None` when it was not in one.

@@ -63,6 +63,15 @@ impl Tracing {
     }
 }
 
+/// A test that fails before it interrupts the tool must not leave it tracing behind it.
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        // A child already waited for is not signalled again (std keeps its status).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn only<'a>(lines: &'a [Value], kind: &str) -> &'a Value {
     let found: Vec<&Value> = lines.iter().filter(|l| l["type"] == kind).collect();
     assert_eq!(found.len(), 1, "expected one {kind} line in {lines:#?}");

@@ -26,6 +26,10 @@ pub const PRCTL_OPTION_OFFSET: &str = "THP_PRCTL_OPTION_OFFSET";
 pub const PRCTL_ARG2_OFFSET: &str = "THP_PRCTL_ARG2_OFFSET";
 pub const PRCTL_ARG3_OFFSET: &str = "THP_PRCTL_ARG3_OFFSET";
 pub const MMAP_LOCK_MM_OFFSET: &str = "THP_MMAP_LOCK_MM_OFFSET";
+pub const SCAN_PMD_MM_OFFSET: &str = "THP_SCAN_PMD_MM_OFFSET";
+pub const SCAN_PMD_STATUS_OFFSET: &str = "THP_SCAN_PMD_STATUS_OFFSET";
+pub const SCAN_FILE_MM_OFFSET: &str = "THP_SCAN_FILE_MM_OFFSET";
+pub const SCAN_FILE_RESULT_OFFSET: &str = "THP_SCAN_FILE_RESULT_OFFSET";
 
 /// Hash map [`ThpCheckKey`] → number of allow-checks with exactly those facts.
 pub const CHECKS_MAP: &str = "THP_CHECKS";
@@ -38,6 +42,8 @@ pub const FAULT_RUN_MAP: &str = "THP_FAULT_RUN";
 pub const MM_MAP: &str = "THP_MM";
 /// Ring buffer of [`PrctlEvent`].
 pub const PRCTL_EVENTS: &str = "THP_PRCTL_EVENTS";
+/// Per-CPU array of collapse scan results on the target's mm, indexed by [`collapse_slot`].
+pub const COLLAPSE_MAP: &str = "THP_COLLAPSE";
 /// Per-CPU array of counters, indexed by [`Counter`].
 pub const COUNTERS_MAP: &str = "THP_COUNTERS";
 
@@ -172,6 +178,9 @@ slots! {
         AllChecks => "all_checks",
         /// Allow-checks made before the target's mm was known: not attributable.
         MmUnknown => "mm_unknown",
+        /// Collapse scans (khugepaged or MADV_COLLAPSE) of other processes' memory: proves the
+        /// scan tracepoints fire, and that khugepaged was busy elsewhere when the target got none.
+        OtherMmScans => "other_mm_scans",
     }
 }
 
@@ -185,6 +194,44 @@ pub struct PendingCheck {
     pub vm_flags: u64,
     pub call_args: [u8; 4],
     pub _pad: u32,
+}
+
+/// Which collapse scan a result comes from: khugepaged's (or MADV_COLLAPSE's) scan of anonymous
+/// PMD ranges, or of file and shmem ranges.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ScanPath {
+    Anon = 0,
+    File = 1,
+}
+
+/// Who asked for the scan: khugepaged (a kernel thread, no mm of its own), or the process's own
+/// madvise(MADV_COLLAPSE) (6.1+), which runs the same scan in the caller's context.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ScanOrigin {
+    Khugepaged = 0,
+    Madvise = 1,
+}
+
+/// Scan results kept per (path, origin): `enum scan_result` has 31 values in 6.18; a result
+/// past the last slot is counted in the last one (user space reports it as unknown).
+pub const SCAN_RESULT_SLOTS: u32 = 64;
+pub const COLLAPSE_SLOT_COUNT: u32 = 4 * SCAN_RESULT_SLOTS;
+
+/// The `COLLAPSE_MAP` slot of one scan result: the kernel's raw number, never decoded here (the
+/// numbering moves between versions; user space names it from BTF or tracefs).
+pub const fn collapse_slot(path: ScanPath, origin: ScanOrigin, result: u32) -> u32 {
+    let result = if result < SCAN_RESULT_SLOTS { result } else { SCAN_RESULT_SLOTS - 1 };
+    ((path as u32) * 2 + origin as u32) * SCAN_RESULT_SLOTS + result
+}
+
+/// The inverse of [`collapse_slot`].
+pub const fn collapse_slot_parts(slot: u32) -> (ScanPath, ScanOrigin, u32) {
+    let group = slot / SCAN_RESULT_SLOTS;
+    let path = if group / 2 == 0 { ScanPath::Anon } else { ScanPath::File };
+    let origin = if group.is_multiple_of(2) { ScanOrigin::Khugepaged } else { ScanOrigin::Madvise };
+    (path, origin, slot % SCAN_RESULT_SLOTS)
 }
 
 crate::user_pod!(ThpCheckKey, MmSeen, PrctlEvent, FaultBlock, FaultRun);

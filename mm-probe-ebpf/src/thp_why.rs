@@ -1,6 +1,7 @@
 //! thp-why's kernel programs: the THP allow-check on the target's mm, the target's page faults,
-//! prctl(PR_SET_THP_DISABLE) calls, and the mm pointer and flags of processes whose mmap lock
-//! mm-probe takes. They count and copy raw facts; user space decodes and judges.
+//! prctl(PR_SET_THP_DISABLE) calls, the mm pointer and flags of processes whose mmap lock
+//! mm-probe takes, and khugepaged's collapse scans of the target's memory. They count and copy
+//! raw facts; user space decodes and judges.
 //!
 //! Allow-check prototypes, read from the kernel sources (see docs/kernel-facts.md#thp-allow-check):
 //!   6.0–6.7  bool hugepage_vma_check(struct vm_area_struct *vma, unsigned long vm_flags,
@@ -22,8 +23,9 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::thp::{
-    COUNTER_COUNT, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun, MM_SLOT_COUNT, MmSeen, MmSlot,
-    PR_SET_THP_DISABLE, PendingCheck, PrctlEvent, RANGES_PER_BLOCK, ThpCheckKey,
+    COLLAPSE_SLOT_COUNT, COUNTER_COUNT, Counter, FAULT_BLOCK_SHIFT, FAULT_RANGE_SHIFT, FaultBlock, FaultRun,
+    MM_SLOT_COUNT, MmSeen, MmSlot, PR_SET_THP_DISABLE, PendingCheck, PrctlEvent, RANGES_PER_BLOCK, ScanOrigin,
+    ScanPath, ThpCheckKey, collapse_slot,
 };
 
 use crate::kernel::{
@@ -54,6 +56,14 @@ static THP_PRCTL_ARG2_OFFSET: Global<u32> = Global::new(24);
 static THP_PRCTL_ARG3_OFFSET: Global<u32> = Global::new(32);
 #[unsafe(no_mangle)]
 static THP_MMAP_LOCK_MM_OFFSET: Global<u32> = Global::new(8);
+#[unsafe(no_mangle)]
+static THP_SCAN_PMD_MM_OFFSET: Global<u32> = Global::new(8);
+#[unsafe(no_mangle)]
+static THP_SCAN_PMD_STATUS_OFFSET: Global<u32> = Global::new(32);
+#[unsafe(no_mangle)]
+static THP_SCAN_FILE_MM_OFFSET: Global<u32> = Global::new(8);
+#[unsafe(no_mangle)]
+static THP_SCAN_FILE_RESULT_OFFSET: Global<u32> = Global::new(36);
 
 /// Per-CPU values: no atomics needed (the BPF target has no fetch-add), user space sums them.
 #[map]
@@ -68,6 +78,8 @@ static THP_FAULT_RUN: PerCpuArray<FaultRun> = PerCpuArray::with_max_entries(1, 0
 static THP_MM: Array<MmSeen> = Array::with_max_entries(MM_SLOT_COUNT, 0);
 #[map]
 static THP_PRCTL_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+#[map]
+static THP_COLLAPSE: PerCpuArray<u64> = PerCpuArray::with_max_entries(COLLAPSE_SLOT_COUNT, 0);
 #[map]
 static THP_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 /// Arguments saved by the kprobe until its kretprobe runs, per thread.
@@ -378,4 +390,34 @@ pub fn thp_mmap_lock(ctx: TracePointContext) -> u32 {
         remember_mm(MmSlot::Probe, mm);
     }
     0
+}
+
+/// huge_memory:mm_khugepaged_scan_pmd: the end of one scan of an anonymous PMD range, with its
+/// final result (a collapse included: the tracepoint fires after collapse_huge_page returns).
+#[tracepoint]
+pub fn thp_scan_pmd(ctx: TracePointContext) -> u32 {
+    count_scan(&ctx, ScanPath::Anon, &THP_SCAN_PMD_MM_OFFSET, &THP_SCAN_PMD_STATUS_OFFSET);
+    0
+}
+
+/// huge_memory:mm_khugepaged_scan_file (6.2+): the same for a file or shmem range.
+#[tracepoint]
+pub fn thp_scan_file(ctx: TracePointContext) -> u32 {
+    count_scan(&ctx, ScanPath::File, &THP_SCAN_FILE_MM_OFFSET, &THP_SCAN_FILE_RESULT_OFFSET);
+    0
+}
+
+/// Counts one scan result on the target's mm by its raw number; other mms only in a counter.
+/// khugepaged is a kernel thread (no mm); a scan in a process's own context is its
+/// madvise(MADV_COLLAPSE).
+#[inline(always)]
+fn count_scan(ctx: &TracePointContext, path: ScanPath, mm_offset: &Global<u32>, result_offset: &Global<u32>) {
+    let Some(mm) = tp_field::<u64>(ctx, mm_offset) else { return };
+    if mm == 0 || mm != target_mm() {
+        count(Counter::OtherMmScans);
+        return;
+    }
+    let result = tp_field::<u32>(ctx, result_offset).unwrap_or(u32::MAX);
+    let origin = if current_mm() == 0 { ScanOrigin::Khugepaged } else { ScanOrigin::Madvise };
+    bump(&THP_COLLAPSE, collapse_slot(path, origin, result), 1);
 }

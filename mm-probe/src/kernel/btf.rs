@@ -79,6 +79,19 @@ impl KernelBtf {
         self.raw.enumerator(name)
     }
 
+    /// Every enumerator of the enum `name` (e.g. `scan_result`) with its value, in declaration
+    /// order; `None` if BTF has no such enum.
+    pub fn enum_values(&self, name: &str) -> Option<Vec<(String, i64)>> {
+        let id = self.raw.find(name, |k| k == kind::ENUM || k == kind::ENUM64)?;
+        let header = self.raw.header(id)?;
+        Some(
+            (0..header.vlen)
+                .map(|i| self.raw.enumerator_at(&header, i))
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        )
+    }
+
     /// Parameter names of a kernel function, in order; `None` if BTF has no such function
     /// (absent, inlined everywhere, or static and deduplicated away).
     pub fn function_params(&self, function: &str) -> Option<Vec<String>> {
@@ -234,24 +247,25 @@ impl RawBtf {
 
     fn enumerator(&self, name: &str) -> Option<i64> {
         (1..self.type_starts.len() as u32).find_map(|id| {
-            let h = self.header(id)?;
-            let stride = match h.kind {
-                kind::ENUM => 8,
-                kind::ENUM64 => 12,
-                _ => return None,
-            };
+            let h = self.header(id).filter(|h| h.kind == kind::ENUM || h.kind == kind::ENUM64)?;
             (0..h.vlen).find_map(|i| {
-                let at = h.data + i * stride;
-                (self.string(self.word(at)) == Some(name)).then(|| {
-                    if h.kind == kind::ENUM {
-                        // Signedness is in kind_flag; every enumerator mm-probe asks about is small.
-                        if h.kind_flag { i64::from(self.word(at + 4) as i32) } else { i64::from(self.word(at + 4)) }
-                    } else {
-                        (i64::from(self.word(at + 8)) << 32) | i64::from(self.word(at + 4))
-                    }
-                })
+                let (enumerator, value) = self.enumerator_at(&h, i);
+                (enumerator == name).then_some(value)
             })
         })
+    }
+
+    /// The `i`th enumerator of an ENUM or ENUM64 record: its name and value.
+    fn enumerator_at(&self, h: &TypeHeader, i: usize) -> (&str, i64) {
+        let stride = if h.kind == kind::ENUM { 8 } else { 12 };
+        let at = h.data + i * stride;
+        let value = if h.kind == kind::ENUM {
+            // Signedness is in kind_flag; every enumerator mm-probe asks about is small.
+            if h.kind_flag { i64::from(self.word(at + 4) as i32) } else { i64::from(self.word(at + 4)) }
+        } else {
+            (i64::from(self.word(at + 8)) << 32) | i64::from(self.word(at + 4))
+        };
+        (self.string(self.word(at)).unwrap_or_default(), value)
     }
 }
 
@@ -313,7 +327,24 @@ pub(crate) mod tests {
         // 12: func hmm_range_fault
         ty(FUNC, "hmm_range_fault", 1, 11, &[], s);
 
-        let strings = strings.bytes;
+        blob(&types, &strings.bytes)
+    }
+
+    /// A BTF blob of one `enum name { enumerators[0] = 0, … }` (4 bytes wide).
+    pub(crate) fn btf_with_enum(name: &str, enumerators: &[&str]) -> Vec<u8> {
+        const ENUM: u32 = 6;
+        let mut strings = StringTable::default();
+        let mut types = Vec::new();
+        let header = [strings.add(name), (ENUM << 24) | enumerators.len() as u32, 4];
+        let values = enumerators.iter().enumerate().flat_map(|(i, e)| [strings.add(e), i as u32]).collect::<Vec<_>>();
+        for word in header.iter().chain(&values) {
+            types.extend_from_slice(&word.to_le_bytes());
+        }
+        blob(&types, &strings.bytes)
+    }
+
+    /// The header, type section and string section of a BTF blob.
+    fn blob(types: &[u8], strings: &[u8]) -> Vec<u8> {
         let mut blob = Vec::new();
         blob.extend_from_slice(&0xeb9fu16.to_le_bytes());
         blob.extend_from_slice(&[1, 0]); // version, flags
@@ -322,8 +353,8 @@ pub(crate) mod tests {
         blob.extend_from_slice(&(types.len() as u32).to_le_bytes());
         blob.extend_from_slice(&(types.len() as u32).to_le_bytes()); // string offset
         blob.extend_from_slice(&(strings.len() as u32).to_le_bytes());
-        blob.extend_from_slice(&types);
-        blob.extend_from_slice(&strings);
+        blob.extend_from_slice(types);
+        blob.extend_from_slice(strings);
         blob
     }
 
@@ -377,5 +408,7 @@ pub(crate) mod tests {
         assert_eq!(btf.function_params("hugepage_vma_check"), None);
         assert_eq!(btf.enumerator("TVA_PAGEFAULT"), Some(1));
         assert_eq!(btf.enumerator("TVA_KHUGEPAGED"), None);
+        assert_eq!(btf.enum_values("tva_type"), Some(vec![("TVA_SMAPS".into(), 0), ("TVA_PAGEFAULT".into(), 1)]));
+        assert_eq!(btf.enum_values("scan_result"), None);
     }
 }

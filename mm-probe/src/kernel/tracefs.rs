@@ -70,9 +70,44 @@ pub fn field_offset(root: &Path, category: &str, name: &str, field: &str) -> Opt
     offsets.into_iter().find(|(n, _)| n == field).map(|(_, offset)| offset)
 }
 
+/// The names a tracepoint prints for the values of `field`, from the
+/// `__print_symbolic(REC->field, {0, "failed"}, {1, "succeeded"}, …)` of its format file: the
+/// kernel's own table for an enum whose numbering moves between versions.
+pub fn print_symbols(root: &Path, category: &str, name: &str, field: &str) -> Option<Vec<(i64, String)>> {
+    let path = root.join("events").join(category).join(name).join("format");
+    let symbols = parse_print_symbols(&std::fs::read_to_string(path).ok()?, field);
+    (!symbols.is_empty()).then_some(symbols)
+}
+
+/// Parses the `{value, "name"}` pairs of the `__print_symbolic` call on `REC->field`.
+pub fn parse_print_symbols(format: &str, field: &str) -> Vec<(i64, String)> {
+    let call = format!("__print_symbolic(REC->{field},");
+    let Some(start) = format.find(&call) else { return Vec::new() };
+    let rest = &format[start + call.len()..];
+    let body = &rest[..rest.find("})").map_or(rest.len(), |end| end + 1)];
+    body.split('{')
+        .filter_map(|pair| {
+            let (value, name) = pair.split_once(',')?;
+            let name = name.split('"').nth(1)?;
+            Some((value.trim().parse().ok()?, name.to_string()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_the_names_of_a_symbolic_field() {
+        let format = "print fmt: \"mm=%p, status=%s, unmapped=%d\", REC->mm, \
+            __print_symbolic(REC->status, {0, \"failed\"}, {1, \"succeeded\"}, {5, \"exceed_none_pte\"}), REC->unmapped";
+        assert_eq!(
+            parse_print_symbols(format, "status"),
+            [(0, "failed".to_string()), (1, "succeeded".to_string()), (5, "exceed_none_pte".to_string())]
+        );
+        assert!(parse_print_symbols(format, "result").is_empty());
+    }
 
     #[test]
     fn parses_field_offsets_from_a_format_file() {

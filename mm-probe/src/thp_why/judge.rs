@@ -10,8 +10,10 @@ use mm_probe_common::thp::{FAULT_RANGE_SHIFT, MmSeen, PrctlEvent, ThpCheckKey};
 use super::{
     ancestry::{self, Ancestor, SetBy},
     checks::{AllowCheck, Call, Step},
+    collapse,
     decoder::{attribute_faults, decode_live},
     facts::{VmaFacts, VmaKind},
+    per_size,
     procfs::{Mount, Vma},
     rank::{aggregate_reasons, region_fix},
     reasons::{Context, Denial, DisableMode, ModeSource, ReasonCode, evaluate},
@@ -19,6 +21,7 @@ use super::{
         Counters, DisableBitsLayout, FaultFacts, KernelFacts, LiveFacts, PrctlCall, PrctlEffect, ProcessFacts,
         Relation, Report, StoppedBy, SystemFacts, VmaClass, VmaEntry, VmaLive,
     },
+    scan_result::ScanResults,
     sysfs::{GlobalMode, SystemPolicy},
 };
 use crate::{kernel::layout::ThpDisableBits, probes::Plan, units::format_bytes};
@@ -41,6 +44,8 @@ pub struct LiveInput {
     pub checks: Vec<(ThpCheckKey, u64)>,
     pub fault_ranges: Vec<(u64, u64)>,
     pub counters: Counters,
+    /// Collapse scan results on the target's mm: (`collapse_slot`, count).
+    pub collapse: Vec<(u32, u64)>,
     pub duration_ns: u64,
     pub stopped_by: StoppedBy,
 }
@@ -53,8 +58,12 @@ pub struct Inputs {
     pub kernel_release: String,
     pub allow_check: AllowCheck,
     pub bits: ThpDisableBits,
+    /// The sysfs policy at the end of the run (judged) and at its start (for counter deltas).
     pub policy: SystemPolicy,
+    pub policy_start: SystemPolicy,
     pub policy_changed: bool,
+    /// This kernel's names of khugepaged's scan results.
+    pub scan_results: ScanResults,
     pub vmstat_start: BTreeMap<String, u64>,
     pub vmstat_end: BTreeMap<String, u64>,
     /// smaps at the start of the run (for AnonHugePages deltas) and at the end (judged).
@@ -165,6 +174,8 @@ pub fn build(input: Inputs) -> Report {
     let reasons = aggregate_reasons(&input, &vmas, &live);
     let fix: Vec<String> = reasons.iter().filter(|r| r.code != ReasonCode::None).map(|r| r.fix.clone()).collect();
     let verdict = verdict_line(&input, &vmas, &live, &faults);
+    let collapse = collapse::judge(&input, &vmas);
+    let sizes = per_size::judge(&input, &vmas);
     Report {
         pid: input.pid,
         comm: input.comm.clone(),
@@ -185,6 +196,8 @@ pub fn build(input: Inputs) -> Report {
         faults,
         system: SystemFacts { policy: input.policy.clone(), vmstat_delta: vmstat_delta(&input) },
         live,
+        collapse,
+        sizes,
         kernel: KernelFacts {
             release: input.kernel_release.clone(),
             allow_check: input.allow_check.clone(),
@@ -599,7 +612,9 @@ VmFlags: rd wr mr mw me ac hg
             allow_check,
             bits: ThpDisableBits::Single { disable: 24 },
             policy: SystemPolicy::read_from(tree.path()),
+            policy_start: SystemPolicy::read_from(tree.path()),
             policy_changed: false,
+            scan_results: ScanResults::unknown(),
             vmstat_start: BTreeMap::new(),
             vmstat_end: BTreeMap::new(),
             vmas_start: vmas.clone(),
@@ -627,10 +642,16 @@ VmFlags: rd wr mr mw me ac hg
     fn plan(allow_check: Outcome) -> Plan {
         let probe = |name, outcome| ProbePlan { probe: name, purpose: "", outcome, failed_attempts: Vec::new() };
         let faults = Outcome::Attached { mechanism: "tp_btf".into(), target: "page_fault_user".into(), caveat: None };
+        let scan = Outcome::Attached {
+            mechanism: "tracepoint".into(),
+            target: "huge_memory:mm_khugepaged_scan_pmd".into(),
+            caveat: None,
+        };
         Plan {
             probes: vec![
                 probe(super::super::probes::ALLOW_CHECK.name, allow_check),
                 probe(super::super::probes::PAGE_FAULTS.name, faults),
+                probe(super::super::probes::KHUGEPAGED_SCAN.name, scan),
             ],
         }
     }
@@ -647,6 +668,7 @@ VmFlags: rd wr mr mw me ac hg
             checks,
             fault_ranges: vec![(0x7f0000000000 >> FAULT_RANGE_SHIFT, 600), (0x7f0000ff0000 >> FAULT_RANGE_SHIFT, 40)],
             counters: Counters(BTreeMap::from([(LiveCounter::Faults, 640)])),
+            collapse: Vec::new(),
             duration_ns: 5_000_000_000,
             stopped_by: StoppedBy::Duration,
         }

@@ -34,6 +34,8 @@ pub struct Counts {
     /// (address >> FAULT_RANGE_SHIFT, faults), ascending
     pub fault_ranges: Vec<(u64, u64)>,
     pub counters: Counters,
+    /// (`collapse_slot`, scans), slots with none left out.
+    pub collapse: Vec<(u32, u64)>,
 }
 
 impl Counts {
@@ -61,6 +63,10 @@ fn tracepoint_offsets() -> Vec<(&'static str, GlobalValue)> {
         (names::PRCTL_ARG2_OFFSET, offset("syscalls", "sys_enter_prctl", "arg2", 24)),
         (names::PRCTL_ARG3_OFFSET, offset("syscalls", "sys_enter_prctl", "arg3", 32)),
         (names::MMAP_LOCK_MM_OFFSET, offset("mmap_lock", "mmap_lock_start_locking", "mm", 8)),
+        (names::SCAN_PMD_MM_OFFSET, offset("huge_memory", "mm_khugepaged_scan_pmd", "mm", 8)),
+        (names::SCAN_PMD_STATUS_OFFSET, offset("huge_memory", "mm_khugepaged_scan_pmd", "status", 32)),
+        (names::SCAN_FILE_MM_OFFSET, offset("huge_memory", "mm_khugepaged_scan_file", "mm", 8)),
+        (names::SCAN_FILE_RESULT_OFFSET, offset("huge_memory", "mm_khugepaged_scan_file", "result", 36)),
     ]
 }
 
@@ -103,7 +109,13 @@ pub fn read_counts(ebpf: &Ebpf) -> Result<Counts> {
     // Every fault of the target is in the map, or counted as not fitting.
     let faults = per_range.values().sum::<u64>() + counter(Counter::FaultMapFull);
     counters.insert(LiveCounter::Faults, faults);
-    Ok(Counts { checks, fault_ranges: per_range.into_iter().collect(), counters: Counters(counters) })
+    let collapse = percpu_sums(ebpf, names::COLLAPSE_MAP)?
+        .into_iter()
+        .enumerate()
+        .filter(|(_, scans)| *scans > 0)
+        .map(|(slot, scans)| (slot as u32, scans))
+        .collect();
+    Ok(Counts { checks, fault_ranges: per_range.into_iter().collect(), counters: Counters(counters), collapse })
 }
 
 /// Adds one CPU's counts for a 2 MiB block to the per-64 KiB totals (ranges with no fault stay

@@ -5,21 +5,25 @@
 //! and read back their raw counts, `facts` is what the allow-check looks at in one VMA,
 //! `checks` + `reasons` hold the kernel's order of checks per version and judge those facts,
 //! `decoder` turns the live keys into per-VMA counts, `judge` decides the mode, every VMA and
-//! the verdict, `rank` orders the reasons and their fixes, `report` is the JSON model, `render`
-//! prints it.
+//! the verdict, `rank` orders the reasons and their fixes, `scan_result` + `collapse` explain
+//! khugepaged's scans of the target, `per_size` the per-size (mTHP) policy, `report` is the JSON
+//! model, `render` prints it.
 
 pub mod ancestry;
 pub mod checks;
+pub mod collapse;
 pub mod decoder;
 pub mod facts;
 pub mod judge;
 pub mod live;
+pub mod per_size;
 pub mod probes;
 pub mod procfs;
 pub mod rank;
 pub mod reasons;
 pub mod render;
 pub mod report;
+pub mod scan_result;
 pub mod sysfs;
 
 use std::time::{Duration, Instant};
@@ -34,6 +38,7 @@ use self::{
     procfs::{Proc, ProcError, Vma},
     reasons::{DisableMode, ModeSource},
     report::StoppedBy,
+    scan_result::ScanResults,
     sysfs::SystemPolicy,
 };
 use crate::{
@@ -218,6 +223,7 @@ async fn examine(target: &Target, args: &ThpWhyArgs, stopper: &mut Stopper) -> R
                 checks: counts.checks,
                 fault_ranges: counts.fault_ranges,
                 counters: counts.counters,
+                collapse: counts.collapse,
                 duration_ns: elapsed.as_nanos() as u64,
                 stopped_by,
             })
@@ -232,7 +238,9 @@ async fn examine(target: &Target, args: &ThpWhyArgs, stopper: &mut Stopper) -> R
         allow_check,
         bits,
         policy,
+        policy_start,
         policy_changed,
+        scan_results: scan_results(&kernel),
         vmstat_start,
         vmstat_end,
         vmas_start,
@@ -246,6 +254,17 @@ async fn examine(target: &Target, args: &ThpWhyArgs, stopper: &mut Stopper) -> R
         live_skipped,
         notes,
     }))
+}
+
+/// This kernel's names of khugepaged's scan results: BTF, else the tracepoint's own table.
+fn scan_results(kernel: &Kernel) -> ScanResults {
+    if let Some(names) = kernel.btf().ok().and_then(ScanResults::from_btf) {
+        return names;
+    }
+    let printed = crate::kernel::tracefs::root().ok().and_then(|root| {
+        crate::kernel::tracefs::print_symbols(&root, "huge_memory", "mm_khugepaged_scan_pmd", "status")
+    });
+    printed.map_or_else(ScanResults::unknown, |symbols| ScanResults::from_tracefs(&symbols))
 }
 
 /// Starts the kernel side, or says why there is none (no privileges is not fatal: /proc still

@@ -46,4 +46,17 @@ pub const MMAP_LOCK: LogicalProbe = tracepoint_probe!(
     "mmap_lock:mmap_lock_start_locking" on "5.10+" => "thp_mmap_lock"
 );
 
-pub const PROBES: &[LogicalProbe] = &[ALLOW_CHECK, PAGE_FAULTS, PRCTL, MMAP_LOCK];
+pub const KHUGEPAGED_SCAN: LogicalProbe = tracepoint_probe!(
+    "khugepaged scan",
+    "the result of every collapse scan of the target's anonymous memory (khugepaged or MADV_COLLAPSE)";
+    "huge_memory:mm_khugepaged_scan_pmd" on "CONFIG_TRANSPARENT_HUGEPAGE" => "thp_scan_pmd"
+);
+
+pub const KHUGEPAGED_SCAN_FILE: LogicalProbe = tracepoint_probe!(
+    "khugepaged file scan",
+    "the result of every collapse scan of the target's file and shmem memory";
+    "huge_memory:mm_khugepaged_scan_file" on "6.2+ with CONFIG_TRANSPARENT_HUGEPAGE" => "thp_scan_file"
+);
+
+pub const PROBES: &[LogicalProbe] =
+    &[ALLOW_CHECK, PAGE_FAULTS, PRCTL, MMAP_LOCK, KHUGEPAGED_SCAN, KHUGEPAGED_SCAN_FILE];

@@ -31,6 +31,8 @@ pub fn text(report: &Report, all_vmas: bool) -> String {
         }
         out.push('\n');
     }
+    collapse(&mut out, report);
+    per_size(&mut out, report);
     table(&mut out, report, all_vmas);
     if !report.notes.is_empty() {
         let _ = writeln!(out, "\nNotes");
@@ -201,6 +203,78 @@ fn reasons(out: &mut String, r: &Report) {
             reason.vmas,
             format_bytes(reason.bytes),
             reason.detail
+        );
+    }
+    out.push('\n');
+}
+
+/// khugepaged's side: its scans of the process, why ranges stayed small, what would help.
+fn collapse(out: &mut String, r: &Report) {
+    let c = &r.collapse;
+    let _ = writeln!(out, "Collapse (khugepaged)");
+    if !c.observed {
+        let _ =
+            writeln!(out, "  not observed, counts are – (not measured): {}", c.why_not.as_deref().unwrap_or("unknown"));
+        out.push('\n');
+        return;
+    }
+    let madvise = match c.by_madvise_collapse {
+        Some(n) if n > 0 => format!(", {n} by the process's MADV_COLLAPSE"),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "  scans     {} of this process's ranges ({} by khugepaged{madvise}): {} collapsed, {} stayed small; \
+         AnonHugePages {}{}",
+        measured(c.scans),
+        measured(c.by_khugepaged),
+        measured(c.collapsed),
+        measured(c.failed),
+        if c.anon_huge_bytes_delta < 0 { "-" } else { "+" },
+        format_bytes(c.anon_huge_bytes_delta.unsigned_abs())
+    );
+    for result in &c.results {
+        let knob = match (result.knob, result.knob_value) {
+            (Some(knob), Some(value)) => format!(" ({knob} {value})"),
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "  {:<24} {:>6}  {}{knob}", result.result, result.count, result.why);
+    }
+    if let Some(why) = &c.not_reached {
+        let _ = writeln!(out, "  not reached: {why}");
+    }
+    for advice in &c.advice {
+        let _ = writeln!(out, "  - {advice}");
+    }
+    out.push('\n');
+}
+
+/// Per-size THP (6.8+): each size the policy leaves on, the regions it may serve, its counters.
+fn per_size(out: &mut String, r: &Report) {
+    let on: Vec<_> = r.sizes.iter().filter(|s| s.effective != "never").collect();
+    if r.sizes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "Per-size THP");
+    if on.is_empty() {
+        let _ = writeln!(out, "  every size is never\n");
+        return;
+    }
+    for size in on {
+        let stat = |name: &str| size.stats_delta.as_ref().and_then(|d| d.get(name)).map(|n| format!("{n:+}"));
+        let counters = match (stat("anon_fault_alloc"), stat("anon_fault_fallback")) {
+            (Some(alloc), Some(fallback)) => {
+                format!("; system-wide: anon_fault_alloc {alloc}, anon_fault_fallback {fallback}")
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:>8}  {:<7}  {} region(s), {}{counters}",
+            format_bytes(size.size_bytes),
+            size.effective,
+            size.regions,
+            format_bytes(size.bytes)
         );
     }
     out.push('\n');

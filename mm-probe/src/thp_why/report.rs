@@ -10,7 +10,8 @@ use super::{
     ancestry::{Ancestor, SetBy},
     checks::{AllowCheck, Call},
     reasons::{DisableMode, ModeSource, ReasonCode},
-    sysfs::SystemPolicy,
+    scan_result::{NamesFrom, Outcome},
+    sysfs::{SizeMode, SystemPolicy},
 };
 use crate::probes::Plan;
 
@@ -226,6 +227,82 @@ pub struct SystemFacts {
     pub vmstat_delta: BTreeMap<String, i64>,
 }
 
+/// One scan result on the target's memory during the run, with what it means.
+#[derive(Clone, Debug, Serialize)]
+pub struct CollapseResult {
+    /// The result's name on this kernel (`exceed_none_pte`), `result_<n>` if it had none.
+    pub result: String,
+    /// The kernel's raw number (it moves between versions: shown for reference only).
+    pub raw: u32,
+    /// `anon` or `file` (file and shmem ranges).
+    pub path: &'static str,
+    /// `khugepaged`, or `madvise_collapse` (the process's own MADV_COLLAPSE).
+    pub origin: &'static str,
+    pub count: u64,
+    pub outcome: Outcome,
+    pub why: String,
+    /// The khugepaged knob whose limit this is, and its value at the end of the run.
+    pub knob: Option<&'static str>,
+    pub knob_value: Option<u64>,
+    pub fix: String,
+}
+
+/// khugepaged's collapse scans of the target's memory during the run (`collapse` in JSON). Every
+/// count is `null` where the scan tracepoint was not attached (nothing was measured).
+#[derive(Clone, Debug, Serialize)]
+pub struct CollapseFacts {
+    pub observed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+    /// Where the result names came from (BTF, tracefs, or unknown: shown by number).
+    pub names_from: NamesFrom,
+    /// Scans of the target's ranges, by khugepaged and by the process's MADV_COLLAPSE.
+    pub scans: Option<u64>,
+    pub by_khugepaged: Option<u64>,
+    pub by_madvise_collapse: Option<u64>,
+    /// Ranges collapsed into huge pages.
+    pub collapsed: Option<u64>,
+    /// Ranges that stay small (outcome `failed`).
+    pub failed: Option<u64>,
+    /// Results, most frequent first.
+    pub results: Vec<CollapseResult>,
+    /// Scans of other processes' memory meanwhile.
+    pub other_mm_scans: Option<u64>,
+    /// khugepaged has the process on its list (MMF_VM_HUGEPAGE in mm->flags); `null` when the
+    /// kernel's mm->flags were not read.
+    pub registered: Option<bool>,
+    /// khugepaged scanned the target at least once during the run.
+    pub reached: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_reached: Option<String>,
+    /// Regions khugepaged may collapse (eligible, with an aligned 2 MiB range) and their resident
+    /// memory still in small pages, at the end of the run.
+    pub candidate_regions: usize,
+    pub candidate_small_bytes: u64,
+    /// khugepaged's full passes over its list and pages it collapsed, system-wide, over the run.
+    pub full_scans_delta: Option<i64>,
+    pub pages_collapsed_delta: Option<i64>,
+    /// The growth of the target's AnonHugePages over the run.
+    pub anon_huge_bytes_delta: i64,
+    pub advice: Vec<String>,
+}
+
+/// One THP size (6.8+ per-size controls) as it applies to the target (`sizes` in JSON).
+#[derive(Clone, Debug, Serialize)]
+pub struct SizeFacts {
+    pub size_bytes: u64,
+    pub enabled: Option<SizeMode>,
+    /// `inherit` resolved against the global mode: `always`, `madvise` or `never`.
+    pub effective: &'static str,
+    /// The target's anonymous regions this size may be used for (the policy, the region's
+    /// madvise flags, the process's prctl mode, and room for one aligned block), and their size.
+    pub regions: usize,
+    pub bytes: u64,
+    /// Change of the size's counters over the run (`stats/`, 6.10+; system-wide); `null` where
+    /// the kernel has none.
+    pub stats_delta: Option<BTreeMap<String, i64>>,
+}
+
 /// Why the live window ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -332,6 +409,9 @@ pub struct Report {
     pub faults: FaultFacts,
     pub system: SystemFacts,
     pub live: LiveFacts,
+    pub collapse: CollapseFacts,
+    /// Per-size THP (empty before 6.8, which has only the PMD size).
+    pub sizes: Vec<SizeFacts>,
     pub kernel: KernelFacts,
     pub notes: Vec<String>,
 }

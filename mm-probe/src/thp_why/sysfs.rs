@@ -40,6 +40,10 @@ pub struct SizeControl {
     pub enabled: Option<SizeMode>,
     /// shmem (`shmem_enabled`, 6.11+).
     pub shmem_enabled: Option<String>,
+    /// The size's event counters (`stats/`, 6.10+; empty before): system-wide, so the report
+    /// shows their change over the run, not these values.
+    #[serde(skip)]
+    pub stats: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -83,6 +87,19 @@ fn parse_size_mode(choice: &str) -> Option<SizeMode> {
     }
 }
 
+/// Every file of `dir` that holds one number, by name (empty when `dir` is absent).
+fn read_numbers(dir: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let value = std::fs::read_to_string(entry.path()).ok()?.trim().parse().ok()?;
+            Some((entry.file_name().to_string_lossy().into_owned(), value))
+        })
+        .collect()
+}
+
 impl SystemPolicy {
     pub fn read() -> Self {
         Self::read_from(Path::new(SYSFS_THP))
@@ -105,19 +122,12 @@ impl SystemPolicy {
                     order: (size_kb / 4).max(1).ilog2(),
                     enabled: read(dir.join("enabled")).and_then(|t| parse_choice(&t)).and_then(|c| parse_size_mode(&c)),
                     shmem_enabled: read(dir.join("shmem_enabled")).and_then(|t| parse_choice(&t)),
+                    stats: read_numbers(&dir.join("stats")),
                 })
             })
             .collect();
         sizes.sort_by_key(|s| s.size_bytes);
-        let khugepaged = std::fs::read_dir(root.join("khugepaged"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| {
-                let value = read(entry.path())?.trim().parse().ok()?;
-                Some((entry.file_name().to_string_lossy().into_owned(), value))
-            })
-            .collect();
+        let khugepaged = read_numbers(&root.join("khugepaged"));
         Self {
             thp_built_in: root.is_dir(),
             enabled: choice("enabled").and_then(|c| parse_global(&c)),

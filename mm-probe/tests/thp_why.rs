@@ -1018,6 +1018,7 @@ fn scan_result_names_from_btf_and_tracefs_agree() {
     let root = mm_probe::kernel::tracefs::root().unwrap();
     let printed = tracefs::print_symbols(&root, "huge_memory", "mm_khugepaged_scan_pmd", "status").unwrap();
     let from_tracefs = ScanResults::from_tracefs(&printed);
+    eprintln!("scan results of this kernel: {printed:?}");
     for (value, name) in &printed {
         let raw = *value as u32;
         assert_eq!(from_btf.name(raw), from_tracefs.name(raw), "result {raw} (printed {name})");

@@ -263,7 +263,9 @@ pub(crate) mod tests {
     use super::*;
     use crate::kernel::btf::tests::btf_with_enum;
 
-    /// `enum scan_result` as each generation declares it (mm/khugepaged.c).
+    /// `enum scan_result` as each generation declares it (mm/khugepaged.c). 6.1 is Debian's
+    /// 6.1.192, whose tracefs table the matrix printed: it has a later kernel's SCAN_STORE_FAILED
+    /// backported.
     pub(crate) const SCAN_RESULT_6_1: &[&str] = &[
         "SCAN_FAIL",
         "SCAN_SUCCEED",
@@ -294,6 +296,7 @@ pub(crate) mod tests {
         "SCAN_CGROUP_CHARGE_FAIL",
         "SCAN_TRUNCATED",
         "SCAN_PAGE_HAS_PRIVATE",
+        "SCAN_STORE_FAILED",
     ];
     pub(crate) const SCAN_RESULT_6_12: &[&str] = &[
         "SCAN_FAIL",
@@ -378,7 +381,8 @@ pub(crate) mod tests {
         }
         assert_eq!(v6_1.name(11), "page_ro");
         assert_eq!(v6_1.name(25), "alloc_huge_page_fail");
-        assert_eq!(v6_1.name(29), "result_29", "6.1 ends at page_has_private (28)");
+        assert_eq!(v6_1.name(29), "store_failed");
+        assert_eq!(v6_1.name(30), "result_30", "6.1 ends at store_failed (29)");
         assert_eq!(v6_12.name(11), "page_ro");
         assert_eq!(v6_12.name(31), "page_filled");
         // 6.18 dropped SCAN_PAGE_RO: 11 is the next result, and every later one moved down.

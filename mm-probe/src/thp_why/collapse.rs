@@ -217,12 +217,12 @@ mod tests {
                 tests::{inputs_with, live, smaps_entry},
             },
             reasons::DisableMode,
-            scan_result::{ScanResults, tests::SCAN_RESULT_6_18},
+            scan_result::{ScanResults, tests::scan_result_6_18},
         },
     };
 
     fn names_6_18() -> ScanResults {
-        let btf = KernelBtf::from_bytes(crate::kernel::btf::tests::btf_with_enum("scan_result", SCAN_RESULT_6_18));
+        let btf = KernelBtf::from_bytes(crate::kernel::btf::tests::btf_with_enum("scan_result", &scan_result_6_18()));
         ScanResults::from_btf(&btf.unwrap()).unwrap()
     }
 

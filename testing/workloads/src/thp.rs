@@ -28,6 +28,24 @@ pub fn set_thp_disable(mode: PrctlMode) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fresh anonymous read-write mapping of `len` bytes starting on a 2 MiB boundary (2 MiB more
+/// is mapped, so that an aligned start exists inside it), for regions that may be huge.
+pub fn map_aligned_2m(len: usize) -> anyhow::Result<usize> {
+    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len + 2 * MIB,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    anyhow::ensure!(base != libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    Ok((base as usize + 2 * MIB - 1) & !(2 * MIB - 1))
+}
+
 /// Sleeps until a signal ends the process.
 pub fn pause_forever() -> ! {
     loop {

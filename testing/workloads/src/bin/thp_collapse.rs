@@ -11,7 +11,7 @@
 
 use std::io::{BufRead as _, Write as _};
 
-use mm_probe_workloads::thp::{MIB, pause_forever};
+use mm_probe_workloads::thp::{MIB, map_aligned_2m, pause_forever};
 
 const PAGE: usize = 4096;
 
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     let every: usize = args.next().and_then(|a| a.parse().ok()).ok_or_else(|| anyhow::anyhow!(usage))?;
     anyhow::ensure!(mib >= 2 && mib.is_multiple_of(2) && every >= 1, "{usage}: MIB a multiple of 2, EVERY >= 1");
     let len = mib * MIB;
-    let start = map_aligned(len)?;
+    let start = map_aligned_2m(len)?;
     madvise(start, len, libc::MADV_NOHUGEPAGE)?;
     let mut touched = 0;
     for page in (0..len).step_by(PAGE * every) {
@@ -44,24 +44,6 @@ fn main() -> anyhow::Result<()> {
         let _ = std::io::stdout().flush();
     }
     pause_forever()
-}
-
-/// An anonymous read-write mapping of `len` bytes starting on a 2 MiB boundary.
-fn map_aligned(len: usize) -> anyhow::Result<usize> {
-    // 2 MiB more than needed, so that an aligned start exists inside the mapping.
-    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len + 2 * MIB,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    anyhow::ensure!(base != libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-    Ok((base as usize + 2 * MIB - 1) & !(2 * MIB - 1))
 }
 
 fn madvise(start: usize, len: usize, advice: libc::c_int) -> anyhow::Result<()> {

@@ -8,7 +8,7 @@
 
 use std::io::Write as _;
 
-use mm_probe_workloads::thp::{MIB, pause_forever};
+use mm_probe_workloads::thp::{MIB, map_aligned_2m, pause_forever};
 
 fn main() -> anyhow::Result<()> {
     let mib: usize = match std::env::args().nth(1) {
@@ -17,20 +17,7 @@ fn main() -> anyhow::Result<()> {
     };
     anyhow::ensure!(mib >= 2 && mib.is_multiple_of(2), "thp_huge: the size must be a positive multiple of 2 MiB");
     let len = mib * MIB;
-    // 2 MiB more than needed, so that an aligned start exists inside the mapping.
-    // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len + 2 * MIB,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    anyhow::ensure!(base != libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-    let start = (base as usize + 2 * MIB - 1) & !(2 * MIB - 1);
+    let start = map_aligned_2m(len)?;
     // SAFETY: [start, start + len) lies inside the mapping just made.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
     let error = std::io::Error::last_os_error();

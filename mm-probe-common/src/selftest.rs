@@ -8,8 +8,13 @@ pub const TARGET_TGID: &str = "SELFTEST_TGID";
 pub const FSYNC_NR: &str = "SELFTEST_FSYNC_NR";
 /// Per-CPU array of hit counters, indexed by [`Slot`].
 pub const HITS_MAP: &str = "SELFTEST_HITS";
-/// The kernel function the function probes attach to: fsync(2) reaches it once per call.
-pub const FUNCTION: &str = "vfs_fsync_range";
+/// The kernel functions the function probes attach to, best first: fsync(2)'s own entry point,
+/// which every call passes through on every generation (the syscall table calls it from another
+/// file, so the compiler cannot inline it away), then the VFS helper older self-tests used.
+/// vfs_fsync_range alone is not enough: on Debian's 7.2 build the kprobe, kretprobe, fentry and
+/// fexit on it all attached and counted 0 of 3 calls: fsync(2) there does not pass through the
+/// function the symbol names (most likely inlined into vfs_fsync, in the same file).
+pub const FUNCTIONS: &[&str] = &["__x64_sys_fsync", "__arm64_sys_fsync", "vfs_fsync_range"];
 
 /// One counter per program type.
 #[repr(u32)]

@@ -95,6 +95,7 @@ pub fn render(report: &Report, width: usize) -> String {
     out += "\n";
     out += &wrap("program types (loaded, attached, and fired by this process's fsync calls):", width, 2);
     out += &program_types_text(&report.program_types, width);
+    out += &silent_types_text(report, width);
     for (name, plan) in &report.capabilities {
         let attached = plan.probes.iter().filter(|p| p.attached()).count();
         out += "\n";
@@ -146,6 +147,44 @@ fn program_types_text(types: &[TypeCheck], width: usize) -> String {
         })
         .collect();
     text::table(&["TYPE", "RESULT"], &rows, width, 2)
+}
+
+/// For each type that attached but missed fsync calls: what that means for the capabilities'
+/// plans that use it, so a reader knows which live counts to doubt.
+fn silent_types_text(report: &Report, width: usize) -> String {
+    let mut out = String::new();
+    for t in report.program_types.iter().filter(|t| t.attached && !t.works()) {
+        let users: Vec<String> = report
+            .capabilities
+            .iter()
+            .flat_map(|(command, plan)| {
+                plan.probes.iter().filter_map(move |p| match &p.outcome {
+                    Outcome::Attached { mechanism, .. } if mechanism.split('+').any(|m| m == t.program_type) => {
+                        Some(format!("{command} ({})", p.probe))
+                    }
+                    _ => None,
+                })
+            })
+            .collect();
+        let meaning = if users.is_empty() {
+            "no capability's plan uses it here".to_string()
+        } else {
+            format!("read the live counts of {} as lower bounds", users.join(", "))
+        };
+        out += &wrap(
+            &format!(
+                "note: {} attached to {} but saw {} of {} fsync calls: the type loads and attaches here, but this \
+                 kernel's fsync path did not fire it; {meaning}",
+                t.program_type,
+                t.target.as_deref().unwrap_or("its target"),
+                t.counted,
+                t.calls
+            ),
+            width,
+            2,
+        );
+    }
+    out
 }
 
 /// One row per probe: attached how, or what is lost; under it the caveat and every failed
@@ -236,6 +275,7 @@ mod tests {
             },
             program_types: vec![TypeCheck {
                 program_type: "fentry",
+                target: None,
                 attached: false,
                 counted: 0,
                 calls: 3,
@@ -273,5 +313,45 @@ mod tests {
         assert_eq!(miss.find("lost:"), Some(how_column), "{text}");
         let types = lines.iter().position(|l| l.trim_start().starts_with("TYPE")).unwrap();
         assert_eq!(lines[types + 1].find("unavailable:"), lines[types].find("RESULT"), "{text}");
+    }
+
+    /// Debian's 7.2 as first seen: a kprobe attached but counted none of the fsync calls. The
+    /// report says so once, and names the plans that rely on kprobes here.
+    #[test]
+    fn a_type_that_attaches_but_sees_nothing_names_the_plans_that_use_it() {
+        let mut report = report();
+        report.program_types.push(TypeCheck {
+            program_type: "kprobe",
+            target: Some("vfs_fsync_range".into()),
+            attached: true,
+            counted: 0,
+            calls: 3,
+            reason: None,
+            failures: Vec::new(),
+        });
+        report.capabilities.push((
+            "thp-why".into(),
+            Plan {
+                probes: vec![ProbePlan {
+                    probe: "THP allow-check",
+                    purpose: "",
+                    outcome: Outcome::Attached {
+                        mechanism: "kprobe+kretprobe".into(),
+                        target: "__thp_vma_allowable_orders".into(),
+                        caveat: None,
+                    },
+                    failed_attempts: Vec::new(),
+                }],
+            },
+        ));
+        let text = render(&report, 100);
+        let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(words.contains("attached but saw 0 of 3 events"), "{text}");
+        assert!(
+            words.contains("note: kprobe attached to vfs_fsync_range but saw 0 of 3 fsync calls")
+                && words.contains("read the live counts of thp-why (THP allow-check) as lower bounds"),
+            "{text}"
+        );
+        assert_eq!(words.matches("note: ").count(), 1, "fentry did not attach: no note for it\n{text}");
     }
 }

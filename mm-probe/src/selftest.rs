@@ -13,12 +13,16 @@ use crate::{
     collect::run::{Limits, Stopper, run},
     kernel::Kernel,
     probes::{
-        AttachFailure, Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Planner, ProbePlan, Target,
-        load_object,
+        AttachFailure, Candidate, GlobalValue, Hook, LogicalProbe, MapFamily, Mechanism, Outcome, Planner, ProbePlan,
+        Target, load_object,
     },
 };
 
-const FSYNC_FUNCTION: &[Target] = &[Target { name: names::FUNCTION, kernels: "all" }];
+const FSYNC_FUNCTION: &[Target] = &[
+    Target { name: names::FUNCTIONS[0], kernels: "x86-64, 4.17+" },
+    Target { name: names::FUNCTIONS[1], kernels: "arm64, 4.19+" },
+    Target { name: names::FUNCTIONS[2], kernels: "all" },
+];
 const SYS_ENTER: &[Target] = &[Target { name: "sys_enter", kernels: "all" }];
 
 /// One probe per program type with exactly one candidate: the point is to learn whether that
@@ -60,6 +64,8 @@ pub const PROBES: &[(Slot, LogicalProbe)] = &[
 pub struct TypeCheck {
     pub program_type: &'static str,
     pub attached: bool,
+    /// What it attached to (`syscalls:sys_enter_fsync`, `__x64_sys_fsync`, …).
+    pub target: Option<String>,
     /// Events counted after `calls` fsync(2) calls; equal to `calls` when the type works.
     pub counted: u64,
     pub calls: u64,
@@ -94,6 +100,10 @@ pub fn check_program_types(kernel: &Kernel, calls: u64) -> Result<Vec<TypeCheck>
         .map(|(slot, plan)| {
             let counted = hits.get(&(slot as u32), 0)?.iter().sum();
             Ok(TypeCheck {
+                target: match &plan.outcome {
+                    Outcome::Attached { target, .. } => Some(target.clone()),
+                    Outcome::Unavailable => None,
+                },
                 program_type: plan.probe,
                 attached: plan.attached(),
                 counted,

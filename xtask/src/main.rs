@@ -3,6 +3,7 @@
 //! the real-kernel matrix), `vm-test` (the matrix alone), `bench`, and `dist` (the release
 //! binary with its man pages and shell completions).
 
+mod apt;
 mod bench;
 mod cmd;
 mod dist;
@@ -12,6 +13,7 @@ mod modules;
 mod paths;
 mod run;
 mod setup;
+mod sid_chroot;
 mod test;
 mod vm;
 
@@ -43,7 +45,7 @@ enum Task {
         #[arg(long)]
         no_vm: bool,
     },
-    /// Run the test executables on real kernels: Debian 6.1, 6.12 and their PREEMPT_RT builds under qemu.
+    /// Run the test executables on real kernels: Debian 6.1, 6.12, unstable's newest and their PREEMPT_RT builds under qemu.
     VmTest(vm::VmTestArgs),
     /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),

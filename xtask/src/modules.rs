@@ -1,9 +1,10 @@
 //! Out-of-tree test kernel modules (each under testing/kmod/<name>/), built against Debian's
-//! linux-headers package for each kernel of the matrix.
+//! linux-headers package for each kernel of the matrix, by the [`Toolchain`] of its line.
 //!
 //! Layout under the target directory (outside the source tree, so kbuild's objects never
 //! land next to the sources):
 //!   kmod/<release>/build/<name>/   a copy of testing/kmod/<name>/ that kbuild builds in
+//!                                  (in the sid chroot: <chroot>/build/<release>/<name>/)
 //!   kmod/<release>/modules/        every <name>.ko, plus the fingerprint of what built them
 
 use std::{
@@ -16,21 +17,97 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd;
+use crate::{cmd, sid_chroot::SidChroot};
 
 /// The compiler Debian's bookworm kernels were built with; kbuild warns (and some configs
 /// refuse) when a module is built with another.
 const KERNEL_CC: &str = "gcc-12";
 const FINGERPRINT_FILE: &str = ".fingerprint";
 
+/// What builds the test modules of a kernel line. kbuild wants the compiler the kernel was built
+/// with, and runs tools from the headers package (modpost, objtool) on the build machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Toolchain {
+    /// The host's gcc-12 and linux-headers installed on the host, as bookworm's kernels need.
+    Host,
+    /// The Debian unstable chroot of crate::sid_chroot, with the headers installed in it.
+    SidChroot,
+}
+
+impl Toolchain {
+    /// Part of the fingerprint: modules built by one toolchain are not those of another.
+    fn identity(self) -> &'static str {
+        match self {
+            Toolchain::Host => KERNEL_CC,
+            Toolchain::SidChroot => "sid-chroot",
+        }
+    }
+}
+
+/// A toolchain made ready for one kernel release: its headers are installed.
+enum Builder {
+    Host { headers: PathBuf },
+    Chroot { chroot: SidChroot, headers: String },
+}
+
+impl Builder {
+    fn prepare(toolchain: Toolchain, release: &str) -> Result<Builder> {
+        Ok(match toolchain {
+            Toolchain::Host => Builder::Host { headers: ensure_headers(release)? },
+            Toolchain::SidChroot => {
+                let chroot = crate::sid_chroot::ensure()?;
+                let headers = chroot.ensure_headers(release)?;
+                Builder::Chroot { chroot, headers }
+            }
+        })
+    }
+
+    /// The headers directory as the host sees it.
+    fn headers_on_host(&self) -> PathBuf {
+        match self {
+            Builder::Host { headers } => headers.clone(),
+            Builder::Chroot { chroot, headers } => chroot.host_path(headers),
+        }
+    }
+
+    /// Where the copy of module `name` is built, as the host sees it (`build_root` is
+    /// `kmod/<release>/build` in the target directory).
+    fn build_dir(&self, build_root: &Path, release: &str, name: &str) -> PathBuf {
+        match self {
+            Builder::Host { .. } => build_root.join(name),
+            Builder::Chroot { chroot, .. } => chroot.host_path(&chroot_build_dir(release, name)),
+        }
+    }
+
+    /// The kbuild command for the module copied to `build_dir`.
+    fn make(&self, release: &str, name: &str, build_dir: &Path) -> Command {
+        match self {
+            Builder::Host { headers } => {
+                let mut make = Command::new("make");
+                make.arg("-C").arg(headers).arg(format!("M={}", build_dir.display())).arg(format!("CC={KERNEL_CC}"));
+                make
+            }
+            // The headers' own Makefile names the compiler the kernel was built with.
+            Builder::Chroot { chroot, headers } => {
+                chroot.command(&format!("make -C '{headers}' M='{}' modules", chroot_build_dir(release, name)))
+            }
+        }
+    }
+}
+
+/// A module's build directory inside the sid chroot.
+fn chroot_build_dir(release: &str, name: &str) -> String {
+    format!("/build/{release}/{name}")
+}
+
 /// Builds every test module for the kernel `release` (as `uname -r` prints it in the guest,
-/// e.g. `6.1.0-57-rt-amd64`) and returns the directory holding the `.ko` files.
-pub fn build_for_release(release: &str) -> Result<PathBuf> {
+/// e.g. `6.1.0-57-rt-amd64`) with `toolchain` and returns the directory holding the `.ko` files.
+pub fn build_for_release(release: &str, toolchain: Toolchain) -> Result<PathBuf> {
     let sources = module_sources()?;
-    let headers = ensure_headers(release)?;
+    let builder = Builder::prepare(toolchain, release)?;
     let root = crate::paths::target_dir()?.join("kmod").join(release);
     let out_dir = root.join("modules");
-    let fingerprint = fingerprint(&sources, &headers)?;
+    let fingerprint = fingerprint(&sources, &builder.headers_on_host(), toolchain)?;
     if fs::read_to_string(out_dir.join(FINGERPRINT_FILE)).is_ok_and(|f| f == fingerprint) {
         eprintln!("xtask: test modules for {release} are up to date in {}", out_dir.display());
         return Ok(out_dir);
@@ -40,9 +117,9 @@ pub fn build_for_release(release: &str) -> Result<PathBuf> {
     }
     fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     for (name, files) in &sources {
-        let build_dir = root.join("build").join(name);
+        let build_dir = builder.build_dir(&root.join("build"), release, name);
         copy_sources(files, &build_dir)?;
-        for ko in build_module(release, &headers, name, &build_dir)? {
+        for ko in build_module(&builder, release, name, &build_dir)? {
             let dest = out_dir.join(ko.file_name().context("module without a file name")?);
             fs::copy(&ko, &dest).with_context(|| format!("copying {} to {}", ko.display(), dest.display()))?;
         }
@@ -110,9 +187,10 @@ fn ensure_headers(release: &str) -> Result<PathBuf> {
     Ok(headers)
 }
 
-/// A digest of the module sources and of the exact headers build (kernel.release and the
-/// config the package shipped), so new sources or a new headers package rebuild the modules.
-fn fingerprint(sources: &BTreeMap<String, Vec<PathBuf>>, headers: &Path) -> Result<String> {
+/// A digest of the module sources, of the exact headers build (kernel.release and the config the
+/// package shipped) and of the toolchain, so new sources, a new headers package or another
+/// toolchain rebuild the modules.
+fn fingerprint(sources: &BTreeMap<String, Vec<PathBuf>>, headers: &Path, toolchain: Toolchain) -> Result<String> {
     let mut hasher = DefaultHasher::new();
     for (name, files) in sources {
         hasher.write(name.as_bytes());
@@ -124,7 +202,7 @@ fn fingerprint(sources: &BTreeMap<String, Vec<PathBuf>>, headers: &Path) -> Resu
     for stamp in ["include/config/kernel.release", ".config"] {
         hasher.write(&fs::read(headers.join(stamp)).unwrap_or_default());
     }
-    hasher.write(KERNEL_CC.as_bytes());
+    hasher.write(toolchain.identity().as_bytes());
     Ok(format!("{:016x}\n", hasher.finish()))
 }
 
@@ -142,9 +220,8 @@ fn copy_sources(files: &[PathBuf], build_dir: &Path) -> Result<()> {
 
 /// Runs kbuild for one module directory and returns the `.ko` files it made; on failure the
 /// error carries the compiler's output.
-fn build_module(release: &str, headers: &Path, name: &str, build_dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut make = Command::new("make");
-    make.arg("-C").arg(headers).arg(format!("M={}", build_dir.display())).arg(format!("CC={KERNEL_CC}"));
+fn build_module(builder: &Builder, release: &str, name: &str, build_dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut make = builder.make(release, name, build_dir);
     eprintln!("xtask: building test module {name} for {release}");
     let out = make.output().with_context(|| format!("starting make (is `make` installed?) for module {name}"))?;
     let mut modules: Vec<PathBuf> = fs::read_dir(build_dir)?.map(|e| e.map(|e| e.path())).collect::<Result<_, _>>()?;

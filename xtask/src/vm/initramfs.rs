@@ -105,7 +105,7 @@ pub fn build(kernel: &KernelBuild, work: &Path) -> Result<PathBuf> {
         files.push(file);
     }
     let init = staging.join("init");
-    fs::write(&init, init_script(&files, &kernel.root, &paths_to_keep()?))?;
+    fs::write(&init, init_script(&files, &kernel.boot_dir(), &kernel.modules_root(), &paths_to_keep()?))?;
     set_executable(&init)?;
 
     let cpio = work.join("initramfs.cpio");
@@ -220,11 +220,11 @@ fn keep_under(volatile: &str, keep: &[PathBuf]) -> (String, String) {
 
 /// The guest's /init. Every mount failure is fatal and said on the console: a test run on a
 /// half-mounted system would report confusing failures instead of the real cause.
-/// `kernel_root` is the unpacked kernel package on the host: its `boot/` and `lib/modules/` are
-/// laid over the host's, so that /boot/config-$(uname -r) and modprobe see the guest's kernel.
-fn init_script(module_files: &[String], kernel_root: &Path, keep: &[PathBuf]) -> String {
+/// `boot` and `modules_root` are the unpacked kernel's /boot and /lib/modules on the host, laid
+/// over the host's, so that /boot/config-$(uname -r) and modprobe see the guest's kernel.
+fn init_script(module_files: &[String], boot: &Path, modules_root: &Path, keep: &[PathBuf]) -> String {
     let modules = module_files.join(" ");
-    let kernel_root = kernel_root.display();
+    let (boot, modules_root) = (boot.display(), modules_root.display());
     let mut keep_before = String::new();
     let mut keep_after = String::new();
     for volatile in ["/tmp", "/run", "/dev/shm"] {
@@ -257,8 +257,8 @@ $B mount -t tmpfs tmpfs $H/dev/shm || fail "mount /dev/shm"
 $B mount -t tmpfs tmpfs $H/tmp || fail "mount /tmp"
 $B mount -t tmpfs tmpfs $H/run || fail "mount /run"
 {keep_after}
-$B mount --bind "$H{kernel_root}/boot" $H/boot || fail "bind the kernel's /boot"
-$B mount --bind "$H{kernel_root}/lib/modules" $H/lib/modules || fail "bind the kernel's /lib/modules"
+$B mount --bind "$H{boot}" $H/boot || fail "bind the kernel's /boot"
+$B mount --bind "$H{modules_root}" $H/lib/modules || fail "bind the kernel's /lib/modules"
 $B mount -t tracefs tracefs $H/sys/kernel/tracing || fail "mount tracefs"
 $B mount -t debugfs debugfs $H/sys/kernel/debug || fail "mount debugfs"
 $B mount -t bpf bpf $H/sys/fs/bpf || fail "mount bpffs"

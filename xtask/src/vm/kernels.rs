@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::cmd;
+use crate::{apt::Archive, cmd, modules::Toolchain};
 
 /// One kernel line of the matrix: a family of Debian packages `<prefix><build><suffix>` whose
 /// newest build is booted. Build numbers are never written down: Debian retires old ABIs from the
@@ -22,17 +22,87 @@ pub struct KernelLine {
     pub name: &'static str,
     package_prefix: &'static str,
     package_suffix: &'static str,
+    packaging: Packaging,
+    archive: Archive,
+    /// What builds the test kernel modules for this line's kernels.
+    pub toolchain: Toolchain,
+    /// Whether the line also boots under instruction counting for the timing proofs
+    /// (latency_field). Only where that proof says something the other lines do not: 6.1 (no
+    /// reschedule point in the walk), 6.12 (one since 6.7) and their PREEMPT_RT builds.
+    /// Unstable's kernels take 6.12's and -rt's code paths, and a second boot costs each line
+    /// about 1.5 minutes of the matrix.
+    pub timing_proof: bool,
+}
+
+/// How Debian packages one kernel build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packaging {
+    /// One package is the whole kernel: `linux-image-<release>[-unsigned]` (bookworm), named by
+    /// the line's prefix and suffix.
+    Image,
+    /// The split of Debian 14 (unstable since 7.x): the line's package is `linux-binary-<release>`
+    /// (the image only), the modules are in `linux-modules-<release>`, and the config,
+    /// modules.builtin and modules.order in `linux-base-<release>`.
+    Split,
+}
+
+/// The packages of a [`Packaging::Split`] build, `<prefix><release>`, the line's own first.
+const SPLIT_PREFIXES: &[&str] = &["linux-binary-", "linux-modules-", "linux-base-"];
+
+impl Packaging {
+    /// Every package of the build whose line package is `package`.
+    pub fn packages(self, package: &str) -> Vec<String> {
+        let release = match self {
+            Packaging::Image => None,
+            Packaging::Split => package.strip_prefix(SPLIT_PREFIXES[0]),
+        };
+        match release {
+            Some(release) => SPLIT_PREFIXES.iter().map(|prefix| format!("{prefix}{release}")).collect(),
+            None => vec![package.to_owned()],
+        }
+    }
 }
 
 /// The matrix, the one place its packages are named. 6.1 has `hugepage_vma_check` and the
 /// madvise_cold_or_pageout_pte_range without cond_resched(); 6.12 has
 /// `__thp_vma_allowable_orders` and the 6.7+ cond_resched(); the -rt builds are PREEMPT_RT.
+/// `unstable` is Debian unstable's newest kernel (7.2 when added), with the kernels mm-probe
+/// will meet next; its `+deb14` names Debian 14, and becomes `+deb15` once Debian 14 is released.
 pub const LINES: &[KernelLine] = &[
-    KernelLine { name: "6.1", package_prefix: "linux-image-6.1.0-", package_suffix: "-amd64-unsigned" },
-    KernelLine { name: "6.1-rt", package_prefix: "linux-image-6.1.0-", package_suffix: "-rt-amd64-unsigned" },
-    KernelLine { name: "6.12", package_prefix: "linux-image-6.12.", package_suffix: "+deb12-amd64-unsigned" },
-    KernelLine { name: "6.12-rt", package_prefix: "linux-image-6.12.", package_suffix: "+deb12-rt-amd64-unsigned" },
+    bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned"),
+    bookworm("6.1-rt", "linux-image-6.1.0-", "-rt-amd64-unsigned"),
+    bookworm("6.12", "linux-image-6.12.", "+deb12-amd64-unsigned"),
+    bookworm("6.12-rt", "linux-image-6.12.", "+deb12-rt-amd64-unsigned"),
+    unstable("unstable", "+deb14-amd64"),
+    unstable("unstable-rt", "+deb14-rt-amd64"),
 ];
+
+/// A line of the host's own release: one image package, modules built by the host's compiler.
+const fn bookworm(name: &'static str, package_prefix: &'static str, package_suffix: &'static str) -> KernelLine {
+    KernelLine {
+        name,
+        package_prefix,
+        package_suffix,
+        packaging: Packaging::Image,
+        archive: Archive::Host,
+        toolchain: Toolchain::Host,
+        timing_proof: true,
+    }
+}
+
+/// A line of Debian unstable: split packages from the private sid lists, and modules built in a
+/// sid chroot, since its kernels are built by a newer compiler and kbuild than the host has.
+const fn unstable(name: &'static str, package_suffix: &'static str) -> KernelLine {
+    KernelLine {
+        name,
+        package_prefix: SPLIT_PREFIXES[0],
+        package_suffix,
+        packaging: Packaging::Split,
+        archive: Archive::Sid,
+        toolchain: Toolchain::SidChroot,
+        timing_proof: false,
+    }
+}
 
 impl KernelLine {
     pub fn by_name(name: &str) -> Result<&'static KernelLine> {
@@ -42,14 +112,19 @@ impl KernelLine {
         })
     }
 
-    /// The build number of `package` when it is a build of this line (`…6.1.0-57-amd64…` → 57).
-    /// Other flavours of the same release (cloud, rt, dbg) do not match.
-    fn build_of(&self, package: &str) -> Option<u32> {
+    /// The build of `package` as numeric components when it is a build of this line
+    /// (`…6.1.0-57-amd64…` → [57], `linux-binary-7.2.13+deb14-amd64` → [7, 2, 13]); they order
+    /// as numbers, component by component. Other flavours of the same release (cloud, rt, dbg,
+    /// unsigned) do not match.
+    fn build_of(&self, package: &str) -> Option<Vec<u32>> {
         let build = package.strip_prefix(self.package_prefix)?.strip_suffix(self.package_suffix)?;
-        if build.is_empty() || !build.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        build.parse().ok()
+        build
+            .split('.')
+            .map(|part| {
+                let digits = !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+                digits.then(|| part.parse().ok()).flatten()
+            })
+            .collect()
     }
 }
 
@@ -77,18 +152,53 @@ pub struct KernelBuild {
     pub version: String,
     /// `uname -r` in the guest, e.g. `6.1.0-57-rt-amd64`.
     pub release: String,
-    /// The unpacked package (`boot/`, `lib/modules/<release>/`).
+    /// The unpacked packages (see [`Layout`]), plus `boot/config-<release>`.
     pub root: PathBuf,
+    pub layout: Layout,
     pub origin: Origin,
+}
+
+/// Where the packages of a build put the kernel image and modules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `boot/vmlinuz-<release>` and `lib/modules/<release>/` (bookworm's linux-image packages).
+    Boot,
+    /// `usr/lib/modules/<release>/`, holding `vmlinuz` too (Debian 14's split packages, which
+    /// install into /usr only and leave /boot to the boot loader's hooks).
+    UsrLib,
+}
+
+impl Layout {
+    /// The directory holding `modules/<release>/` for this layout, relative to the unpacked root.
+    fn lib_dir(self) -> &'static str {
+        match self {
+            Layout::Boot => "lib",
+            Layout::UsrLib => "usr/lib",
+        }
+    }
 }
 
 impl KernelBuild {
     pub fn vmlinuz(&self) -> PathBuf {
-        self.root.join("boot").join(format!("vmlinuz-{}", self.release))
+        match self.layout {
+            Layout::Boot => self.boot_dir().join(format!("vmlinuz-{}", self.release)),
+            Layout::UsrLib => self.modules_dir().join("vmlinuz"),
+        }
     }
 
+    /// `lib/modules/<release>` or `usr/lib/modules/<release>`: modules.dep and the modules.
     pub fn modules_dir(&self) -> PathBuf {
-        self.root.join("lib/modules").join(&self.release)
+        self.modules_root().join(&self.release)
+    }
+
+    /// What the guest sees as /lib/modules.
+    pub fn modules_root(&self) -> PathBuf {
+        self.root.join(self.layout.lib_dir()).join("modules")
+    }
+
+    /// What the guest sees as /boot: `config-<release>` (read by mm-probe) is always there.
+    pub fn boot_dir(&self) -> PathBuf {
+        self.root.join("boot")
     }
 }
 
@@ -96,7 +206,7 @@ impl KernelBuild {
 /// cached build (said so in `origin`). Fails only when neither exists.
 pub fn obtain(line: &KernelLine) -> Result<KernelBuild> {
     let cache = cache_root()?;
-    let fresh = resolve_newest(line).and_then(|(package, version)| ensure_unpacked(&cache, &package, &version));
+    let fresh = resolve_newest(line).and_then(|(package, version)| ensure_unpacked(line, &cache, &package, &version));
     match fresh {
         Ok(build) => Ok(build),
         Err(error) => {
@@ -113,26 +223,22 @@ pub fn obtain(line: &KernelLine) -> Result<KernelBuild> {
     }
 }
 
-/// `${XDG_CACHE_HOME:-$HOME/.cache}/mm-probe/kernels`: outside the work tree so `cargo clean` or a
-/// fresh clone does not download ~70 MB per kernel again.
+/// `<cache>/kernels`: outside the work tree so `cargo clean` or a fresh clone does not download
+/// ~70 MB per kernel again.
 fn cache_root() -> Result<PathBuf> {
-    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?).join(".cache")
-        }
-    };
-    Ok(base.join("mm-probe/kernels"))
+    Ok(crate::paths::cache_dir()?.join("kernels"))
 }
 
 /// Asks apt for the newest build of `line` and the version it would download.
 fn resolve_newest(line: &KernelLine) -> Result<(String, String)> {
-    let mut package = newest_package(line, &apt_cache(&["pkgnames", line.package_prefix])?);
+    let archive = line.archive;
+    archive.ensure_lists()?;
+    let mut package = newest_package(line, &archive.cache(&["pkgnames", line.package_prefix])?);
     if package.is_none() {
         // A fresh machine (or container) has empty package lists until the first update.
         eprintln!("xtask vm-test: apt knows no {line} kernel package; running apt-get update");
-        cmd::run(&mut as_root("apt-get", &["update", "-qq"]))?;
-        package = newest_package(line, &apt_cache(&["pkgnames", line.package_prefix])?);
+        archive.update()?;
+        package = newest_package(line, &archive.cache(&["pkgnames", line.package_prefix])?);
     }
     let package = package.with_context(|| {
         format!(
@@ -140,25 +246,8 @@ fn resolve_newest(line: &KernelLine) -> Result<(String, String)> {
             line.package_prefix, line.package_suffix
         )
     })?;
-    let policy = apt_cache(&["policy", &package])?;
-    let version = candidate_version(&policy).with_context(|| format!("apt has no installable version of {package}"))?;
+    let version = archive.candidate(&package)?;
     Ok((package, version))
-}
-
-fn apt_cache(args: &[&str]) -> Result<String> {
-    cmd::output(Command::new("apt-cache").args(args))
-}
-
-fn as_root(program: &str, args: &[&str]) -> Command {
-    let mut command = if cmd::is_root() {
-        Command::new(program)
-    } else {
-        let mut sudo = Command::new("sudo");
-        sudo.arg(program);
-        sudo
-    };
-    command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
-    command
 }
 
 /// The package of `line` with the highest build number among `apt-cache pkgnames` output.
@@ -167,14 +256,8 @@ pub fn newest_package(line: &KernelLine, pkgnames: &str) -> Option<String> {
         .lines()
         .map(str::trim)
         .filter_map(|name| Some((line.build_of(name)?, name)))
-        .max_by_key(|(build, _)| *build)
+        .max_by(|a, b| a.0.cmp(&b.0))
         .map(|(_, name)| name.to_owned())
-}
-
-/// The `Candidate:` of `apt-cache policy` output (`(none)` when nothing is installable).
-pub fn candidate_version(policy: &str) -> Option<String> {
-    let candidate = policy.lines().find_map(|l| l.trim().strip_prefix("Candidate:"))?.trim();
-    (!candidate.is_empty() && candidate != "(none)").then(|| candidate.to_owned())
 }
 
 /// The cache directory of one package version; `.complete` marks a finished unpack.
@@ -184,37 +267,45 @@ fn entry_dir(cache: &Path, package: &str, version: &str) -> PathBuf {
 
 const COMPLETE_MARKER: &str = ".complete";
 
-fn ensure_unpacked(cache: &Path, package: &str, version: &str) -> Result<KernelBuild> {
+fn ensure_unpacked(line: &KernelLine, cache: &Path, package: &str, version: &str) -> Result<KernelBuild> {
     let dir = entry_dir(cache, package, version);
     let origin = if dir.join(COMPLETE_MARKER).exists() {
         Origin::Cached
     } else {
-        download_and_unpack(cache, package, version)?;
+        download_and_unpack(line, cache, package, version)?;
         Origin::Downloaded
     };
     build_at(dir, package, version, origin)
 }
 
-/// Downloads the .deb and unpacks it next to the final directory, then renames it into place, so
-/// an interrupted run or a second harness running at the same time never sees half a kernel.
-fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()> {
+/// Downloads the build's .debs and unpacks them next to the final directory, then renames it into
+/// place, so an interrupted run or a second harness running at the same time never sees half a
+/// kernel.
+fn download_and_unpack(line: &KernelLine, cache: &Path, package: &str, version: &str) -> Result<()> {
     let final_dir = entry_dir(cache, package, version);
     let staging = cache.join(format!(".staging-{package}_{version}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let result = (|| {
-        eprintln!("xtask vm-test: downloading {package} {version}");
-        apt_download(package, version, &staging)?;
-        let deb = std::fs::read_dir(&staging)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "deb"))
-            .with_context(|| format!("apt-get download left no .deb in {}", staging.display()))?;
         let root = staging.join("root");
-        cmd::output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
-        std::fs::remove_file(&deb)?;
-        // Debian's package leaves modules.dep to its postinst (depmod); the initramfs needs it.
-        let release = release_of(&root)?;
-        cmd::output(Command::new("depmod").arg("-b").arg(&root).arg(&release))?;
+        // The packages of one build come from one source package: they share its version.
+        for part in line.packaging.packages(package) {
+            eprintln!("xtask vm-test: downloading {part} {version}");
+            line.archive.download(&part, version, &staging)?;
+        }
+        let debs: Vec<PathBuf> = std::fs::read_dir(&staging)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "deb"))
+            .collect();
+        if debs.is_empty() {
+            bail!("apt-get download left no .deb in {}", staging.display());
+        }
+        for deb in debs {
+            cmd::output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+            std::fs::remove_file(&deb)?;
+        }
+        let (layout, release) = detect_layout(&root)?;
+        configure(&root, layout, &release)?;
         std::fs::write(root.join(COMPLETE_MARKER), format!("{package} {version}\n"))?;
         match std::fs::rename(&root, &final_dir) {
             Ok(()) => Ok(()),
@@ -227,40 +318,45 @@ fn download_and_unpack(cache: &Path, package: &str, version: &str) -> Result<()>
     result
 }
 
-/// `apt-get download` into `dir`; on failure, apt's errors (`E:` lines) without its warnings (as
-/// root it always warns that the download is unsandboxed).
-fn apt_download(package: &str, version: &str, dir: &Path) -> Result<()> {
-    let out = Command::new("apt-get")
-        .args(["download", "-qq", &format!("{package}={version}")])
-        .current_dir(dir)
-        .output()
-        .context("running apt-get download")?;
-    if out.status.success() {
-        return Ok(());
+/// What the packages' maintainer scripts would do on a real system, as far as the guest needs it:
+/// modules.dep (Debian leaves it to depmod in the postinst; the initramfs needs it) and
+/// /boot/config-<release>, which the split packages ship only as modules/<release>/config.
+fn configure(root: &Path, layout: Layout, release: &str) -> Result<()> {
+    if layout == Layout::UsrLib {
+        // The host's depmod (kmod 30) reads <base>/lib/modules only; a merged-/usr system has
+        // /lib pointing at usr/lib, so the unpacked root gets the same.
+        if !root.join("lib").exists() {
+            std::os::unix::fs::symlink("usr/lib", root.join("lib")).context("linking lib to usr/lib")?;
+        }
+        let modules = root.join(layout.lib_dir()).join("modules").join(release);
+        let boot = root.join("boot");
+        std::fs::create_dir_all(&boot)?;
+        std::fs::copy(modules.join("config"), boot.join(format!("config-{release}")))
+            .with_context(|| format!("copying the kernel config of {release} (linux-base) to /boot"))?;
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("E:")).collect();
-    let errors = if errors.is_empty() { stderr.trim().to_owned() } else { errors.join(" ") };
-    bail!("apt-get download {package}={version} failed: {errors}")
+    cmd::output(Command::new("depmod").arg("-b").arg(root).arg(release))?;
+    Ok(())
 }
 
-/// The single `lib/modules/<release>` directory of an unpacked kernel package.
-fn release_of(root: &Path) -> Result<String> {
-    let modules = root.join("lib/modules");
+/// The layout of an unpacked build and its single release directory. `usr/lib/modules` comes
+/// first: a split build also gets `lib` as a link to it (see [`configure`]).
+fn detect_layout(root: &Path) -> Result<(Layout, String)> {
+    let layout = if root.join("usr/lib/modules").is_dir() { Layout::UsrLib } else { Layout::Boot };
+    let modules = root.join(layout.lib_dir()).join("modules");
     let mut releases: Vec<String> = std::fs::read_dir(&modules)
         .with_context(|| format!("reading {}", modules.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     match releases.len() {
-        1 => Ok(releases.remove(0)),
+        1 => Ok((layout, releases.remove(0))),
         _ => bail!("{} holds {releases:?}, expected exactly one kernel release", modules.display()),
     }
 }
 
 fn build_at(root: PathBuf, package: &str, version: &str, origin: Origin) -> Result<KernelBuild> {
-    let release = release_of(&root)?;
-    let build = KernelBuild { package: package.to_owned(), version: version.to_owned(), release, root, origin };
+    let (layout, release) = detect_layout(&root)?;
+    let build = KernelBuild { package: package.to_owned(), version: version.to_owned(), release, root, layout, origin };
     if !build.vmlinuz().exists() {
         bail!("{} has no kernel image {}", package, build.vmlinuz().display());
     }
@@ -361,18 +457,9 @@ linux-image-6.1.0-61-amd64
     }
 
     #[test]
-    fn candidate_version_from_apt_cache_policy() {
-        let policy = "linux-image-6.1.0-57-amd64-unsigned:\n  Installed: (none)\n  Candidate: 6.1.192-3\n  \
-                      Version table:\n     6.1.192-3 500\n        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages\n";
-        assert_eq!(candidate_version(policy).as_deref(), Some("6.1.192-3"));
-        assert_eq!(candidate_version("x:\n  Installed: (none)\n  Candidate: (none)\n"), None);
-        assert_eq!(candidate_version(""), None);
-    }
-
-    #[test]
     fn unknown_line_names_the_known_ones() {
         let error = KernelLine::by_name("5.10").unwrap_err().to_string();
-        assert!(error.contains("6.1, 6.1-rt, 6.12, 6.12-rt"), "{error}");
+        assert!(error.contains("6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt"), "{error}");
     }
 
     #[test]
@@ -392,5 +479,120 @@ linux-image-6.1.0-61-amd64
             Some(("linux-image-6.1.0-57-amd64-unsigned".to_owned(), "6.1.192-10".to_owned()))
         );
         assert_eq!(newest_cached_entry(KernelLine::by_name("6.12").unwrap(), &names), None);
+    }
+
+    // Abridged from `apt-cache pkgnames linux-binary-` on Debian unstable.
+    const PKGNAMES_UNSTABLE: &str = "\
+linux-binary-7.2.9+deb14-amd64
+linux-binary-7.2.13+deb14-amd64
+linux-binary-7.2.13+deb14-rt-amd64
+linux-binary-7.2.13+deb14-cloud-amd64
+linux-binary-unsigned-7.2.13+deb14-amd64
+linux-binary-7.10.1+deb14-rt-amd64
+linux-binary-7.2.13+deb14-amd64-dbg
+linux-binary-7..2+deb14-amd64
+";
+
+    #[test]
+    fn unstable_versions_order_by_numeric_components() {
+        let line = KernelLine::by_name("unstable").unwrap();
+        assert_eq!(newest_package(line, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.2.13+deb14-amd64"));
+        let rt = KernelLine::by_name("unstable-rt").unwrap();
+        assert_eq!(newest_package(rt, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.10.1+deb14-rt-amd64"));
+        assert_eq!(line.build_of("linux-binary-7.2.13+deb14-amd64"), Some(vec![7, 2, 13]));
+        assert_eq!(line.build_of("linux-binary-7..2+deb14-amd64"), None);
+        assert_eq!(line.build_of("linux-binary-unsigned-7.2.13+deb14-amd64"), None);
+        assert_eq!(KernelLine::by_name("6.1").unwrap().build_of("linux-image-6.1.0-57-amd64-unsigned"), Some(vec![57]));
+    }
+
+    #[test]
+    fn newest_cached_unstable_entry_compares_components_not_text() {
+        let names: Vec<String> = ["linux-binary-7.2.9+deb14-amd64_7.2.9-1", "linux-binary-7.2.13+deb14-amd64_7.2.13-1"]
+            .map(String::from)
+            .to_vec();
+        let line = KernelLine::by_name("unstable").unwrap();
+        assert_eq!(
+            newest_cached_entry(line, &names),
+            Some(("linux-binary-7.2.13+deb14-amd64".to_owned(), "7.2.13-1".to_owned()))
+        );
+    }
+
+    #[test]
+    fn split_builds_are_three_packages_and_images_one() {
+        assert_eq!(
+            Packaging::Split.packages("linux-binary-7.2.13+deb14-rt-amd64"),
+            [
+                "linux-binary-7.2.13+deb14-rt-amd64",
+                "linux-modules-7.2.13+deb14-rt-amd64",
+                "linux-base-7.2.13+deb14-rt-amd64"
+            ]
+        );
+        assert_eq!(
+            Packaging::Image.packages("linux-image-6.1.0-57-amd64-unsigned"),
+            ["linux-image-6.1.0-57-amd64-unsigned"]
+        );
+        assert!(LINES.iter().all(|l| {
+            l.packaging.packages(&format!("{}1{}", l.package_prefix, l.package_suffix))[0].starts_with(l.package_prefix)
+        }));
+    }
+
+    /// A scratch directory under the system's temp dir, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!("xtask-kernels-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+
+        fn file(&self, path: &str) {
+            let path = self.0.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "").unwrap();
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn bookworm_images_keep_the_kernel_in_boot() {
+        let root = Scratch::new("boot");
+        root.file("boot/vmlinuz-6.1.0-57-amd64");
+        root.file("lib/modules/6.1.0-57-amd64/modules.dep");
+        root.file("usr/share/doc/linux-image-6.1.0-57-amd64/changelog.Debian.gz");
+        let build =
+            build_at(root.0.clone(), "linux-image-6.1.0-57-amd64-unsigned", "6.1.192-3", Origin::Cached).unwrap();
+        assert_eq!((build.layout, build.release.as_str()), (Layout::Boot, "6.1.0-57-amd64"));
+        assert_eq!(build.vmlinuz(), root.0.join("boot/vmlinuz-6.1.0-57-amd64"));
+        assert_eq!(build.modules_dir(), root.0.join("lib/modules/6.1.0-57-amd64"));
+        assert_eq!(build.boot_dir(), root.0.join("boot"));
+    }
+
+    #[test]
+    fn split_builds_keep_the_kernel_beside_their_modules_in_usr() {
+        let root = Scratch::new("usrlib");
+        root.file("usr/lib/modules/7.2.13+deb14-amd64/vmlinuz");
+        root.file("usr/lib/modules/7.2.13+deb14-amd64/config");
+        std::os::unix::fs::symlink("usr/lib", root.0.join("lib")).unwrap();
+        let build = build_at(root.0.clone(), "linux-binary-7.2.13+deb14-amd64", "7.2.13-1", Origin::Cached).unwrap();
+        assert_eq!((build.layout, build.release.as_str()), (Layout::UsrLib, "7.2.13+deb14-amd64"));
+        assert_eq!(build.vmlinuz(), root.0.join("usr/lib/modules/7.2.13+deb14-amd64/vmlinuz"));
+        assert_eq!(build.modules_root(), root.0.join("usr/lib/modules"));
+    }
+
+    #[test]
+    fn a_root_without_one_release_is_an_error() {
+        let root = Scratch::new("two");
+        root.file("usr/lib/modules/7.2.13+deb14-amd64/vmlinuz");
+        root.file("usr/lib/modules/7.2.9+deb14-amd64/vmlinuz");
+        let error = detect_layout(&root.0).unwrap_err().to_string();
+        assert!(error.contains("expected exactly one kernel release"), "{error}");
+        assert!(detect_layout(&root.0.join("nothing")).is_err());
     }
 }

@@ -34,7 +34,8 @@ use self::{
 
 #[derive(clap::Args)]
 pub struct VmTestArgs {
-    /// Run only this kernel line (6.1, 6.1-rt, 6.12, 6.12-rt); repeatable. Default: all four.
+    /// Run only this kernel line (6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt); repeatable.
+    /// Default: all six.
     #[arg(long = "kernel", value_name = "LINE")]
     pub kernels: Vec<String>,
     /// Run only this integration-test executable of mm-probe (e.g. `foundation`); repeatable.
@@ -291,7 +292,7 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let results = work.join("results");
     fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
 
-    let module_dir = match crate::modules::build_for_release(&kernel.release) {
+    let module_dir = match crate::modules::build_for_release(&kernel.release, line.toolchain) {
         Ok(dir) => Some(dir),
         Err(error) => {
             eprintln!("xtask vm-test: {line}: test modules not built: {error:#}");
@@ -307,6 +308,18 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let mut boots = Vec::new();
     let mut run_failures = Vec::new();
     for clock in [Clock::Free, Clock::InstructionCounted] {
+        if clock == Clock::InstructionCounted && !line.timing_proof {
+            let skipped: Vec<&str> =
+                matrix.programs.iter().filter(|p| p.clock == clock).map(|p| p.name.as_str()).collect();
+            if !skipped.is_empty() {
+                notes.push(format!(
+                    "{} not run: its timing proof needs an instruction-counted boot, which only the lines whose \
+                     code paths differ get",
+                    skipped.join(", ")
+                ));
+            }
+            continue;
+        }
         let programs: Vec<&GuestProgram> = matrix.programs.iter().filter(|p| p.clock == clock).collect();
         if programs.is_empty() {
             continue;
@@ -422,7 +435,7 @@ mod tests {
         let names: Vec<&str> =
             select_lines(&["6.12-rt".into(), "6.1".into()]).unwrap().iter().map(|l| l.name).collect();
         assert_eq!(names, ["6.1", "6.12-rt"]);
-        assert_eq!(select_lines(&[]).unwrap().len(), 4);
+        assert_eq!(select_lines(&[]).unwrap().len(), 6);
         assert!(select_lines(&["6.6".into()]).is_err());
     }
 

@@ -1,0 +1,172 @@
+//! A Debian unstable chroot in the cache (`<cache>/sid-chroot`), where the test modules for
+//! unstable's kernels are built: those kernels come from a newer gcc (gcc-16 for 7.2, whose
+//! flags such as `-fmin-function-alignment` gcc-12 rejects), and kbuild's modpost and objtool
+//! from their headers package need a newer glibc (2.38) than the host's bookworm has.
+//!
+//! Made once (~2 minutes, ~750 MB): debootstrap, itself taken from unstable since bookworm's may
+//! not know the suite's newest scripts, then make and kmod; each kernel's linux-headers (which
+//! pull in the kernel's compiler) are installed on first use. Every command runs in a private
+//! mount namespace, so no /proc, /dev or /sys mount outlives it.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    apt::{ARCHIVE_KEYRING, Archive, SID_MIRROR},
+    cmd,
+};
+
+/// Marks a chroot that debootstrap and the base packages finished.
+const COMPLETE_MARKER: &str = ".mm-probe-complete";
+
+/// What every module build needs besides the headers (which bring gcc and binutils).
+const BASE_PACKAGES: &[&str] = &["make", "kmod"];
+
+/// The chroot's Release file may be past its Valid-Until when the mirror is a snapshot; the
+/// archive keyring still authenticates it.
+const APT_GET: &str = "apt-get -o Acquire::Check-Valid-Until=false";
+
+pub struct SidChroot {
+    root: PathBuf,
+}
+
+/// The cached chroot, made first when missing (as root: debootstrap and chroot need it).
+pub fn ensure() -> Result<SidChroot> {
+    let root = crate::paths::cache_dir()?.join("sid-chroot");
+    if !root.join(COMPLETE_MARKER).exists() {
+        create(&root).with_context(|| format!("creating the Debian unstable build chroot {}", root.display()))?;
+    }
+    Ok(SidChroot { root })
+}
+
+/// Builds the chroot next to `root` and renames it into place, so that an interrupted run or a
+/// second harness never uses half a chroot.
+fn create(root: &Path) -> Result<()> {
+    if !cmd::is_root() {
+        bail!("debootstrap needs root: run `sudo -E cargo xtask vm-test`");
+    }
+    let parent = root.parent().context("the chroot directory has no parent")?;
+    let staging = parent.join(format!(".staging-sid-chroot-{}", std::process::id()));
+    let tools = parent.join(format!(".staging-debootstrap-{}", std::process::id()));
+    for dir in [&staging, &tools] {
+        let _ = fs::remove_dir_all(dir);
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let result = (|| {
+        let debootstrap = unpack_debootstrap(&tools)?;
+        let start = std::time::Instant::now();
+        eprintln!("xtask: debootstrap of Debian unstable into {}", staging.display());
+        let mut command = in_private_mounts(&debootstrap.join("usr/sbin/debootstrap"));
+        command
+            .args(["--variant=minbase", &format!("--keyring={ARCHIVE_KEYRING}"), "sid"])
+            .arg(&staging)
+            .arg(SID_MIRROR)
+            .env("DEBOOTSTRAP_DIR", debootstrap.join("usr/share/debootstrap"));
+        cmd::run(&mut command)?;
+        let chroot = SidChroot { root: staging.clone() };
+        cmd::run(&mut chroot.command(&format!(
+            "{APT_GET} update -qq && {APT_GET} install -y -qq --no-install-recommends {}",
+            BASE_PACKAGES.join(" ")
+        )))?;
+        fs::write(staging.join(COMPLETE_MARKER), "")?;
+        eprintln!("xtask: the Debian unstable build chroot took {:.0?}", start.elapsed());
+        match fs::rename(&staging, root) {
+            Ok(()) => Ok(()),
+            // Another harness finished its chroot first: theirs is as good as ours.
+            Err(_) if root.join(COMPLETE_MARKER).exists() => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("moving the chroot into {}", root.display())),
+        }
+    })();
+    let _ = fs::remove_dir_all(&tools);
+    let _ = fs::remove_dir_all(&staging);
+    result
+}
+
+/// Downloads unstable's debootstrap package and unpacks it in `dir`; returns the unpacked root.
+fn unpack_debootstrap(dir: &Path) -> Result<PathBuf> {
+    let archive = Archive::Sid;
+    archive.ensure_lists()?;
+    let version = archive.candidate("debootstrap")?;
+    archive.download("debootstrap", &version, dir)?;
+    let deb = fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .with_context(|| format!("apt-get download left no .deb in {}", dir.display()))?;
+    let unpacked = dir.join("root");
+    cmd::output(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked))?;
+    Ok(unpacked)
+}
+
+/// `program` in a mount namespace of its own: whatever it mounts goes away with it.
+fn in_private_mounts(program: &Path) -> Command {
+    let mut command = Command::new("unshare");
+    command.args(["--mount", "--propagation", "private"]).arg(program);
+    command
+}
+
+impl SidChroot {
+    /// The host path of `inside`, an absolute path in the chroot.
+    pub fn host_path(&self, inside: &str) -> PathBuf {
+        self.root.join(inside.trim_start_matches('/'))
+    }
+
+    /// `sh -c script` inside the chroot, with /proc, /dev and /sys mounted for its lifetime only
+    /// and a clean environment (the host's PATH and locale mean nothing in there).
+    pub fn command(&self, script: &str) -> Command {
+        let mut command = in_private_mounts(Path::new("sh"));
+        command
+            .arg("-c")
+            .arg(concat!(
+                r#"mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" && mount -t sysfs sys "$1/sys" && "#,
+                r#"exec chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "#,
+                r#"DEBIAN_FRONTEND=noninteractive sh -c "$2""#
+            ))
+            .arg("sh")
+            .arg(&self.root)
+            .arg(script);
+        command
+    }
+
+    /// Installs `linux-headers-<release>` in the chroot when missing (refreshing its lists once
+    /// if they predate the kernel); returns the headers directory as the chroot sees it.
+    pub fn ensure_headers(&self, release: &str) -> Result<String> {
+        let headers = format!("/usr/src/linux-headers-{release}");
+        if self.host_path(&headers).join("Makefile").exists() {
+            return Ok(headers);
+        }
+        let package = format!("linux-headers-{release}");
+        let install =
+            || cmd::run(&mut self.command(&format!("{APT_GET} install -y -qq --no-install-recommends {package}")));
+        if install().is_err() {
+            cmd::run(&mut self.command(&format!("{APT_GET} update -qq")))?;
+            install().with_context(|| format!("installing {package} in the Debian unstable build chroot"))?;
+        }
+        if !self.host_path(&headers).join("Makefile").exists() {
+            bail!("{package} is installed in {} but {headers} has no Makefile", self.root.display());
+        }
+        Ok(headers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chroot_paths_map_onto_the_host() {
+        let chroot = SidChroot { root: PathBuf::from("/c/sid-chroot") };
+        assert_eq!(
+            chroot.host_path("/usr/src/linux-headers-7.2"),
+            Path::new("/c/sid-chroot/usr/src/linux-headers-7.2")
+        );
+        let command = chroot.command("make");
+        let args: Vec<_> = command.get_args().collect();
+        assert_eq!(command.get_program(), "unshare");
+        assert_eq!(&args[args.len() - 3..], ["sh", "/c/sid-chroot", "make"]);
+    }
+}

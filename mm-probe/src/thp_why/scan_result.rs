@@ -2,10 +2,12 @@
 //! kernel and what each one means for the process.
 //!
 //! The numbering moves between versions (6.1 added SCAN_PMD_NONE, SCAN_PMD_MAPPED and
-//! SCAN_PTE_MAPPED_HUGEPAGE; 6.18 removed SCAN_PAGE_RO and shifted every later value), so a raw
+//! SCAN_PTE_MAPPED_HUGEPAGE; 6.18 removed SCAN_PAGE_RO and shifted every later value; 7.2 merged
+//! SCAN_PMD_NULL and SCAN_PMD_NONE and added two), so a raw
 //! result is never decoded by number: the names come from the kernel's BTF (`enum scan_result`),
 //! else from the scan tracepoint's own `__print_symbolic` table in tracefs. The meanings below
-//! are keyed by name and were read from mm/khugepaged.c of 6.1, 6.12 and 6.18
+//! are keyed by name and were read from mm/khugepaged.c of 6.1, 6.12 and 6.18 and the 7.2 build's
+//! BTF
 //! (docs/kernel-facts.md#khugepaged).
 
 use std::collections::BTreeMap;
@@ -142,6 +144,14 @@ pub const MEANINGS: &[Meaning] = &[
         why: "nothing mapped in the range yet (empty page-table entry)",
         fix: "",
     },
+    Meaning {
+        name: "no_pte_table",
+        printed: "no_pte_table",
+        outcome: Outcome::Empty,
+        knob: None,
+        why: "nothing mapped in the range yet (no page table; 7.2 merged pmd_null and pmd_none into this)",
+        fix: "",
+    },
     limit(
         "exceed_none_pte",
         "max_ptes_none",
@@ -214,6 +224,12 @@ pub const MEANINGS: &[Meaning] = &[
     ),
     failed("page_lock", "page_locked", "a page was locked by someone else", "transient: a later scan usually succeeds"),
     failed("page_anon", "page_not_anon", "a page in an anonymous range is not anonymous", ""),
+    failed(
+        "page_lazyfree",
+        "page_lazyfree",
+        "a page was freed lazily (madvise(MADV_FREE)) and may be reclaimed at any time",
+        "do not MADV_FREE memory that should become huge",
+    ),
     failed("page_compound", "page_compound", "a page is already part of a large folio", ""),
     failed("any_process", "no_process_for_page", "no process maps the page any more (it is being freed)", ""),
     failed("vma_null", "vma_null", "the region was unmapped during the scan", ""),
@@ -249,6 +265,12 @@ pub const MEANINGS: &[Meaning] = &[
     failed("store_failed", "store_failed", "the page cache could not take the huge page", ""),
     failed("copy_mc", "copy_poisoned_page", "a page had a memory error during the copy", ""),
     failed("page_filled", "page_filled", "the page cache already holds a large folio there", ""),
+    failed(
+        "page_dirty_or_writeback",
+        "page_dirty_or_writeback",
+        "a file page is dirty or under writeback",
+        "transient: a scan after writeback usually succeeds",
+    ),
     failed("fail", "failed", "the collapse failed for a reason the kernel does not name", ""),
 ];
 
@@ -308,6 +330,23 @@ pub(crate) mod tests {
         scan_result_6_12().into_iter().filter(|&name| name != "SCAN_PAGE_RO").collect()
     }
 
+    /// 7.2.13 (Debian unstable, BTF of its build): SCAN_PMD_NULL and SCAN_PMD_NONE became
+    /// SCAN_NO_PTE_TABLE, SCAN_PAGE_LAZYFREE came after SCAN_PAGE_ANON, SCAN_PAGE_DIRTY_OR_WRITEBACK
+    /// at the end.
+    pub(crate) fn scan_result_7_2() -> Vec<&'static str> {
+        let mut names: Vec<&str> = Vec::new();
+        for name in scan_result_6_18() {
+            match name {
+                "SCAN_PMD_NULL" => names.push("SCAN_NO_PTE_TABLE"),
+                "SCAN_PMD_NONE" => {}
+                "SCAN_PAGE_ANON" => names.extend(["SCAN_PAGE_ANON", "SCAN_PAGE_LAZYFREE"]),
+                other => names.push(other),
+            }
+        }
+        names.push("SCAN_PAGE_DIRTY_OR_WRITEBACK");
+        names
+    }
+
     fn names_of(declared: &[&str]) -> ScanResults {
         let btf = KernelBtf::from_bytes(btf_with_enum("scan_result", declared)).unwrap();
         ScanResults::from_btf(&btf).unwrap()
@@ -332,12 +371,17 @@ pub(crate) mod tests {
         assert_eq!(v6_18.name(11), "lack_referenced_page");
         assert_eq!(v6_18.name(24), "alloc_huge_page_fail");
         assert_eq!(v6_18.name(30), "page_filled");
+        // 7.2 merged the two empty-range results: exceed_none_pte moved down to 4.
+        let v7_2 = names_of(&scan_result_7_2());
+        assert_eq!([1, 2, 3, 4].map(|v| v7_2.name(v)), ["succeed", "no_pte_table", "pmd_mapped", "exceed_none_pte"]);
+        assert_eq!((v7_2.name(17).as_str(), v7_2.name(24).as_str()), ("page_lazyfree", "alloc_huge_page_fail"));
+        assert_eq!(v7_2.name(31), "page_dirty_or_writeback");
     }
 
     /// Every result any generation declares has a meaning, and the tracefs spelling maps onto it.
     #[test]
     fn every_declared_result_has_a_meaning_under_either_spelling() {
-        for declared in [SCAN_RESULT_6_1.to_vec(), scan_result_6_12(), scan_result_6_18()] {
+        for declared in [SCAN_RESULT_6_1.to_vec(), scan_result_6_12(), scan_result_6_18(), scan_result_7_2()] {
             for name in declared {
                 let short = name.strip_prefix("SCAN_").unwrap().to_ascii_lowercase();
                 assert!(meaning(&short).is_some(), "{name} has no meaning");

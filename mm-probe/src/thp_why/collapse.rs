@@ -217,6 +217,7 @@ mod tests {
                 tests::{inputs_with, live, smaps_entry},
             },
             reasons::DisableMode,
+            report::Report,
             scan_result::{ScanResults, tests::scan_result_6_18},
         },
     };
@@ -228,6 +229,10 @@ mod tests {
 
     /// A 64 MiB madvised region half in small pages, scanned by khugepaged.
     fn scanned(results: &[(u32, u64)], khugepaged: &[(&str, u64)]) -> CollapseFacts {
+        scanned_report(results, khugepaged).collapse
+    }
+
+    fn scanned_report(results: &[(u32, u64)], khugepaged: &[(&str, u64)]) -> Report {
         let smaps = smaps_entry(0x7f00_0000_0000, 65536, 65536, 32768, "hg");
         let mut input = inputs_with(&smaps, DisableMode::None, "6.18.0", "always [madvise] never");
         input.scan_results = names_6_18();
@@ -240,7 +245,7 @@ mod tests {
         run.collapse =
             results.iter().map(|&(raw, n)| (collapse_slot(ScanPath::Anon, ScanOrigin::Khugepaged, raw), n)).collect();
         input.live = Some(run);
-        build(input).collapse
+        build(input)
     }
 
     #[test]
@@ -255,6 +260,18 @@ mod tests {
         assert!(facts.advice.iter().any(|a| a.contains("MADV_COLLAPSE")), "{:?}", facts.advice);
         assert_eq!(facts.reached, Some(true));
         assert_eq!(facts.candidate_regions, 1);
+    }
+
+    /// The text names each result once with its count and knob, and the advice adds only the fix.
+    #[test]
+    fn the_collapse_section_explains_each_result_once() {
+        let report = scanned_report(&[(5, 224), (1, 2)], &[("max_ptes_none", 32)]);
+        let text = crate::thp_why::render::text(&report, false);
+        let section = text.split("Collapse (khugepaged)").nth(1).unwrap().split("\n\n").next().unwrap();
+        assert!(section.contains("226 of this process's ranges (226 by khugepaged): 2 collapsed, 224 stayed small"));
+        assert!(section.contains("exceed_none_pte") && section.contains("(max_ptes_none 32)"), "{section}");
+        assert_eq!(section.matches("sparsely touched").count(), 1, "{section}");
+        assert!(section.contains("224 scan(s) failed with exceed_none_pte (max_ptes_none is 32): touch"), "{section}");
     }
 
     #[test]

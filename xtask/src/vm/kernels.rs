@@ -28,11 +28,19 @@ pub struct KernelLine {
     pub toolchain: Toolchain,
     /// Whether the line also boots under instruction counting for the timing proofs
     /// (latency_field). Only where that proof says something the other lines do not: 6.1 (no
-    /// reschedule point in the walk), 6.12 (one since 6.7) and their PREEMPT_RT builds.
-    /// Unstable's kernels take 6.12's and -rt's code paths, and a second boot costs each line
-    /// about 1.5 minutes of the matrix.
+    /// reschedule point in the walk), 6.12 (one since 6.7) and 6.1-rt (the walk preempted
+    /// although it has no reschedule point). 6.12-rt has both, and unstable's kernels take
+    /// 6.12's and -rt's code paths; a second boot costs each line about 1.5 minutes.
     pub timing_proof: bool,
+    /// Whether the line runs the `unix` executable: the command-line conventions (closed pipes,
+    /// Ctrl-C while attaching, exit codes, terminal width). They are the tool's, not the kernel's,
+    /// so the oldest and the newest line prove them for the matrix (with the host), and the
+    /// others save its 1.5 minutes under emulation.
+    pub unix_conventions: bool,
 }
+
+/// The executable that only lines with `unix_conventions` run.
+pub const UNIX_CONVENTIONS: &str = "unix";
 
 /// How Debian packages one kernel build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,11 +77,11 @@ impl Packaging {
 /// `unstable` is Debian unstable's newest kernel (7.2 when added), with the kernels mm-probe
 /// will meet next; its `+deb14` names Debian 14, and becomes `+deb15` once Debian 14 is released.
 pub const LINES: &[KernelLine] = &[
-    bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned"),
+    KernelLine { unix_conventions: true, ..bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned") },
     bookworm("6.1-rt", "linux-image-6.1.0-", "-rt-amd64-unsigned"),
     bookworm("6.12", "linux-image-6.12.", "+deb12-amd64-unsigned"),
-    bookworm("6.12-rt", "linux-image-6.12.", "+deb12-rt-amd64-unsigned"),
-    unstable("unstable", "+deb14-amd64"),
+    KernelLine { timing_proof: false, ..bookworm("6.12-rt", "linux-image-6.12.", "+deb12-rt-amd64-unsigned") },
+    KernelLine { unix_conventions: true, ..unstable("unstable", "+deb14-amd64") },
     unstable("unstable-rt", "+deb14-rt-amd64"),
 ];
 
@@ -87,6 +95,7 @@ const fn bookworm(name: &'static str, package_prefix: &'static str, package_suff
         archive: Archive::Host,
         toolchain: Toolchain::Host,
         timing_proof: true,
+        unix_conventions: false,
     }
 }
 
@@ -101,6 +110,7 @@ const fn unstable(name: &'static str, package_suffix: &'static str) -> KernelLin
         archive: Archive::Sid,
         toolchain: Toolchain::SidChroot,
         timing_proof: false,
+        unix_conventions: false,
     }
 }
 

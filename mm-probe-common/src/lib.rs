@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod hmm;
+pub mod invalidations;
 pub mod latency;
 pub mod layout;
 pub mod selftest;
@@ -28,5 +29,27 @@ macro_rules! user_pod {
             // SAFETY: the type is #[repr(C)], Copy, and every bit pattern is a valid value.
             unsafe impl aya::Pod for $ty {}
         )*
+    };
+}
+
+/// An enum of slots `0..COUNT` in declaration order, with `ALL`, `COUNT` and each slot's
+/// `name` (the key user space prints it under): one list, so the kernel's array size, user
+/// space's reading and the printed names cannot drift apart.
+#[macro_export]
+macro_rules! slots {
+    ($(#[$meta:meta])* pub enum $enum:ident { $($(#[$doc:meta])* $slot:ident => $name:literal,)* }) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $enum { $($(#[$doc])* $slot,)* }
+
+        impl $enum {
+            pub const ALL: &'static [$enum] = &[$($enum::$slot),*];
+            pub const COUNT: u32 = Self::ALL.len() as u32;
+
+            pub const fn name(self) -> &'static str {
+                match self { $($enum::$slot => $name,)* }
+            }
+        }
     };
 }

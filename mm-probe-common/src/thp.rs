@@ -5,6 +5,8 @@
 //! a hash map keyed by what the kernel was asked and what it answered ([`ThpCheckKey`]); user
 //! space decodes the call type and judges the reason.
 
+use crate::slots;
+
 /// Global: the thread-group id of the process being examined.
 pub const TARGET_TGID: &str = "THP_TARGET_TGID";
 /// Global: mm-probe's own tgid, whose reads of /proc/PID/smaps(_rollup) reveal other processes'
@@ -106,27 +108,6 @@ pub struct MmSeen {
     pub flags: u64,
     /// How many times the slot was written.
     pub updates: u64,
-}
-
-/// An enum of slots `0..COUNT` in declaration order, with `ALL`, `COUNT` and each slot's
-/// `name` (the key user space prints it under): one list, so the kernel's array size, user
-/// space's reading and the printed names cannot drift apart.
-macro_rules! slots {
-    ($(#[$meta:meta])* pub enum $enum:ident { $($(#[$doc:meta])* $slot:ident => $name:literal,)* }) => {
-        $(#[$meta])*
-        #[repr(u32)]
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum $enum { $($(#[$doc])* $slot,)* }
-
-        impl $enum {
-            pub const ALL: &'static [$enum] = &[$($enum::$slot),*];
-            pub const COUNT: u32 = Self::ALL.len() as u32;
-
-            pub const fn name(self) -> &'static str {
-                match self { $($enum::$slot => $name,)* }
-            }
-        }
-    };
 }
 
 slots! {

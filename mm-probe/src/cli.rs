@@ -28,6 +28,10 @@ pub enum Command {
     /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
     #[command(after_help = RETRY_STORM_EXAMPLES)]
     RetryStorm(RetryStormArgs),
+    /// Where MMU-notifier invalidations spend their time: per subscriber, lock contention
+    /// inside and against the callbacks (kvm->mmu_lock), device-flush amplification.
+    #[command(after_help = INVALIDATIONS_EXAMPLES)]
+    Invalidations(InvalidationsArgs),
     /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
     #[command(after_help = EXPORTER_EXAMPLES)]
     Exporter(ExporterArgs),
@@ -72,6 +76,12 @@ Examples:
     mm-probe latency -p 4242 --duration 1m      # every thread of process 4242
     mm-probe latency --all-tasks --interval 1s  # every task, a line per second
     mm-probe latency --func zap_pte_range --plot latency.svg";
+
+const INVALIDATIONS_EXAMPLES: &str = "\
+Examples:
+    mm-probe invalidations                       # every process, until Ctrl-C
+    mm-probe invalidations -p 4242 --duration 10s --interval 1s
+    mm-probe invalidations -p 4242 --wait-warn 5us --json | jq .verdict";
 
 const RETRY_STORM_EXAMPLES: &str = "\
 Examples:
@@ -213,6 +223,48 @@ pub struct RetryStormArgs {
     /// Invalidations per second above which the verdict is CRIT.
     #[arg(long, default_value_t = 10000.0, value_name = "PER_SECOND")]
     pub invalidate_freq_crit: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct InvalidationsArgs {
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub duration: Option<Duration>,
+    /// Print a line per interval (at least 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    pub interval: Option<Duration>,
+    /// Only these processes (repeatable, or comma-separated), as invalidator, waiter, or owner of
+    /// the memory or the VM; default: every process.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
+    pub pids: Vec<u32>,
+    /// Newline-delimited JSON: a plan, one object per interval, then a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Invalidations per second (of one process's memory) from which the verdict is WARN.
+    #[arg(long, default_value_t = 1000.0, value_name = "PER_SECOND")]
+    pub invalidate_freq_warn: f64,
+    /// Invalidations per second above which the verdict is CRIT.
+    #[arg(long, default_value_t = 10000.0, value_name = "PER_SECOND")]
+    pub invalidate_freq_crit: f64,
+    /// Lock wait inside invalidations, per invalidation, from which the verdict is WARN.
+    #[arg(long, default_value = "10us", value_name = "DURATION", value_parser = duration)]
+    pub wait_warn: Duration,
+    /// Lock wait per invalidation above which the verdict is CRIT.
+    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = duration)]
+    pub wait_crit: Duration,
+    /// Mean time of a subscriber's callback from which the verdict is WARN.
+    #[arg(long, default_value = "50us", value_name = "DURATION", value_parser = duration)]
+    pub callback_warn: Duration,
+    /// Mean callback time above which the verdict is CRIT.
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = duration)]
+    pub callback_crit: Duration,
+    /// How many times its per-page share a 4 KiB invalidation costs (a fixed cost per call)
+    /// from which the verdict is WARN.
+    #[arg(long, default_value_t = 10.0, value_name = "RATIO")]
+    pub amplification_warn: f64,
+    /// Amplification above which the verdict is CRIT.
+    #[arg(long, default_value_t = 100.0, value_name = "RATIO")]
+    pub amplification_crit: f64,
 }
 
 /// The exporter's options. The latency ones are `Option` or empty by default, so that a flag the

@@ -8,6 +8,7 @@ pub mod doctor;
 pub mod error;
 pub mod exporter;
 pub mod generate;
+pub mod invalidations;
 pub mod kernel;
 pub mod latency;
 pub mod probes;

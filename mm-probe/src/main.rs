@@ -2,7 +2,7 @@ use clap::Parser as _;
 
 use mm_probe::{
     cli::{Cli, Command},
-    doctor, error, exporter, generate, latency, retry_storm, selftest, thp_why,
+    doctor, error, exporter, generate, invalidations, latency, retry_storm, selftest, thp_why,
 };
 
 fn main() {
@@ -14,6 +14,7 @@ fn main() {
         Command::ThpWhy(args) => thp_why::run(&args),
         Command::Latency(args) => latency::run(&args),
         Command::RetryStorm(args) => retry_storm::run(&args),
+        Command::Invalidations(args) => invalidations::run(&args),
         Command::Exporter(args) => exporter::run(&args),
         Command::BenchRing { pid } => selftest::run_ring_check(pid),
         Command::BenchHooks { tracepoints } => selftest::hold_noop_programs(&tracepoints),

@@ -69,6 +69,23 @@ impl KernelBtf {
         Some(offset)
     }
 
+    /// A struct's size and its named top-level members with their byte offsets, in order (for
+    /// naming an address inside an instance: `kvm->mn_invalidate_lock`).
+    pub fn struct_members(&self, struct_name: &str) -> Option<(u32, Vec<(u32, String)>)> {
+        let id = self.raw.find(struct_name, |k| k == kind::STRUCT)?;
+        let header = self.raw.header(id)?;
+        let members = (0..header.vlen)
+            .filter_map(|i| {
+                let at = header.data + i * 12;
+                let name = self.raw.string(self.raw.word(at)).filter(|n| !n.is_empty())?;
+                let raw_offset = self.raw.word(at + 8);
+                let bits = if header.kind_flag { raw_offset & 0xff_ffff } else { raw_offset };
+                Some((bits / 8, name.to_string()))
+            })
+            .collect();
+        Some((header.size_or_type, members))
+    }
+
     /// Whether a named type (struct, typedef, enum, function…) exists.
     pub fn has_type(&self, name: &str) -> bool {
         self.raw.find(name, |_| true).is_some()
@@ -390,6 +407,15 @@ pub(crate) mod tests {
         assert_eq!(btf.member_offset("vm_area_struct", "vm_mm"), Some(16));
         assert_eq!(btf.member_offset("vm_area_struct", "vm_flags"), Some(24));
         assert_eq!(btf.member_offset("mm_struct", "flags"), Some(8));
+    }
+
+    #[test]
+    fn struct_members_list_named_members_with_offsets() {
+        let btf = sample();
+        let (size, members) = btf.struct_members("vm_area_struct").unwrap();
+        assert!(size > 0);
+        assert!(members.iter().any(|(offset, name)| name == "vm_mm" && *offset == 16), "{members:?}");
+        assert!(btf.struct_members("no_such_struct").is_none());
     }
 
     #[test]

@@ -103,6 +103,12 @@ impl Kallsyms {
         Some(Resolved { symbol, offset: address - symbol.address })
     }
 
+    /// The address of a function symbol; the first when several share the name (static
+    /// functions of different files). `None` when absent or addresses are unreadable.
+    pub fn address_of(&self, function: &str) -> Option<u64> {
+        self.by_address.iter().find(|s| s.name == function).map(|s| s.address)
+    }
+
     pub fn len(&self) -> usize {
         self.names.len()
     }

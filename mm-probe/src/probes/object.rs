@@ -18,6 +18,7 @@ pub enum GlobalValue {
 /// The maps of one capability, known by the prefix its kernel side gives their names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapFamily {
+    Invalidations,
     Latency,
     RetryStorm,
     Thp,
@@ -25,10 +26,12 @@ pub enum MapFamily {
 }
 
 impl MapFamily {
-    pub const ALL: &'static [MapFamily] = &[Self::Latency, Self::RetryStorm, Self::Thp, Self::Selftest];
+    pub const ALL: &'static [MapFamily] =
+        &[Self::Invalidations, Self::Latency, Self::RetryStorm, Self::Thp, Self::Selftest];
 
     fn prefix(self) -> &'static str {
         match self {
+            Self::Invalidations => "INV_",
             Self::Latency => "LAT_",
             Self::RetryStorm => "HMM_",
             Self::Thp => "THP_",

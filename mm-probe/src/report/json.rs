@@ -62,6 +62,9 @@ lines! {
     RetryStormSummary => ("retry-storm", "summary"),
     RetryStormLostEvents => ("retry-storm", "lost_events"),
     RetryStormPlot => ("retry-storm", "plot"),
+    InvalidationsProbePlan => ("invalidations", "probe_plan"),
+    InvalidationsInterval => ("invalidations", "interval"),
+    InvalidationsSummary => ("invalidations", "summary"),
     /// The hidden `bench-ring` subcommand's result, read by `cargo xtask bench`.
     BenchRingCheck => ("bench-ring", "ring_check"),
 }

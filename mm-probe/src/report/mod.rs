@@ -5,7 +5,9 @@ pub mod json;
 pub mod log2;
 pub mod percentiles;
 pub mod plot;
+pub mod statement;
 pub mod text;
+pub mod verdict;
 
 /// The end-to-end tests' schema checks, shared with the unit tests that build lines with every
 /// optional part present: shapes the host kernel never produces, that only the guests would.

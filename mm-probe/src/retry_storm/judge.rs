@@ -5,6 +5,7 @@ use mm_probe_common::hmm::NotifierEvent;
 use serde::{Serialize, Serializer};
 
 use super::metrics::ratio;
+pub use crate::report::verdict::{Band, Level};
 use crate::units::{format_bytes, format_nanos};
 
 /// Serializes an enum as the name its `name()` gives: one spelling for text and JSON.
@@ -18,26 +19,6 @@ macro_rules! serialize_by_name {
             }
         )+
     };
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// Not observable here, or nothing to judge (no walks, no invalidations): never "OK".
-    Unknown,
-    Ok,
-    Warn,
-    Crit,
-}
-
-impl Level {
-    pub fn name(self) -> &'static str {
-        match self {
-            Level::Unknown => "UNKNOWN",
-            Level::Ok => "OK",
-            Level::Warn => "WARN",
-            Level::Crit => "CRIT",
-        }
-    }
 }
 
 /// The metrics the verdict judges, by the names of docs/thresholds.md.
@@ -103,26 +84,7 @@ impl Cause {
     }
 }
 
-serialize_by_name!(Level, Metric, Unit, Cause);
-
-/// OK below `warn`, CRIT above `crit`, WARN in between (both bounds inclusive in WARN).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Band {
-    pub warn: f64,
-    pub crit: f64,
-}
-
-impl Band {
-    pub fn classify(&self, value: Option<f64>) -> Level {
-        match value {
-            None => Level::Unknown,
-            Some(v) if v.is_nan() => Level::Unknown,
-            Some(v) if v < self.warn => Level::Ok,
-            Some(v) if v > self.crit => Level::Crit,
-            Some(_) => Level::Warn,
-        }
-    }
-}
+serialize_by_name!(Metric, Unit, Cause);
 
 /// The defaults are docs/thresholds.md's table.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::{
     collect::Stop,
-    probes::{Outcome, Plan},
+    probes::Plan,
     report::{Log2Histogram, Percentiles},
     units::{format_bytes, format_nanos},
 };
@@ -35,26 +35,7 @@ fn latency_line(p: &Percentiles) -> String {
 
 /// What is watched and what is not, before the run starts (to stderr in text mode).
 pub fn plan_text(kernel: &str, plan: &Plan, seen: &Observability) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "mm-probe retry-storm on {kernel}");
-    for probe in &plan.probes {
-        match &probe.outcome {
-            Outcome::Attached { mechanism, target, caveat } => {
-                let _ = writeln!(out, "  watching {:<30} {mechanism} on {target}", probe.probe);
-                if let Some(caveat) = caveat {
-                    let _ = writeln!(out, "      caveat: {caveat}");
-                }
-            }
-            Outcome::Unavailable => {
-                let _ = writeln!(out, "  NOT observable {:<24} lost: {}", probe.probe, probe.purpose);
-            }
-        }
-    }
-    out += &plan.unavailable_summary(crate::report::text::stderr_width());
-    for statement in &seen.statements {
-        let _ = writeln!(out, "  {}", statement.text());
-    }
-    out
+    crate::report::statement::plan_text("retry-storm", kernel, plan, &seen.statements)
 }
 
 /// One line per interval.

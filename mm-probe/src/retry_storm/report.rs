@@ -68,39 +68,7 @@ pub struct Observability {
     pub statements: Vec<Statement>,
 }
 
-/// One thing this kernel does not let retry-storm see. Text prints what it is and what it
-/// costs; the planner's reason is printed once, in the plan's list of unavailable probes (with
-/// the pointer to `mm-probe doctor`). JSON carries all three in one sentence.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Statement {
-    /// "mmu_interval_read_begin is not observable".
-    pub subject: String,
-    /// The planner's reason, where a probe failed to attach.
-    pub why: Option<String>,
-    /// "walk windows start at walk entry …".
-    pub cost: String,
-}
-
-impl Statement {
-    /// The sentence for the terminal, without the reason.
-    pub fn text(&self) -> String {
-        format!("{}: {}", self.subject, self.cost)
-    }
-
-    /// The whole sentence, with the reason.
-    pub fn sentence(&self) -> String {
-        match self.why.as_deref().filter(|w| !w.is_empty()) {
-            Some(why) => format!("{} ({why}): {}", self.subject, self.cost),
-            None => self.text(),
-        }
-    }
-}
-
-impl Serialize for Statement {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.sentence())
-    }
-}
+pub use crate::report::statement::Statement;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Invalidator {

@@ -1,5 +1,6 @@
 //! Shared bits of the test workloads. Each workload is one binary under `src/bin/`, named for
 //! what it makes the kernel do; the end-to-end tests find them next to their own executable.
+pub mod kvm;
 pub mod thp;
 
 /// Times consecutive segments of a benchmark loop and keeps the fastest. Interference from the
@@ -81,4 +82,16 @@ pub fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `64M`, `2M`, `64K`, `4096`, `0`.
+pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
+    let (number, multiplier) = match text.as_bytes().last() {
+        Some(b'K' | b'k') => (&text[..text.len() - 1], 1 << 10),
+        Some(b'M' | b'm') => (&text[..text.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    let value: u64 = number.parse().map_err(|_| anyhow::anyhow!("{text:?} is not a size like 64M, 2M, 64K or 4096"))?;
+    Ok(value * multiplier)
 }

@@ -291,18 +291,6 @@ fn page_size() -> u64 {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
-/// `64M`, `2M`, `64K`, `4096`, `0`.
-fn parse_bytes(text: &str) -> Result<u64> {
-    let (number, multiplier) = match text.as_bytes().last() {
-        Some(b'K' | b'k') => (&text[..text.len() - 1], 1 << 10),
-        Some(b'M' | b'm') => (&text[..text.len() - 1], 1 << 20),
-        Some(b'G' | b'g') => (&text[..text.len() - 1], 1 << 30),
-        _ => (text, 1),
-    };
-    let value: u64 = number.parse().with_context(|| format!("{text:?} is not a size like 64M, 2M, 64K or 4096"))?;
-    Ok(value * multiplier)
-}
-
 fn parse(args: Vec<String>) -> Result<Options> {
     let mut options = Options {
         size_bytes: 64 << 20,
@@ -321,13 +309,13 @@ fn parse(args: Vec<String>) -> Result<Options> {
     while let Some(flag) = args.next() {
         let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--size" => options.size_bytes = parse_bytes(&value()?)?,
-            "--chunk" => options.chunk_bytes = parse_bytes(&value()?)?,
-            "--notifier" => options.notifier_bytes = parse_bytes(&value()?)?,
+            "--size" => options.size_bytes = mm_probe_workloads::parse_bytes(&value()?)?,
+            "--chunk" => options.chunk_bytes = mm_probe_workloads::parse_bytes(&value()?)?,
+            "--notifier" => options.notifier_bytes = mm_probe_workloads::parse_bytes(&value()?)?,
             "--iterations" => options.iterations = value()?.parse()?,
             "--duration-ms" => options.duration = Some(Duration::from_millis(value()?.parse()?)),
             "--timeout-ms" => options.timeout_ms = value()?.parse()?,
-            "--piece" => options.piece_bytes = parse_bytes(&value()?)?,
+            "--piece" => options.piece_bytes = mm_probe_workloads::parse_bytes(&value()?)?,
             "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
             "--device" => options.device = value()?,
             "--no-huge" => options.no_huge = true,

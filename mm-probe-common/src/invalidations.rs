@@ -1,0 +1,229 @@
+//! Records and map names shared by the invalidation programs (mm-probe-ebpf `invalidations.rs`)
+//! and `mm-probe invalidations`.
+//!
+//! Everything is aggregated in the kernel: lock contention can fire millions of times a second,
+//! so no event is streamed. User space reads the tables at each interval and at the end.
+
+use crate::slots;
+
+/// Per-CPU array of u64 counters indexed by [`Counter`].
+pub const COUNTERS_MAP: &str = "INV_COUNTERS";
+/// Hash map [`InvalidationKey`] → [`InvalidationStats`].
+pub const INVALIDATIONS_MAP: &str = "INV_INVALIDATIONS";
+/// Hash map [`WaitKey`] → [`WaitStats`]: contended lock acquisitions.
+pub const WAITS_MAP: &str = "INV_WAITS";
+/// Stack-trace map of the waiters' kernel stacks ([`WaitKey::stack_id`]).
+pub const STACKS_MAP: &str = "INV_STACKS";
+/// Hash map lock address (u64) → [`KvmLock`]: each VM's kvm->mmu_lock, learned from the
+/// subscriptions of the mm a KVM tracepoint fired in.
+pub const KVM_LOCKS_MAP: &str = "INV_KVM_LOCKS";
+/// LRU hash map mm pointer (u64) → tgid (u32): mms whose subscriptions were already walked.
+pub const KNOWN_MMS_MAP: &str = "INV_KNOWN_MMS";
+/// Hash map [`CallbackKey`] → [`CallbackStats`]: time in each subscriber's callback.
+pub const CALLBACKS_MAP: &str = "INV_CALLBACKS";
+/// Hash map callback address (u64) → [`ReturnKind`] as u32, set by user space.
+pub const CALLBACK_KINDS_MAP: &str = "INV_CALLBACK_KINDS";
+/// Hash map tgid (u32) → 1: the processes to watch when [`FILTER_TGIDS`] is set.
+pub const TARGET_TGIDS_MAP: &str = "INV_TARGET_TGIDS";
+
+/// Global u32: 1 = only the tgids in [`TARGET_TGIDS_MAP`] (as invalidator, waiter or owner of
+/// the memory or lock), 0 = every process.
+pub const FILTER_TGIDS: &str = "INV_FILTER_TGIDS";
+/// Global u64: the address of kvm_mmu_notifier_invalidate_range_start (kallsyms), which a KVM
+/// subscription's ops point to; 0 when KVM is absent.
+pub const KVM_RANGE_START_FN: &str = "INV_KVM_RANGE_START_FN";
+/// Globals u32: the field offsets of the lock tracepoints' records (tracefs `format`).
+pub const BEGIN_LOCK_OFFSET: &str = "INV_BEGIN_LOCK_OFFSET";
+pub const BEGIN_FLAGS_OFFSET: &str = "INV_BEGIN_FLAGS_OFFSET";
+pub const END_LOCK_OFFSET: &str = "INV_END_LOCK_OFFSET";
+/// Globals u32: the field offsets of kvm_unmap_hva_range / kvm_age_hva (identical formats).
+pub const KVM_START_OFFSET: &str = "INV_KVM_START_OFFSET";
+pub const KVM_END_OFFSET: &str = "INV_KVM_END_OFFSET";
+
+/// Slots of the log2 histograms: 2^31 ns ≈ 2 s for waits and callbacks; longer ones land in
+/// the last slot.
+pub const TIME_BUCKETS: usize = 32;
+/// Slots of the size histogram: log2 of bytes, up to 2^47 (128 TiB, a whole address space).
+pub const SIZE_BUCKETS: usize = 48;
+/// Size classes of the callback fit: 4 KiB (2^12) to 2^35 bytes, log2.
+pub const FIT_SHIFT: u32 = 12;
+pub const FIT_CLASSES: usize = 24;
+
+/// Stack frames kept per waiter (enough to reach the syscall or the vCPU ioctl from the lock).
+pub const STACK_DEPTH: u32 = 32;
+
+slots! {
+    /// Slots of [`COUNTERS_MAP`].
+    pub enum Counter {
+        /// lock:contention_begin seen for a watched waiter or lock.
+        ContentionBegins => "contention_begins",
+        /// lock:contention_end that closed a watched wait.
+        ContentionEnds => "contention_ends",
+        /// Waits not counted because [`WAITS_MAP`] was full.
+        WaitsMapFull => "waits_map_full",
+        /// Waits whose stack could not be taken (stack map full or a collision).
+        StackMisses => "stack_misses",
+        /// kvm_unmap_hva_range tracepoints of watched processes.
+        KvmUnmaps => "kvm_unmaps",
+        /// kvm_age_hva tracepoints of watched processes.
+        KvmAges => "kvm_ages",
+        /// __mmu_notifier_invalidate_range_start calls of watched processes.
+        RangeStarts => "range_starts",
+        /// __mmu_notifier_invalidate_range_end calls that closed a start seen.
+        RangeEnds => "range_ends",
+        /// Invalidations not counted because [`INVALIDATIONS_MAP`] was full.
+        InvalidationsMapFull => "invalidations_map_full",
+        /// Callback returns whose entry was not seen (attached mid-call).
+        CallbackStashMisses => "callback_stash_misses",
+        /// Callbacks not counted because [`CALLBACKS_MAP`] was full.
+        CallbacksMapFull => "callbacks_map_full",
+        /// KVM subscriptions found (each VM's mmu_lock once).
+        KvmLocksLearned => "kvm_locks_learned",
+    }
+}
+
+/// Where an invalidation was seen.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// kvm:kvm_unmap_hva_range, inside KVM's invalidate_range_start callback.
+    KvmUnmap = 0,
+    /// kvm:kvm_age_hva, inside KVM's clear_young callback (reclaim aging).
+    KvmAge = 1,
+    /// __mmu_notifier_invalidate_range_start (every subscriber, function probes).
+    RangeStart = 2,
+}
+
+/// How a subscriber callback says it refused (in a non-blockable context).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnKind {
+    /// `int invalidate_range_start()`, clear_young…: non-zero (-EAGAIN) refuses.
+    Int = 0,
+    /// `bool invalidate()` of interval notifiers: false refuses.
+    Bool = 1,
+    /// `void invalidate_range_end()`: cannot refuse.
+    Void = 2,
+}
+
+/// What kind of lock a contention was on, as far as the kernel side can tell at once.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LockClass {
+    /// Not recognised in the kernel: user space looks it up in [`KVM_LOCKS_MAP`] and kallsyms.
+    Other = 0,
+    /// The waiter's own mm's mmap_lock.
+    MmapLock = 1,
+}
+
+/// One group of invalidations: who invalidated, whose memory, how it was seen, which event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InvalidationKey {
+    /// The invalidating task's process and thread name.
+    pub tgid: u32,
+    /// The process whose memory it was (the mm's first tgid seen with a subscription; 0 when not
+    /// known yet).
+    pub owner_tgid: u32,
+    /// A [`Source`].
+    pub source: u32,
+    /// `enum mmu_notifier_event` from the range (function probes); u32::MAX when the hook
+    /// does not carry it (KVM's tracepoints).
+    pub event: u32,
+    pub comm: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct InvalidationStats {
+    pub count: u64,
+    pub bytes: u64,
+    /// log2 of each invalidation's size in bytes.
+    pub sizes: [u64; SIZE_BUCKETS],
+    /// invalidate_range_start → _end, log2 ns (function probes only).
+    pub durations: [u64; TIME_BUCKETS],
+    pub duration_ns: u64,
+    pub ended: u64,
+}
+
+/// One group of contended acquisitions: which lock, how it was taken, by whom, from where.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WaitKey {
+    pub lock: u64,
+    /// Kernel stack of the waiter at contention_begin; negative when it could not be taken.
+    pub stack_id: i64,
+    /// contention_begin's flags (LCB_F_SPIN, _READ, _WRITE, _RT, _PERCPU, _MUTEX).
+    pub flags: u32,
+    pub tgid: u32,
+    /// A [`LockClass`].
+    pub class: u32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WaitStats {
+    pub count: u64,
+    pub wait_ns: u64,
+    pub max_ns: u64,
+    /// log2 of each wait in ns.
+    pub buckets: [u64; TIME_BUCKETS],
+}
+
+/// A waiter's open contention, keyed by thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WaitStash {
+    pub key: WaitKey,
+    pub ts_ns: u64,
+}
+
+/// A VM's kvm->mmu_lock and who owns it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvmLock {
+    /// The VM's process (the first tgid seen with the subscription in its mm).
+    pub tgid: u32,
+    pub _pad: u32,
+    /// The `struct kvm`.
+    pub kvm: u64,
+}
+
+/// One subscriber callback, by its function's address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallbackKey {
+    pub ip: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CallbackStats {
+    pub calls: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+    pub bytes: u64,
+    /// Calls in a non-blockable context (the OOM reaper) that returned a refusal.
+    pub refused: u64,
+    pub nonblocking: u64,
+    pub buckets: [u64; TIME_BUCKETS],
+    /// Calls and summed time per size class (log2 bytes from [`FIT_SHIFT`]): the fit of time
+    /// against size.
+    pub fit_calls: [u64; FIT_CLASSES],
+    pub fit_ns: [u64; FIT_CLASSES],
+}
+
+/// A callback in flight on a thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CallbackStash {
+    pub ip: u64,
+    pub ts_ns: u64,
+    pub bytes: u64,
+    pub blockable: u32,
+    pub _pad: u32,
+}
+
+crate::user_pod!(InvalidationKey, InvalidationStats, WaitKey, WaitStats, KvmLock, CallbackKey, CallbackStats);

@@ -1,0 +1,362 @@
+//! From the kernel's tables to the report: invalidations per invalidator, contended locks named
+//! and split by the path that waited, subscribers with their callback fit, and the evidence the
+//! verdict judges.
+
+use std::collections::BTreeMap;
+
+use mm_probe_common::{
+    hmm::NotifierEvent,
+    invalidations::{CallbackStats, Counter, FIT_CLASSES, LockClass, Source},
+};
+
+use super::{
+    decoder::{Tables, comm_text},
+    judge::Evidence,
+    locks::{KvmMembers, WaitPath, caller, lock_kind, wait_path},
+    probes::subscriber_of,
+    report::{Fit, Interval, Invalidations, InvalidatorRow, LockRow, PathRow, SubscriberRow},
+};
+use crate::kernel::Kallsyms;
+
+/// Frames of a path's stack kept in the report.
+const STACK_FRAMES: usize = 8;
+
+pub fn invalidations(tables: &Tables, duration_s: f64) -> Invalidations {
+    let mut rows: Vec<InvalidatorRow> = tables
+        .invalidations
+        .iter()
+        .map(|(key, stats)| InvalidatorRow {
+            comm: comm_text(&key.comm),
+            tgid: key.tgid,
+            owner_tgid: (key.owner_tgid != 0).then_some(key.owner_tgid),
+            source: source_name(key.source),
+            event: event_name(key.event),
+            count: stats.count,
+            bytes: stats.bytes,
+            mean_bytes: ratio(stats.bytes as f64, stats.count),
+            mean_duration_ns: (stats.ended > 0).then(|| stats.duration_ns as f64 / stats.ended as f64),
+        })
+        .collect();
+    rows.sort_by(|a, b| b.count.cmp(&a.count).then(a.comm.cmp(&b.comm)));
+    // Where function probes see every invalidation, KVM's tracepoints see some of them again.
+    let primary = if rows.iter().any(|r| r.source == "invalidate_range_start") {
+        "invalidate_range_start"
+    } else {
+        "kvm_unmap_hva_range"
+    };
+    let (count, bytes) =
+        rows.iter().filter(|r| r.source == primary).fold((0, 0), |(c, b), r| (c + r.count, b + r.bytes));
+    let mut sizes = vec![0u64; mm_probe_common::invalidations::SIZE_BUCKETS];
+    let (mut ended, mut duration_ns) = (0u64, 0u64);
+    for (key, stats) in &tables.invalidations {
+        if source_name(key.source) == primary {
+            for (into, from) in sizes.iter_mut().zip(stats.sizes.iter()) {
+                *into += from;
+            }
+            ended += stats.ended;
+            duration_ns += stats.duration_ns;
+        }
+    }
+    Invalidations {
+        count,
+        per_second: if duration_s > 0.0 { count as f64 / duration_s } else { 0.0 },
+        bytes,
+        sizes,
+        mean_duration_ns: (ended > 0).then(|| duration_ns as f64 / ended as f64),
+        by_invalidator: rows,
+    }
+}
+
+fn ratio(value: f64, count: u64) -> f64 {
+    if count == 0 { 0.0 } else { value / count as f64 }
+}
+
+fn source_name(source: u32) -> &'static str {
+    match source {
+        s if s == Source::KvmUnmap as u32 => "kvm_unmap_hva_range",
+        s if s == Source::KvmAge as u32 => "kvm_age_hva",
+        _ => "invalidate_range_start",
+    }
+}
+
+fn event_name(event: u32) -> Option<&'static str> {
+    (event != u32::MAX).then(|| NotifierEvent::from_raw(event as i32).name())
+}
+
+/// Contended locks, most waited-on first, each split by waiting path.
+pub fn locks(tables: &Tables, kvm_members: &KvmMembers, stack_of: &dyn Fn(i64) -> Vec<String>) -> Vec<LockRow> {
+    let mut by_lock: BTreeMap<
+        u64,
+        Vec<(
+            WaitPath,
+            &mm_probe_common::invalidations::WaitKey,
+            &mm_probe_common::invalidations::WaitStats,
+            Vec<String>,
+        )>,
+    > = BTreeMap::new();
+    for (key, stats) in &tables.waits {
+        let stack = stack_of(key.stack_id);
+        let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
+        by_lock.entry(key.lock).or_default().push((wait_path(&functions), key, stats, stack));
+    }
+    let mut rows: Vec<LockRow> = by_lock
+        .into_iter()
+        .map(|(lock, waits)| {
+            let mut paths: BTreeMap<WaitPath, PathRow> = BTreeMap::new();
+            let mut heaviest: BTreeMap<WaitPath, u64> = BTreeMap::new();
+            let mut buckets = vec![0u64; mm_probe_common::invalidations::TIME_BUCKETS];
+            let mut mmap_owner = None;
+            for (path, key, stats, stack) in &waits {
+                for (into, from) in buckets.iter_mut().zip(stats.buckets.iter()) {
+                    *into += from;
+                }
+                if key.class == LockClass::MmapLock as u32 {
+                    mmap_owner = Some(key.tgid);
+                }
+                let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
+                let row = paths.entry(*path).or_insert_with(|| PathRow {
+                    path: *path,
+                    name: path.name(),
+                    in_notifier: path.in_notifier(),
+                    kind: lock_kind(key.flags),
+                    contended: 0,
+                    wait_ns: 0,
+                    max_ns: 0,
+                    waiters: Vec::new(),
+                    caller: None,
+                    stack: Vec::new(),
+                });
+                row.contended += stats.count;
+                row.wait_ns += stats.wait_ns;
+                row.max_ns = row.max_ns.max(stats.max_ns);
+                let waiter = comm_text(&key.comm);
+                if !row.waiters.contains(&waiter) {
+                    row.waiters.push(waiter);
+                }
+                let most = heaviest.entry(*path).or_default();
+                if stats.wait_ns >= *most {
+                    *most = stats.wait_ns;
+                    row.kind = lock_kind(key.flags);
+                    row.caller = caller(&functions).map(str::to_string);
+                    row.stack = stack.iter().take(STACK_FRAMES).cloned().collect();
+                }
+            }
+            let mut paths: Vec<PathRow> = paths.into_values().collect();
+            paths.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns));
+            let kvm = tables.kvm_lock(lock);
+            let inside_kvm = tables.kvm_locks.iter().find_map(|(_, vm)| {
+                let member = kvm_members.name_at(lock.checked_sub(vm.kvm)?)?;
+                Some((format!("kvm->{member} of VM pid {}", vm.tgid), vm.tgid))
+            });
+            let (name, class, owner) = match (kvm, mmap_owner, inside_kvm) {
+                (Some(kvm), _, _) => (format!("kvm->mmu_lock of VM pid {}", kvm.tgid), "kvm_mmu_lock", Some(kvm.tgid)),
+                (None, Some(tgid), _) => (format!("mmap_lock of pid {tgid}"), "mmap_lock", Some(tgid)),
+                (None, None, Some((name, tgid))) => (name, "kvm_lock", Some(tgid)),
+                (None, None, None) => {
+                    let from = paths.first().and_then(|p| p.caller.clone()).unwrap_or_else(|| "unknown caller".into());
+                    (format!("lock {lock:#x} (taken in {from})"), "unknown", None)
+                }
+            };
+            LockRow {
+                address: format!("{lock:#x}"),
+                name,
+                class,
+                owner_tgid: owner,
+                kind: paths.first().map_or("unknown", |p| p.kind),
+                contended: paths.iter().map(|p| p.contended).sum(),
+                wait_ns: paths.iter().map(|p| p.wait_ns).sum(),
+                max_ns: paths.iter().map(|p| p.max_ns).max().unwrap_or(0),
+                buckets,
+                paths,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns));
+    rows
+}
+
+/// The subscribers' callbacks, slowest mean first.
+pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>) -> Vec<SubscriberRow> {
+    let mut rows: Vec<SubscriberRow> = tables
+        .callbacks
+        .iter()
+        .filter(|(_, stats)| stats.calls > 0)
+        .map(|(ip, stats)| {
+            let symbol = kallsyms.and_then(|k| k.symbolize(*ip));
+            let callback = symbol.as_ref().map_or_else(|| format!("{ip:#x}"), |s| s.symbol.name.clone());
+            let module = symbol.as_ref().and_then(|s| s.symbol.module.clone());
+            SubscriberRow {
+                subscriber: subscriber_of(&callback).unwrap_or("unknown"),
+                module,
+                calls: stats.calls,
+                mean_ns: ratio(stats.total_ns as f64, stats.calls),
+                max_ns: stats.max_ns,
+                p50_le_ns: percentile_bound(&stats.buckets, 0.50),
+                p99_le_ns: percentile_bound(&stats.buckets, 0.99),
+                bytes_per_call: ratio(stats.bytes as f64, stats.calls),
+                nonblocking: stats.nonblocking,
+                refused: stats.refused,
+                buckets: stats.buckets.to_vec(),
+                fit: fit(stats),
+                callback,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.mean_ns.total_cmp(&a.mean_ns));
+    rows
+}
+
+/// The upper bound of the log2 bucket holding quantile `q`.
+fn percentile_bound(buckets: &[u64], q: f64) -> u64 {
+    let total: u64 = buckets.iter().sum();
+    let wanted = (total as f64 * q).ceil() as u64;
+    let mut seen = 0;
+    for (k, count) in buckets.iter().enumerate() {
+        seen += count;
+        if seen >= wanted.max(1) {
+            return (1u64 << (k + 1)) - 1;
+        }
+    }
+    0
+}
+
+/// Least squares of mean callback time against pages over the size classes seen, weighted by
+/// calls. Class c holds sizes in [2^c, 2^(c+1)) pages and is placed at 2^c pages, exact for
+/// the power-of-two sizes madvise and munmap usually get.
+pub fn fit(stats: &CallbackStats) -> Option<Fit> {
+    let points: Vec<(f64, f64, f64)> = (0..FIT_CLASSES)
+        .filter(|&c| stats.fit_calls[c] > 0)
+        .map(|c| ((1u64 << c) as f64, stats.fit_ns[c] as f64 / stats.fit_calls[c] as f64, stats.fit_calls[c] as f64))
+        .collect();
+    if points.len() < 2 {
+        return None;
+    }
+    let weight: f64 = points.iter().map(|p| p.2).sum();
+    let mean_x = points.iter().map(|p| p.0 * p.2).sum::<f64>() / weight;
+    let mean_y = points.iter().map(|p| p.1 * p.2).sum::<f64>() / weight;
+    let sxx: f64 = points.iter().map(|p| p.2 * (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| p.2 * (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    let per_page = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    let fixed = (mean_y - per_page * mean_x).max(0.0);
+    let amplification = (per_page > 0.0).then(|| (fixed + per_page) / per_page);
+    Some(Fit { fixed_ns: fixed, per_page_ns: per_page, amplification_4k: amplification, size_classes: points.len() })
+}
+
+/// What the verdict judges.
+pub fn evidence(
+    inv: &Invalidations,
+    locks: &[LockRow],
+    subscribers: &[SubscriberRow],
+    duration_s: f64,
+    seen_waits: bool,
+) -> Evidence {
+    let mut per_owner: BTreeMap<Option<u32>, u64> = BTreeMap::new();
+    let primary = inv.by_invalidator.iter().any(|r| r.source == "invalidate_range_start");
+    for row in &inv.by_invalidator {
+        if (row.source == "invalidate_range_start") == primary && row.source != "kvm_age_hva" {
+            *per_owner.entry(row.owner_tgid.or(Some(row.tgid))).or_default() += row.count;
+        }
+    }
+    let busiest = per_owner.values().copied().max();
+    let notifier_wait: u64 = locks.iter().flat_map(|l| &l.paths).filter(|p| p.in_notifier).map(|p| p.wait_ns).sum();
+    let notifier_lock = locks
+        .iter()
+        .map(|l| (l, l.paths.iter().filter(|p| p.in_notifier).map(|p| p.wait_ns).sum::<u64>()))
+        .filter(|(_, wait)| *wait > 0)
+        .max_by_key(|(_, wait)| *wait);
+    let vcpu_faults_wait = notifier_lock.is_some_and(|(l, _)| l.paths.iter().any(|p| p.path == WaitPath::VcpuFault));
+    let amplification = subscribers
+        .iter()
+        .filter_map(|s| s.fit.and_then(|f| f.amplification_4k.map(|x| (s.subscriber.to_string(), x, f.fixed_ns))))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    Evidence {
+        invalidate_freq: (duration_s > 0.0 && inv.count > 0).then(|| busiest.unwrap_or(0) as f64 / duration_s),
+        wait_per_invalidation_ns: (seen_waits && inv.count > 0).then(|| notifier_wait as f64 / inv.count as f64),
+        slowest_callback: subscribers.first().map(|s| (s.subscriber.to_string(), s.mean_ns)),
+        amplification,
+        mean_invalidation_bytes: (inv.count > 0).then(|| inv.bytes as f64 / inv.count as f64),
+        notifier_lock: notifier_lock.map(|(l, wait)| (l.name.clone(), wait)),
+        vcpu_faults_wait,
+        nonblocking_refused: subscribers.iter().map(|s| s.refused).sum(),
+    }
+}
+
+/// The kernel counters by name.
+pub fn counters(tables: &Tables) -> BTreeMap<&'static str, u64> {
+    Counter::ALL.iter().map(|&c| (c.name(), tables.counter(c))).collect()
+}
+
+/// One interval's deltas between two readings.
+pub fn interval(before: &Tables, now: &Tables, interval_s: f64, seen_waits: bool, seen_callbacks: bool) -> Interval {
+    let invalidations = |t: &Tables| invalidations(t, 0.0).count;
+    let waits = |t: &Tables| t.waits.iter().fold((0u64, 0u64), |(c, w), (_, s)| (c + s.count, w + s.wait_ns));
+    let calls = |t: &Tables| t.callbacks.iter().map(|(_, s)| s.calls).sum::<u64>();
+    let (contended_now, wait_now) = waits(now);
+    let (contended_before, wait_before) = waits(before);
+    Interval {
+        interval_s,
+        invalidations: invalidations(now).saturating_sub(invalidations(before)),
+        contended: seen_waits.then(|| contended_now.saturating_sub(contended_before)),
+        wait_ns: seen_waits.then(|| wait_now.saturating_sub(wait_before)),
+        callback_calls: seen_callbacks.then(|| calls(now).saturating_sub(calls(before))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mm_probe_common::invalidations::{FIT_CLASSES, TIME_BUCKETS};
+
+    use super::*;
+
+    fn stats(classes: &[(usize, u64, u64)]) -> CallbackStats {
+        let mut s = CallbackStats {
+            calls: 0,
+            total_ns: 0,
+            max_ns: 0,
+            bytes: 0,
+            refused: 0,
+            nonblocking: 0,
+            buckets: [0; TIME_BUCKETS],
+            fit_calls: [0; FIT_CLASSES],
+            fit_ns: [0; FIT_CLASSES],
+        };
+        for &(class, calls, ns_each) in classes {
+            s.fit_calls[class] = calls;
+            s.fit_ns[class] = calls * ns_each;
+        }
+        s
+    }
+
+    #[test]
+    fn a_fixed_flush_per_call_fits_as_a_fixed_cost_and_amplifies_4k() {
+        // 100 µs whatever the size, plus 10 ns a page: 4 KiB, 64 KiB and 2 MiB invalidations.
+        let fixed = stats(&[(0, 1000, 100_010), (4, 100, 100_160), (9, 10, 105_120)]);
+        let fit = fit(&fixed).unwrap();
+        assert!((fit.fixed_ns - 100_000.0).abs() < 50.0, "{fit:?}");
+        assert!((fit.per_page_ns - 10.0).abs() < 0.5, "{fit:?}");
+        assert!(fit.amplification_4k.unwrap() > 1000.0, "{fit:?}");
+    }
+
+    #[test]
+    fn a_per_page_flush_has_no_fixed_cost_and_no_amplification() {
+        let per_page = stats(&[(0, 1000, 1000), (4, 100, 16_000), (9, 10, 512_000)]);
+        let fit = fit(&per_page).unwrap();
+        assert!(fit.fixed_ns < 100.0, "{fit:?}");
+        assert!(fit.amplification_4k.unwrap() < 1.2, "{fit:?}");
+    }
+
+    #[test]
+    fn one_size_class_cannot_be_fitted() {
+        assert_eq!(fit(&stats(&[(0, 1000, 100_000)])), None);
+    }
+
+    #[test]
+    fn percentile_bounds_are_bucket_upper_edges() {
+        let mut buckets = [0u64; TIME_BUCKETS];
+        buckets[10] = 99;
+        buckets[20] = 1;
+        assert_eq!(percentile_bound(&buckets, 0.5), 2047);
+        assert_eq!(percentile_bound(&buckets, 0.99), 2047);
+        assert_eq!(percentile_bound(&buckets, 1.0), (1 << 21) - 1);
+    }
+}

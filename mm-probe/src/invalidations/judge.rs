@@ -1,0 +1,192 @@
+//! Judging invalidations against the thresholds (docs/thresholds.md, "invalidations"; every band
+//! can be overridden on the command line) and tying advice to the evidence.
+
+use serde::Serialize;
+
+use crate::{
+    report::verdict::{Band, Level},
+    units::{format_bytes, format_nanos},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// Invalidations per second of one process's memory.
+    pub invalidate_freq: Band,
+    /// Lock wait inside invalidations per invalidation, ns.
+    pub wait_per_invalidation_ns: Band,
+    /// Mean callback time of the slowest subscriber, ns.
+    pub callback_mean_ns: Band,
+    /// A 4 KiB invalidation's cost against its per-page share.
+    pub amplification: Band,
+}
+
+/// The measured values the verdict judges; `None` = not observable or nothing to judge.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Evidence {
+    pub invalidate_freq: Option<f64>,
+    pub wait_per_invalidation_ns: Option<f64>,
+    /// (subscriber, mean ns) of the slowest.
+    pub slowest_callback: Option<(String, f64)>,
+    /// (subscriber, amplification, fixed ns) of the most amplified.
+    pub amplification: Option<(String, f64, f64)>,
+    pub mean_invalidation_bytes: Option<f64>,
+    /// The lock waited on most inside invalidations, and its wait.
+    pub notifier_lock: Option<(String, u64)>,
+    /// vCPU faults waited on the same lock the notifier waited on.
+    pub vcpu_faults_wait: bool,
+    pub nonblocking_refused: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MetricVerdict {
+    pub metric: &'static str,
+    pub value: Option<f64>,
+    pub level: Level,
+    pub warn: f64,
+    pub crit: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Advice {
+    /// "batch invalidations", "shrink the critical section", "coalesce device flushes", ...
+    pub cause: &'static str,
+    pub evidence: String,
+    pub advice: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Verdict {
+    pub verdict: Level,
+    pub metrics: Vec<MetricVerdict>,
+    pub advice: Vec<Advice>,
+}
+
+/// Invalidations smaller than this on average are worth batching (a PMD's worth).
+const BATCH_BYTES: f64 = (2 << 20) as f64;
+
+pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
+    let metric = |metric: &'static str, value: Option<f64>, band: Band| MetricVerdict {
+        metric,
+        value,
+        level: band.classify(value),
+        warn: band.warn,
+        crit: band.crit,
+    };
+    let metrics = vec![
+        metric("invalidate_freq", e.invalidate_freq, t.invalidate_freq),
+        metric("wait_per_invalidation", e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
+        metric("callback_mean", e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
+        metric("amplification", e.amplification.as_ref().map(|(_, x, _)| *x), t.amplification),
+    ];
+    let verdict = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
+    // Unknown only when nothing could be judged: one OK metric and three unobservable is OK.
+    let verdict = if verdict == Level::Unknown { Level::Unknown } else { verdict };
+    let advice = advise(e, &metrics);
+    Verdict { verdict, metrics, advice }
+}
+
+fn level(metrics: &[MetricVerdict], name: &str) -> Level {
+    metrics.iter().find(|m| m.metric == name).map_or(Level::Unknown, |m| m.level)
+}
+
+fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
+    let mut advice = Vec::new();
+    let waits = level(metrics, "wait_per_invalidation") >= Level::Warn;
+    if let (true, Some((lock, wait_ns)), Some(bytes)) = (waits, &e.notifier_lock, e.mean_invalidation_bytes)
+        && bytes < BATCH_BYTES
+    {
+        advice.push(Advice {
+            cause: "fine-grained invalidations",
+            evidence: format!(
+                "invalidations of {} on average waited {} in total on {lock}",
+                format_bytes(bytes as u64),
+                format_nanos(*wait_ns)
+            ),
+            advice: "batch them: madvise/munmap in 2 MiB (or larger) ranges; each invalidation takes the lock once, whatever its size".into(),
+        });
+    }
+    if waits && e.vcpu_faults_wait {
+        let lock = e.notifier_lock.as_ref().map_or("the notifier's lock", |(l, _)| l.as_str());
+        advice.push(Advice {
+            cause: "notifier against vCPU faults",
+            evidence: format!("vCPU page faults and the notifier both waited on {lock}"),
+            advice: "shrink the critical section: collect under the lock and do the slow work outside it; in non-blockable context try the lock and return false".into(),
+        });
+    }
+    if let (Some((subscriber, ratio, fixed_ns)), true) =
+        (&e.amplification, level(metrics, "amplification") >= Level::Warn)
+    {
+        advice.push(Advice {
+            cause: "device-flush amplification",
+            evidence: format!(
+                "{subscriber}'s callback costs ~{} per call whatever its size: a 4 KiB invalidation pays ~{ratio:.0}x its share",
+                format_nanos(*fixed_ns as u64)
+            ),
+            advice: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
+        });
+    } else if let (Some((subscriber, mean_ns)), true) =
+        (&e.slowest_callback, level(metrics, "callback_mean") >= Level::Warn)
+    {
+        advice.push(Advice {
+            cause: "slow invalidate callbacks",
+            evidence: format!("{subscriber}'s callback takes {} per call on average", format_nanos(*mean_ns as u64)),
+            advice: "move the device's wait out of the callback (flush asynchronously, wait in the fault path) or flush only the range".into(),
+        });
+    }
+    advice
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thresholds() -> Thresholds {
+        Thresholds {
+            invalidate_freq: Band { warn: 1000.0, crit: 10000.0 },
+            wait_per_invalidation_ns: Band { warn: 10_000.0, crit: 100_000.0 },
+            callback_mean_ns: Band { warn: 50_000.0, crit: 500_000.0 },
+            amplification: Band { warn: 10.0, crit: 100.0 },
+        }
+    }
+
+    #[test]
+    fn nothing_observable_is_unknown_never_ok() {
+        let verdict = judge(&Evidence::default(), &thresholds());
+        assert_eq!(verdict.verdict, Level::Unknown);
+        assert!(verdict.advice.is_empty());
+        assert!(verdict.metrics.iter().all(|m| m.value.is_none()));
+    }
+
+    #[test]
+    fn small_invalidations_waiting_on_the_lock_are_told_to_batch() {
+        let e = Evidence {
+            invalidate_freq: Some(50_000.0),
+            wait_per_invalidation_ns: Some(20_000.0),
+            mean_invalidation_bytes: Some(4096.0),
+            notifier_lock: Some(("kvm->mmu_lock of VM pid 7".into(), 1_000_000)),
+            vcpu_faults_wait: true,
+            ..Evidence::default()
+        };
+        let verdict = judge(&e, &thresholds());
+        assert_eq!(verdict.verdict, Level::Crit);
+        let causes: Vec<&str> = verdict.advice.iter().map(|a| a.cause).collect();
+        assert_eq!(causes, ["fine-grained invalidations", "notifier against vCPU faults"]);
+        // Already 2 MiB: batching is not the advice.
+        let big = Evidence { mean_invalidation_bytes: Some((2 << 20) as f64), ..e };
+        assert!(judge(&big, &thresholds()).advice.iter().all(|a| a.cause != "fine-grained invalidations"));
+    }
+
+    #[test]
+    fn a_fixed_cost_per_call_is_reported_as_amplification() {
+        let e = Evidence {
+            slowest_callback: Some(("hmm_mirror".into(), 100_000.0)),
+            amplification: Some(("hmm_mirror".into(), 1000.0, 100_000.0)),
+            ..Evidence::default()
+        };
+        let verdict = judge(&e, &thresholds());
+        assert_eq!(verdict.verdict, Level::Crit);
+        assert_eq!(verdict.advice.len(), 1);
+        assert_eq!(verdict.advice[0].cause, "device-flush amplification");
+        assert!(verdict.advice[0].evidence.contains("1000x"), "{}", verdict.advice[0].evidence);
+    }
+}

@@ -1,0 +1,184 @@
+//! `mm-probe invalidations`: where MMU-notifier invalidations spend their time.
+//!
+//! hooks (probes.rs: KVM's tracepoints, lock contention, the notifier's functions, the known
+//! subscribers' callbacks) → tables aggregated in the kernel → read and summed (decoder.rs) →
+//! invalidators, contended locks named and split by waiting path (locks.rs), subscribers with
+//! their time-against-size fit (aggregator.rs) → verdict and advice (judge.rs) → JSON lines
+//! (report.rs) or text (render.rs).
+
+pub mod aggregator;
+pub mod decoder;
+pub mod judge;
+pub mod locks;
+pub mod probes;
+pub mod render;
+pub mod report;
+
+use anyhow::{Context as _, Result};
+use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use mm_probe_common::{
+    invalidations::{self as names},
+    layout as offsets,
+};
+
+use self::{
+    decoder::{Tables, read_tables, stack_functions},
+    judge::Thresholds,
+    locks::KvmMembers,
+    probes::Observability,
+    report::Summary,
+};
+use crate::{
+    cli::InvalidationsArgs,
+    collect::{Limits, Stop, Stopper, Ticker, monotonic_ns, run as skeleton},
+    error::UserError,
+    kernel::{Kernel, layout::Layout, privileges, process::running_process, tracefs},
+    probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
+    report::{text, verdict::Band},
+};
+
+pub fn run(args: &InvalidationsArgs) -> Result<()> {
+    privileges::require_tracing()?;
+    let thresholds = thresholds_from(args)?;
+    for &pid in &args.pids {
+        running_process(pid)?;
+    }
+    let limits = Limits { duration: args.duration, targets: args.pids.clone() };
+    skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, stopper).await)
+}
+
+async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, stopper: &mut Stopper) -> Result<()> {
+    let kernel = Kernel::running()?;
+    let kvm_start = kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START));
+    let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&args.pids, kvm_start))?;
+    select_processes(&mut ebpf, &args.pids)?;
+    let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
+    let callbacks = probes::attach_callbacks(&kernel, &mut ebpf);
+    let seen = probes::observability(&plan, &callbacks, kvm_start.is_some() && kvm_layout_known(&kernel));
+    if args.json {
+        println!("{}", report::plan_json(&kernel.release.text, &plan, &callbacks.timed, &seen, &thresholds));
+    } else {
+        text::eprint(&render::plan_text(&kernel.release.text, &plan, &callbacks.timed, &seen));
+    }
+    let started_ns = monotonic_ns();
+    let stopped_by = collect(&ebpf, args, &seen, stopper).await?;
+    detach_all(&mut ebpf).await;
+    let tables = read_tables(&ebpf)?;
+    let duration_s = (monotonic_ns() - started_ns) as f64 / 1e9;
+    for pid in stopper.exited_targets() {
+        text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
+    }
+    let summary = summarize(&ebpf, &kernel, &tables, &seen, &thresholds, duration_s);
+    if args.json {
+        println!("{}", report::summary_json(&summary, stopped_by, &seen));
+    } else {
+        text::print(&render::summary_text(&summary, stopped_by));
+    }
+    Ok(())
+}
+
+/// Waits for the end, printing a line per `--interval` from the tables' deltas.
+async fn collect(ebpf: &Ebpf, args: &InvalidationsArgs, seen: &Observability, stopper: &mut Stopper) -> Result<Stop> {
+    let mut tick = Ticker::every(args.interval);
+    let mut previous = Tables::default();
+    let mut previous_ns = monotonic_ns();
+    loop {
+        tokio::select! {
+            () = tick.tick() => {
+                let now = read_tables(ebpf)?;
+                let now_ns = monotonic_ns();
+                let line = aggregator::interval(&previous, &now, (now_ns - previous_ns) as f64 / 1e9, seen.lock_waits, seen.callbacks);
+                if args.json {
+                    println!("{}", report::interval_json(&line));
+                } else {
+                    text::println(&render::interval_text(&line));
+                }
+                (previous, previous_ns) = (now, now_ns);
+            }
+            reason = stopper.wait() => return Ok(reason),
+        }
+    }
+}
+
+fn summarize(
+    ebpf: &Ebpf,
+    kernel: &Kernel,
+    tables: &Tables,
+    seen: &Observability,
+    thresholds: &Thresholds,
+    duration_s: f64,
+) -> Summary {
+    let kallsyms = kernel.kallsyms().ok();
+    let invalidations = aggregator::invalidations(tables, duration_s);
+    let kvm_members = kernel
+        .btf()
+        .ok()
+        .and_then(|btf| btf.struct_members("kvm"))
+        .map(|(size, members)| KvmMembers { size, members })
+        .unwrap_or_default();
+    let locks = aggregator::locks(tables, &kvm_members, &|id| stack_functions(ebpf, id, kallsyms));
+    let subscribers = aggregator::subscribers(tables, kallsyms);
+    let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, duration_s, seen.lock_waits);
+    Summary {
+        duration_s,
+        verdict: judge::judge(&evidence, thresholds),
+        invalidations,
+        locks,
+        lock_waits_observable: seen.lock_waits,
+        subscribers,
+        callbacks_observable: seen.callbacks,
+        counters: aggregator::counters(tables),
+    }
+}
+
+/// Whether `struct kvm`'s members are in this kernel's BTF (KVM built in).
+fn kvm_layout_known(kernel: &Kernel) -> bool {
+    let Ok(btf) = kernel.btf() else { return false };
+    Layout::offset_in(btf, offsets::KVM_MMU_LOCK).is_some()
+        && Layout::offset_in(btf, offsets::KVM_MMU_NOTIFIER).is_some()
+}
+
+/// Globals: the -p filter, KVM's callback address, this kernel's tracepoint field offsets.
+fn settings(pids: &[u32], kvm_start: Option<u64>) -> Vec<(&'static str, GlobalValue)> {
+    let root = tracefs::root().ok();
+    let offset = |category, event, field, default| {
+        let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
+        GlobalValue::U32(found.unwrap_or(default))
+    };
+    vec![
+        (names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty()))),
+        (names::KVM_RANGE_START_FN, GlobalValue::U64(kvm_start.unwrap_or(0))),
+        (names::BEGIN_LOCK_OFFSET, offset("lock", "contention_begin", "lock_addr", 8)),
+        (names::BEGIN_FLAGS_OFFSET, offset("lock", "contention_begin", "flags", 16)),
+        (names::END_LOCK_OFFSET, offset("lock", "contention_end", "lock_addr", 8)),
+        (names::KVM_START_OFFSET, offset("kvm", "kvm_unmap_hva_range", "start", 8)),
+        (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
+    ]
+}
+
+fn select_processes(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let mut targets: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?)?;
+    for pid in pids {
+        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
+    }
+    Ok(())
+}
+
+fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
+    let band = |name: &str, warn: f64, crit: f64| {
+        if !(warn.is_finite() && crit.is_finite() && warn >= 0.0 && warn <= crit) {
+            return Err(UserError::new(format!(
+                "--{name}-warn ({warn}) must be a number no larger than --{name}-crit ({crit})"
+            )));
+        }
+        Ok(Band { warn, crit })
+    };
+    let nanos = |d: std::time::Duration| d.as_nanos() as f64;
+    Ok(Thresholds {
+        invalidate_freq: band("invalidate-freq", args.invalidate_freq_warn, args.invalidate_freq_crit)?,
+        wait_per_invalidation_ns: band("wait", nanos(args.wait_warn), nanos(args.wait_crit))?,
+        callback_mean_ns: band("callback", nanos(args.callback_warn), nanos(args.callback_crit))?,
+        amplification: band("amplification", args.amplification_warn, args.amplification_crit)?,
+    })
+}

@@ -1,0 +1,252 @@
+//! The kernel hooks invalidations uses and what an attach plan of them lets it see.
+//!
+//! Tracepoints carry the host-side view (KVM's unmap/age events, the lock contention events of
+//! 5.19+), which works where function probes are refused; the notifier's own functions (no
+//! tracepoint exists for them) and the subscribers' callbacks need kprobes or fentry.
+
+use anyhow::Result;
+use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
+use mm_probe_common::invalidations::{self as names, ReturnKind};
+
+use crate::{
+    function_probe,
+    kernel::Kernel,
+    probes::{LogicalProbe, Plan, Target},
+    report::statement::Statement,
+    tracepoint_probe,
+};
+
+pub const KVM_UNMAP_PROBE: &str = "kvm_unmap_hva_range";
+pub const KVM_AGE_PROBE: &str = "kvm_age_hva";
+pub const KVM_FAULT_PROBE: &str = "kvm_page_fault";
+pub const CONTENTION_BEGIN_PROBE: &str = "contention_begin";
+pub const CONTENTION_END_PROBE: &str = "contention_end";
+pub const RANGE_START_PROBE: &str = "invalidate_range_start";
+pub const RANGE_END_PROBE: &str = "invalidate_range_end";
+
+const RANGE_START: &[Target] =
+    &[Target { name: "__mmu_notifier_invalidate_range_start", kernels: "all, CONFIG_MMU_NOTIFIER" }];
+const RANGE_END: &[Target] = &[Target {
+    name: "__mmu_notifier_invalidate_range_end",
+    kernels: "all; (range, only_end) up to 6.5, (range) from 6.6 — only the range is read",
+}];
+
+pub const KVM_UNMAP: LogicalProbe = tracepoint_probe!(
+    KVM_UNMAP_PROBE, "invalidations of a VM's memory (KVM's notifier), and each VM's mmu_lock";
+    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers" => "inv_kvm_unmap"
+);
+
+pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
+    KVM_AGE_PROBE, "reclaim's aging of a VM's memory (clear_young through KVM's notifier)";
+    "kvm:kvm_age_hva" on "KVM with MMU notifiers" => "inv_kvm_age"
+);
+
+pub const KVM_FAULT: LogicalProbe = tracepoint_probe!(
+    KVM_FAULT_PROBE, "the mmu_lock of VMs that fault before any invalidation names it";
+    "kvm:kvm_page_fault" on "KVM on x86" => "inv_kvm_fault"
+);
+
+pub const CONTENTION_BEGIN: LogicalProbe = tracepoint_probe!(
+    CONTENTION_BEGIN_PROBE, "contended lock acquisitions: which lock, how taken, the waiter's stack";
+    "lock:contention_begin" on "5.19+" => "inv_contention_begin"
+);
+
+pub const CONTENTION_END: LogicalProbe = tracepoint_probe!(
+    CONTENTION_END_PROBE, "how long each contended acquisition waited";
+    "lock:contention_end" on "5.19+" => "inv_contention_end"
+);
+
+pub const RANGE_STARTS: LogicalProbe = function_probe!(
+    RANGE_START_PROBE, "every invalidation of an mm with subscribers: event, size, invalidator", RANGE_START;
+    Fentry "inv_range_start_fentry" | Kprobe "inv_range_start_kprobe"
+);
+
+pub const RANGE_ENDS: LogicalProbe = function_probe!(
+    RANGE_END_PROBE, "how long each invalidation lasted, start to end", RANGE_END;
+    Fentry "inv_range_end_fentry" | Kprobe "inv_range_end_kprobe"
+);
+
+/// In attach order: the KVM probes learn the locks the contention probes name.
+pub const PROBES: &[LogicalProbe] =
+    &[KVM_UNMAP, KVM_AGE, KVM_FAULT, RANGE_STARTS, RANGE_ENDS, CONTENTION_BEGIN, CONTENTION_END];
+
+/// The KVM callback whose address identifies a KVM subscription (the ops table itself is a
+/// data symbol, which kernels without CONFIG_KALLSYMS_ALL do not list).
+pub const KVM_RANGE_START: &str = "kvm_mmu_notifier_invalidate_range_start";
+
+/// A known subscriber callback: the function, which driver it belongs to, how it refuses.
+#[derive(Clone, Copy, Debug)]
+pub struct KnownCallback {
+    pub function: &'static str,
+    pub subscriber: &'static str,
+    pub returns: ReturnKind,
+}
+
+const fn callback(function: &'static str, subscriber: &'static str, returns: ReturnKind) -> KnownCallback {
+    KnownCallback { function, subscriber, returns }
+}
+
+/// Every callback timed where kprobes are allowed and the symbol exists. All take the range as
+/// their second argument (mmu_notifier_ops.invalidate_range_start/_end,
+/// mmu_interval_notifier_ops.invalidate). IOMMU SVA's arch_invalidate_secondary_tlbs takes
+/// (mm, start, end) instead and is not among them.
+pub const CALLBACKS: &[KnownCallback] = &[
+    callback(KVM_RANGE_START, "kvm", ReturnKind::Int),
+    callback("kvm_mmu_notifier_invalidate_range_end", "kvm", ReturnKind::Void),
+    callback("mirror_invalidate", "hmm_mirror", ReturnKind::Bool),
+    callback("amdgpu_hmm_invalidate_gfx", "amdgpu", ReturnKind::Bool),
+    callback("amdgpu_hmm_invalidate_hsa", "amdgpu", ReturnKind::Bool),
+    callback("svm_range_cpu_invalidate_pagetables", "amdkfd", ReturnKind::Bool),
+    callback("nouveau_svmm_invalidate_range_start", "nouveau", ReturnKind::Int),
+    callback("nouveau_svm_range_invalidate", "nouveau", ReturnKind::Bool),
+    callback("drm_gpusvm_notifier_invalidate", "xe/drm_gpusvm", ReturnKind::Bool),
+    callback("vma_userptr_invalidate", "xe", ReturnKind::Bool),
+    callback("i915_gem_userptr_invalidate", "i915", ReturnKind::Bool),
+    callback("mlx5_ib_invalidate_range", "ib_umem_odp/mlx5", ReturnKind::Bool),
+    callback("gntdev_invalidate", "xen gntdev", ReturnKind::Bool),
+];
+
+/// The friendly subscriber name of a callback function, if known.
+pub fn subscriber_of(function: &str) -> Option<&'static str> {
+    CALLBACKS.iter().find(|c| c.function == function).map(|c| c.subscriber)
+}
+
+/// Callback attachment: which known callbacks are timed, and why the rest are not.
+#[derive(Clone, Debug, Default)]
+pub struct CallbackPlan {
+    pub timed: Vec<&'static str>,
+    /// Why none could be timed, when none was.
+    pub why_not: Option<String>,
+}
+
+const CALLBACK_ENTRY: &str = "inv_callback_kprobe";
+const CALLBACK_RETURN: &str = "inv_callback_kretprobe";
+
+/// Attaches the callback pair to every known callback this kernel has (one program, many
+/// attach points). Kprobes only: a trampoline is one program per function.
+pub fn attach_callbacks(kernel: &Kernel, ebpf: &mut Ebpf) -> CallbackPlan {
+    if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+        return CallbackPlan { why_not: Some("this kernel has no kprobes".into()), ..CallbackPlan::default() };
+    }
+    let Ok(kallsyms) = kernel.kallsyms() else {
+        return CallbackPlan { why_not: Some("/proc/kallsyms is unreadable".into()), ..CallbackPlan::default() };
+    };
+    let present: Vec<KnownCallback> =
+        CALLBACKS.iter().copied().filter(|c| kallsyms.resolve(c.function).is_some()).collect();
+    if present.is_empty() {
+        return CallbackPlan {
+            why_not: Some(
+                "no known subscriber callback is in this kernel's symbols (no KVM, GPU or RDMA driver loaded)".into(),
+            ),
+            ..CallbackPlan::default()
+        };
+    }
+    let mut plan = CallbackPlan::default();
+    let mut failures = Vec::new();
+    for known in present {
+        match attach_one(ebpf, known.function) {
+            Ok(()) => plan.timed.push(known.function),
+            Err(error) => failures.push(format!("{}: {error:#}", known.function)),
+        }
+        if let Some(address) = kallsyms.address_of(known.function) {
+            let _ = set_return_kind(ebpf, address, known.returns);
+        }
+    }
+    if plan.timed.is_empty() {
+        plan.why_not = Some(failures.join("; "));
+    }
+    plan
+}
+
+fn attach_one(ebpf: &mut Ebpf, function: &str) -> Result<()> {
+    for name in [CALLBACK_ENTRY, CALLBACK_RETURN] {
+        let program: &mut KProbe =
+            ebpf.program_mut(name).ok_or_else(|| anyhow::anyhow!("{name} missing from the object"))?.try_into()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        program.attach(function, 0)?;
+    }
+    Ok(())
+}
+
+fn set_return_kind(ebpf: &mut Ebpf, address: u64, returns: ReturnKind) -> Result<()> {
+    let map = ebpf.map_mut(names::CALLBACK_KINDS_MAP).ok_or_else(|| anyhow::anyhow!("callback kinds map missing"))?;
+    let mut kinds: BpfHashMap<_, u64, u32> = BpfHashMap::try_from(map)?;
+    kinds.insert(address, returns as u32, 0)?;
+    Ok(())
+}
+
+/// What the plan lets the command see.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Observability {
+    pub kvm_unmaps: bool,
+    pub kvm_ages: bool,
+    pub lock_waits: bool,
+    pub range_starts: bool,
+    pub range_ends: bool,
+    pub callbacks: bool,
+    /// Each VM's mmu_lock can be named (struct kvm in BTF, KVM's callback in kallsyms).
+    pub kvm_lock_names: bool,
+    pub statements: Vec<Statement>,
+}
+
+/// Reads the plan into what can be observed, with a plain sentence for each gap.
+pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool) -> Observability {
+    let mut seen = Observability {
+        kvm_unmaps: plan.is_attached(KVM_UNMAP_PROBE),
+        kvm_ages: plan.is_attached(KVM_AGE_PROBE),
+        lock_waits: plan.is_attached(CONTENTION_BEGIN_PROBE) && plan.is_attached(CONTENTION_END_PROBE),
+        range_starts: plan.is_attached(RANGE_START_PROBE),
+        range_ends: plan.is_attached(RANGE_END_PROBE),
+        callbacks: !callbacks.timed.is_empty(),
+        kvm_lock_names,
+        statements: Vec::new(),
+    };
+    let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
+    let mut note = |subject: &str, why: Option<String>, cost: &str| {
+        seen.statements.push(Statement { subject: subject.into(), why, cost: cost.into() })
+    };
+    if !plan.is_attached(RANGE_START_PROBE) {
+        note(
+            "__mmu_notifier_invalidate_range_start is not observable",
+            why(RANGE_START_PROBE),
+            "only KVM's invalidations are counted (its tracepoints), without their event or duration.",
+        );
+    } else if !plan.is_attached(RANGE_END_PROBE) {
+        note(
+            "__mmu_notifier_invalidate_range_end is not observable",
+            why(RANGE_END_PROBE),
+            "invalidation durations are not measured.",
+        );
+    }
+    if !plan.is_attached(KVM_UNMAP_PROBE) {
+        note(
+            "KVM's kvm_unmap_hva_range tracepoint is not available",
+            why(KVM_UNMAP_PROBE),
+            "VMs' mmu_locks are named only from their page faults.",
+        );
+    }
+    if !(plan.is_attached(CONTENTION_BEGIN_PROBE) && plan.is_attached(CONTENTION_END_PROBE)) {
+        note(
+            "lock contention is not observable",
+            why(CONTENTION_BEGIN_PROBE).or_else(|| why(CONTENTION_END_PROBE)),
+            "waits on kvm->mmu_lock and other locks during invalidations cannot be measured.",
+        );
+    }
+    if callbacks.timed.is_empty() {
+        note(
+            "subscriber callbacks are not timed",
+            callbacks.why_not.clone(),
+            "per-subscriber callback time and amplification cannot be measured.",
+        );
+    }
+    if !kvm_lock_names && plan.is_attached(KVM_UNMAP_PROBE) {
+        note(
+            "VMs' mmu_locks cannot be named",
+            None,
+            "struct kvm is not in this kernel's BTF (KVM built as a module), so its locks show as addresses.",
+        );
+    }
+    seen
+}

@@ -1,0 +1,150 @@
+//! kvm_storm: MMU-notifier invalidations of a KVM guest's memory, with or without the vCPU
+//! faults and dirty logging that contend with them on kvm->mmu_lock.
+//!
+//! Creates a VM whose data memslot is `--size` of anonymous memory, then runs `--threads`
+//! threads named `kvm-madv`, each pinned to its own CPU, that madvise(MADV_DONTNEED) the
+//! memslot `--chunk` bytes at a time (thread t takes chunks t, t+N, …) for `--passes` passes.
+//! Every such madvise is one invalidation of a range KVM maps, so one kvm_unmap_hva_range.
+//! `--vcpus N` adds vCPU threads (`kvm-vcpu`) whose guest writes every page of the memslot in a
+//! loop (each page the madvise took faults again, on mmu_lock), `--dirty-log` a thread
+//! (`kvm-dirty`) fetching the memslot's dirty log in a loop. Prints its own counts as one JSON
+//! object: {"pid", "madvise_calls", "madvise_bytes", "vcpu_passes", "dirty_log_calls",
+//! "elapsed_ns"}.
+//!
+//! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
+//!                  [--dirty-log] [--wait]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::Instant,
+};
+
+use anyhow::{Context as _, Result, bail};
+use mm_probe_workloads::{kvm::Vm, parse_bytes, pin_to_cpu};
+
+#[derive(Clone, Debug)]
+struct Options {
+    size_bytes: usize,
+    chunk_bytes: usize,
+    threads: usize,
+    passes: u64,
+    vcpus: u32,
+    dirty_log: bool,
+}
+
+fn main() -> Result<()> {
+    let options = parse(std::env::args().skip(1).collect())?;
+    let vm = Arc::new(Vm::create(options.size_bytes, options.dirty_log)?);
+    mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
+    let stop = Arc::new(AtomicBool::new(false));
+    let vcpu_passes = Arc::new(AtomicU64::new(0));
+    let dirty_log_calls = Arc::new(AtomicU64::new(0));
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let mut background = Vec::new();
+    for id in 0..options.vcpus {
+        let mut vcpu = vm.create_vcpu(id)?;
+        let (stop, passes) = (stop.clone(), vcpu_passes.clone());
+        background.push(thread::Builder::new().name("kvm-vcpu".into()).spawn(move || -> Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                if vcpu.run_once()? {
+                    passes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })?);
+    }
+    if options.dirty_log {
+        let (vm, stop, calls) = (vm.clone(), stop.clone(), dirty_log_calls.clone());
+        background.push(thread::Builder::new().name("kvm-dirty".into()).spawn(move || -> Result<()> {
+            let mut bitmap = vec![0u64; vm.dirty_bitmap_words()];
+            while !stop.load(Ordering::Relaxed) {
+                vm.fetch_dirty_log(&mut bitmap)?;
+                calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })?);
+    }
+    // With vCPUs, wait for the guest's first pass: every page is then mapped in KVM, so the
+    // madvise threads meet a populated secondary MMU from their first call.
+    while options.vcpus > 0 && vcpu_passes.load(Ordering::Relaxed) == 0 {
+        if background.iter().any(|t| t.is_finished()) {
+            break;
+        }
+        thread::yield_now();
+    }
+    let started = Instant::now();
+    let invalidators: Vec<_> = (0..options.threads)
+        .map(|index| {
+            let (vm, options) = (vm.clone(), options.clone());
+            thread::Builder::new()
+                .name("kvm-madv".into())
+                .spawn(move || invalidate(&vm, &options, index, index % cpus))
+                .context("starting an invalidating thread")
+        })
+        .collect::<Result<_>>()?;
+    let mut calls = 0u64;
+    for thread in invalidators {
+        calls += thread.join().map_err(|_| anyhow::anyhow!("an invalidating thread panicked"))??;
+    }
+    let elapsed_ns = started.elapsed().as_nanos();
+    stop.store(true, Ordering::Relaxed);
+    for thread in background {
+        thread.join().map_err(|_| anyhow::anyhow!("a vCPU or dirty-log thread panicked"))??;
+    }
+    println!(
+        "{{\"pid\":{},\"madvise_calls\":{calls},\"madvise_bytes\":{},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
+        std::process::id(),
+        calls * options.chunk_bytes as u64,
+        vcpu_passes.load(Ordering::Relaxed),
+        dirty_log_calls.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+/// One invalidating thread's passes over its share of the memslot; returns its madvise calls.
+fn invalidate(vm: &Vm, options: &Options, index: usize, cpu: usize) -> Result<u64> {
+    pin_to_cpu(cpu)?;
+    let chunks = vm.data_bytes / options.chunk_bytes;
+    let mut calls = 0;
+    for _ in 0..options.passes {
+        for chunk in (index..chunks).step_by(options.threads) {
+            // SAFETY: the chunk lies inside the data memslot's mapping, which lives until exit.
+            let addr = unsafe { vm.data.add(chunk * options.chunk_bytes) };
+            if unsafe { libc::madvise(addr.cast(), options.chunk_bytes, libc::MADV_DONTNEED) } != 0 {
+                bail!("madvise(MADV_DONTNEED): {}", std::io::Error::last_os_error());
+            }
+            calls += 1;
+        }
+    }
+    Ok(calls)
+}
+
+fn parse(args: Vec<String>) -> Result<Options> {
+    let mut options =
+        Options { size_bytes: 64 << 20, chunk_bytes: 4 << 10, threads: 1, passes: 20, vcpus: 0, dirty_log: false };
+    let mut args = args.into_iter();
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--size" => options.size_bytes = parse_bytes(&value()?)? as usize,
+            "--chunk" => options.chunk_bytes = parse_bytes(&value()?)? as usize,
+            "--threads" => options.threads = value()?.parse()?,
+            "--passes" => options.passes = value()?.parse()?,
+            "--vcpus" => options.vcpus = value()?.parse()?,
+            "--dirty-log" => options.dirty_log = true,
+            "--wait" => {}
+            other => bail!("unknown argument {other}; see the usage at the top of kvm_storm.rs"),
+        }
+    }
+    if options.threads == 0 || options.chunk_bytes == 0 || options.chunk_bytes % 4096 != 0 {
+        bail!("--threads must be at least 1 and --chunk a non-zero multiple of 4K");
+    }
+    if options.size_bytes % options.chunk_bytes != 0 {
+        bail!("--size must be a multiple of --chunk");
+    }
+    Ok(options)
+}

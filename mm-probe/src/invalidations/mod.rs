@@ -14,8 +14,8 @@ pub mod probes;
 pub mod render;
 pub mod report;
 
-use anyhow::{Context as _, Result};
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use anyhow::Result;
+use aya::Ebpf;
 use mm_probe_common::{
     invalidations::{self as names},
     layout as offsets,
@@ -51,7 +51,7 @@ async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, st
     let kernel = Kernel::running()?;
     let kvm_start = kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START));
     let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&args.pids, kvm_start))?;
-    select_processes(&mut ebpf, &args.pids)?;
+    crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     let callbacks = probes::attach_callbacks(&kernel, &mut ebpf);
     let seen = probes::observability(&plan, &callbacks, kvm_start.is_some() && kvm_layout_known(&kernel));
@@ -156,24 +156,8 @@ fn settings(pids: &[u32], kvm_start: Option<u64>) -> Vec<(&'static str, GlobalVa
     ]
 }
 
-fn select_processes(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
-    let mut targets: BpfHashMap<_, u32, u8> =
-        BpfHashMap::try_from(ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?)?;
-    for pid in pids {
-        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
-    }
-    Ok(())
-}
-
 fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
-    let band = |name: &str, warn: f64, crit: f64| {
-        if !(warn.is_finite() && crit.is_finite() && warn >= 0.0 && warn <= crit) {
-            return Err(UserError::new(format!(
-                "--{name}-warn ({warn}) must be a number no larger than --{name}-crit ({crit})"
-            )));
-        }
-        Ok(Band { warn, crit })
-    };
+    let band = Band::checked;
     let nanos = |d: std::time::Duration| d.as_nanos() as f64;
     Ok(Thresholds {
         invalidate_freq: band("invalidate-freq", args.invalidate_freq_warn, args.invalidate_freq_crit)?,

@@ -14,6 +14,6 @@ pub mod unavailable;
 
 pub use catalog::{Candidate, Hook, LogicalProbe, Mechanism, Target};
 pub use failure::AttachFailure;
-pub use object::{GlobalValue, MapFamily, load_object};
+pub use object::{GlobalValue, MapFamily, load_object, select_processes};
 pub use planner::{Attempt, Outcome, Plan, Planner, ProbePlan, detach_all};
 pub use unavailable::{DOCTOR_POINTER, unavailable_summary};

@@ -75,6 +75,16 @@ pub fn load_object(kernel: &Kernel, families: &[MapFamily], settings: &[(&'stati
     loader.load(OBJECT).context("loading mm-probe's eBPF object (creating its maps)")
 }
 
+/// Fills a capability's `-p` map (tgid → 1), which its programs consult when filtering.
+pub fn select_processes(ebpf: &mut Ebpf, map: &str, pids: &[u32]) -> Result<()> {
+    let mut targets: aya::maps::HashMap<_, u32, u8> =
+        aya::maps::HashMap::try_from(ebpf.map_mut(map).context("target map missing from the object")?)?;
+    for pid in pids {
+        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
+    }
+    Ok(())
+}
+
 /// The smallest size of every map outside `families`.
 fn unused_map_sizes(families: &[MapFamily]) -> Result<Vec<(String, u32)>> {
     if MapFamily::ALL.iter().all(|f| families.contains(f)) {

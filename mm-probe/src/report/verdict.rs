@@ -38,6 +38,16 @@ pub struct Band {
 }
 
 impl Band {
+    /// A band from `--NAME-warn` and `--NAME-crit`, refused unless 0 <= warn <= crit.
+    pub fn checked(name: &str, warn: f64, crit: f64) -> Result<Self, crate::error::UserError> {
+        if !(warn.is_finite() && crit.is_finite() && warn >= 0.0 && warn <= crit) {
+            return Err(crate::error::UserError::new(format!(
+                "--{name}-warn ({warn}) must be a number no larger than --{name}-crit ({crit})"
+            )));
+        }
+        Ok(Self { warn, crit })
+    }
+
     pub fn classify(&self, value: Option<f64>) -> Level {
         match value {
             None => Level::Unknown,

@@ -21,7 +21,7 @@ pub mod timeline;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, HmmEvent};
 
 pub use self::{aggregator::KernelTotals, probes::observability};
@@ -75,7 +75,7 @@ async fn attach_and_collect(
 ) -> Result<()> {
     let kernel = Kernel::running()?;
     let mut ebpf = load_object(&kernel, &[MapFamily::RetryStorm], &settings(&args.pids))?;
-    select_processes(&mut ebpf, &args.pids)?;
+    crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     // Mapped before the plan is out: mapping runs in the kernel without rescheduling, and a
     // workload may start on the plan line.
@@ -123,24 +123,9 @@ pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
 }
 
 /// Tells the kernel side which processes `-p` selected.
-fn select_processes(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
-    let mut targets: BpfHashMap<_, u32, u8> =
-        BpfHashMap::try_from(ebpf.map_mut(names::TARGET_TGIDS_MAP).context("target map missing from the object")?)?;
-    for pid in pids {
-        targets.insert(pid, 1, 0).with_context(|| format!("watching process {pid}"))?;
-    }
-    Ok(())
-}
 
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
-    let band = |name: &str, warn: f64, crit: f64| {
-        if !(warn.is_finite() && crit.is_finite() && warn >= 0.0 && warn <= crit) {
-            return Err(UserError::new(format!(
-                "--{name}-warn ({warn}) must be a number no larger than --{name}-crit ({crit})"
-            )));
-        }
-        Ok(Band { warn, crit })
-    };
+    let band = Band::checked;
     Ok(Thresholds {
         retry_rate: band("retry-rate", args.retry_rate_warn / 100.0, args.retry_rate_crit / 100.0)?,
         timeout_rate: band("timeout-rate", args.timeout_rate_warn / 100.0, args.timeout_rate_crit / 100.0)?,

@@ -11,6 +11,8 @@ use std::{fs::OpenOptions, os::fd::AsRawFd as _};
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::map_anonymous;
+
 const KVMIO: u64 = 0xae;
 
 const fn io(nr: u64) -> u64 {
@@ -156,25 +158,6 @@ fn ioctl(fd: i32, request: u64, arg: u64, what: &str) -> Result<i32> {
         bail!("{what}: {}", std::io::Error::last_os_error());
     }
     Ok(ret)
-}
-
-/// An anonymous shared-nothing mapping, page-aligned, zeroed.
-fn map_anonymous(bytes: usize) -> Result<*mut u8> {
-    // SAFETY: anonymous mapping with no hint; checked for MAP_FAILED.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        bail!("mmap {bytes} bytes: {}", std::io::Error::last_os_error());
-    }
-    Ok(addr.cast())
 }
 
 /// A VM with its data memslot. The fds stay open for the life of the process (the workload

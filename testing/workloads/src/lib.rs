@@ -41,6 +41,14 @@ pub const PAGE: usize = 4096;
 /// A fresh anonymous private mapping of `bytes` with THP off (MADV_NOHUGEPAGE): every 4 KiB
 /// page faults on its own, and every 2 MiB is walked PTE by PTE.
 pub fn map_small_pages(bytes: usize) -> anyhow::Result<*mut u8> {
+    let addr = map_anonymous(bytes)?;
+    // SAFETY: advice on the range just mapped.
+    unsafe { libc::madvise(addr.cast(), bytes, libc::MADV_NOHUGEPAGE) };
+    Ok(addr)
+}
+
+/// A fresh anonymous private read-write mapping of `bytes`, zeroed.
+pub fn map_anonymous(bytes: usize) -> anyhow::Result<*mut u8> {
     // SAFETY: an anonymous mapping with no address hint; checked for MAP_FAILED.
     let addr = unsafe {
         libc::mmap(
@@ -53,8 +61,6 @@ pub fn map_small_pages(bytes: usize) -> anyhow::Result<*mut u8> {
         )
     };
     anyhow::ensure!(addr != libc::MAP_FAILED, "mmap {bytes} bytes: {}", std::io::Error::last_os_error());
-    // SAFETY: advice on the range just mapped.
-    unsafe { libc::madvise(addr, bytes, libc::MADV_NOHUGEPAGE) };
     Ok(addr.cast())
 }
 

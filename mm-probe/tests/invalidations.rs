@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use common::{mm_probe, require_root, run_tool, workload};
+use common::{MirrorModule, mm_probe, module_dir, require_root, run_tool, workload};
 use serde_json::Value;
 
 /// Whether this kernel can run the workload: /dev/kvm and KVM's tracepoints.
@@ -26,19 +26,25 @@ fn kvm_available() -> bool {
     std::path::Path::new("/dev/kvm").exists() && tracepoint
 }
 
-/// Runs kvm_storm under the tool (-p its pid, attached before the workload starts); returns the
-/// workload's counts and the tool's summary line.
+/// Runs kvm_storm under the tool; returns the workload's counts and the tool's summary line.
 fn traced(workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
-    let mut storm = Command::new(workload("kvm_storm"))
+    traced_workload("kvm_storm", workload_args, tool_args)
+}
+
+/// Runs a workload that prints its pid and waits for a line (`--wait`) under the tool, attached
+/// with -p before the workload starts; returns the workload's own counts (its last line) and the
+/// tool's summary line.
+fn traced_workload(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
+    let mut storm = Command::new(workload(name))
         .args(workload_args)
         .arg("--wait")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .expect("starting kvm_storm");
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
     let mut storm_out = BufReader::new(storm.stdout.take().expect("piped stdout"));
     let mut pid = String::new();
-    storm_out.read_line(&mut pid).expect("kvm_storm prints its pid");
+    storm_out.read_line(&mut pid).expect("the workload prints its pid");
     let pid = pid.trim().to_string();
     let mut tool = Command::new(mm_probe())
         .args(["invalidations", "--json", "--duration", "120s", "-p", &pid])
@@ -57,15 +63,16 @@ fn traced(workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
     assert_eq!(plan["type"], "probe_plan", "{plan}");
     storm.stdin.take().expect("piped stdin").write_all(b"go\n").expect("starting the storm");
     let mut counts = String::new();
-    storm_out.read_line(&mut counts).expect("kvm_storm's counts");
-    assert!(storm.wait().expect("kvm_storm").success(), "kvm_storm failed");
-    let counts: Value = serde_json::from_str(&counts).expect("kvm_storm prints one JSON object");
+    storm_out.read_line(&mut counts).expect("the workload's counts");
+    assert!(storm.wait().expect("the workload").success(), "{name} failed");
+    let counts: Value =
+        serde_json::from_str(&counts).unwrap_or_else(|e| panic!("{name} prints one JSON object ({e}): {counts}"));
     // The run ends by itself once the -p process has exited.
     let status = tool.wait().expect("mm-probe");
     assert_eq!(status.code(), Some(0), "the run ends with a summary when the target exits");
     let summary = lines.iter().map(|l| common::tool_line(&l)).find(|l| l["type"] == "summary").expect("a summary line");
     assert_eq!(summary["stopped_by"], "target_exited", "{summary}");
-    eprintln!("== kvm_storm {workload_args:?}\nworkload: {counts}\ntool: {summary}");
+    eprintln!("== {name} {workload_args:?}\nworkload: {counts}\ntool: {summary}");
     (counts, summary)
 }
 
@@ -132,7 +139,7 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
     }
     // A low wait threshold, so that the advice is given whenever the notifier waits at all.
     let low = ["--wait-warn", "1ns", "--wait-crit", "1s"];
-    let (counts, small) = traced(&["--threads", "2", "--passes", "10", "--size", "32M"], &low);
+    let (counts, small) = traced(&["--threads", "2", "--passes", "10", "--size", "32M", "--fifo"], &low);
     assert_unmaps_match(&counts, &small, 2);
     let lock = mmu_lock(&small).unwrap_or_else(|| panic!("two madvise threads contend: {}", small["locks"]));
     assert_eq!(lock["name"], format!("kvm->mmu_lock of VM pid {}", counts["pid"]));
@@ -146,7 +153,8 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
     assert!(causes(&small).contains(&"fine-grained invalidations".to_string()), "{}", small["advice"]);
 
     // The same bytes in 2 MiB madvises: a 512th of the invalidations, far fewer waits.
-    let (counts, batched) = traced(&["--threads", "2", "--passes", "10", "--size", "32M", "--chunk", "2M"], &low);
+    let (counts, batched) =
+        traced(&["--threads", "2", "--passes", "10", "--size", "32M", "--chunk", "2M", "--fifo"], &low);
     assert_unmaps_match(&counts, &batched, 2);
     let contended = |s: &Value| mmu_lock(s).map_or(0, |l| u(&l["contended"]));
     assert!(
@@ -165,7 +173,8 @@ fn a_running_vcpu_waits_on_the_same_lock_in_its_fault_path() {
         eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
         return;
     }
-    let (counts, summary) = traced(&["--threads", "2", "--passes", "10", "--size", "32M", "--vcpus", "1"], &[]);
+    let (counts, summary) =
+        traced(&["--threads", "1", "--passes", "50", "--size", "32M", "--vcpus", "1", "--fifo"], &[]);
     assert!(u(&counts["vcpu_passes"]) > 0, "the guest ran: {counts}");
     let lock = mmu_lock(&summary).unwrap_or_else(|| panic!("contended: {}", summary["locks"]));
     let fault = lock["paths"].as_array().unwrap().iter().find(|p| p["path"] == "vcpu_fault");
@@ -181,4 +190,74 @@ fn a_missing_process_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// hmm_mirror's callback row, checked against the driver's own count of callbacks.
+fn mirror_callback<'a>(driver: &Value, summary: &'a Value) -> &'a Value {
+    let row = summary["subscribers"].as_array().unwrap().iter().find(|s| s["subscriber"] == "hmm_mirror");
+    let row = row.unwrap_or_else(|| panic!("hmm_mirror's callback is timed: {}", summary["subscribers"]));
+    assert_eq!(row["callback"], "mirror_invalidate");
+    assert_eq!(row["module"], "hmm_mirror");
+    assert_eq!(row["calls"], driver["invalidations"], "every callback the driver ran, once");
+    row
+}
+
+fn amplification_level(summary: &Value) -> String {
+    let metric = summary["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
+    metric["level"].as_str().unwrap().to_string()
+}
+
+/// The driver as a device: its callback flushes (busy-waits) a fixed 100 µs, or 2 µs a page, and
+/// a device thread holds the lock the callback takes. 4 KiB and 2 MiB invalidations alternate,
+/// so that time can be fitted against size. Times here are the emulator's: the tests assert
+/// relations (at least the flush's time, fixed against per-page), never absolute numbers.
+#[test]
+fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amplification() {
+    require_root();
+    if module_dir().is_none() {
+        eprintln!("skipped: the test driver is built only for the matrix kernels (no HMM on the host)");
+        return;
+    }
+    let _module = MirrorModule::load();
+    let storm =
+        ["--size", "8M", "--piece", "4K,2M", "--duration-ms", "1500", "--interval-us", "500", "--timeout-ms", "200"];
+    let fixed: Vec<&str> =
+        storm.iter().copied().chain(["--flush-fixed-us", "100", "--device-hold-us", "200"]).collect();
+    let (driver, summary) = traced_workload("hmm_storm", &fixed, &[]);
+    assert_eq!(summary["callbacks_observable"], true, "kprobes on the matrix kernels");
+    let row = mirror_callback(&driver, &summary);
+    assert!(row["mean_ns"].as_f64().unwrap() >= 100_000.0, "the flush alone takes 100 µs: {row}");
+    let fit = &row["fit"];
+    assert!(fit["fixed_ns"].as_f64().unwrap() >= 50_000.0, "a fixed cost per call: {fit}");
+    assert!(fit["amplification_4k"].is_null() || fit["amplification_4k"].as_f64().unwrap() > 10.0, "{fit}");
+    assert_ne!(amplification_level(&summary), "OK", "{}", summary["metrics"]);
+    let advised = causes(&summary);
+    assert!(
+        advised.contains(&"device-flush amplification".to_string()) || fit["amplification_4k"].is_null(),
+        "{advised:?}"
+    );
+    // The device thread's holds: the callback's waits on the device lock are the driver's.
+    let device_lock = summary["locks"].as_array().unwrap().iter().find(|l| {
+        l["paths"].as_array().unwrap().iter().any(|p| p["in_notifier"] == true && p["caller"] == "mirror_invalidate")
+    });
+    let device_lock =
+        device_lock.unwrap_or_else(|| panic!("the callback waited on the device lock: {}", summary["locks"]));
+    let waited_in_callback: u64 = device_lock["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["caller"] == "mirror_invalidate")
+        .map(|p| u(&p["contended"]))
+        .sum();
+    assert!(waited_in_callback > 0 && u(&driver["device_lock_waits"]) > 0, "{driver}");
+    // A failed trylock can still find the lock free by the time it spins: never more than the driver's.
+    assert!(waited_in_callback <= u(&driver["device_lock_waits"]), "{waited_in_callback} vs {driver}");
+
+    let per_page: Vec<&str> = storm.iter().copied().chain(["--flush-per-page-ns", "2000"]).collect();
+    let (driver, summary) = traced_workload("hmm_storm", &per_page, &[]);
+    let row = mirror_callback(&driver, &summary);
+    let fit = &row["fit"];
+    assert!(fit["per_page_ns"].as_f64().unwrap() >= 1000.0, "about 2 µs a page: {fit}");
+    assert!(fit["amplification_4k"].as_f64().unwrap() < 10.0, "a per-page cost is not amplified: {fit}");
+    assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["advice"]);
 }

@@ -14,8 +14,7 @@ use std::{
 };
 
 use common::{
-    RenderedSvg, first_of, json_lines, keep_artifact, module_dir, require_root, run_tool, scratch_dir, vm_kernel,
-    workload,
+    RenderedSvg, first_of, json_lines, keep_artifact, require_root, run_tool, scratch_dir, vm_kernel, workload,
 };
 use serde_json::Value;
 
@@ -195,7 +194,7 @@ fn the_plot_shows_rates_over_time_against_the_retry_rate_limits() {
             return;
         }
     }
-    let _module = MirrorModule::load();
+    let _module = common::MirrorModule::load();
     // No --interval: the plot samples on its own.
     let tool = Tool::start(&["--plot", plot_arg]);
     let out = Command::new(workload("hmm_storm"))
@@ -215,29 +214,6 @@ fn the_plot_shows_rates_over_time_against_the_retry_rate_limits() {
     let series_colour = mm_probe::report::plot::SERIES_COLORS[0];
     assert!(figure.has_color((series_colour.0, series_colour.1, series_colour.2)), "the rate lines are drawn");
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// Loads hmm_mirror.ko for the test and unloads it afterwards (also on failure).
-struct MirrorModule;
-
-impl MirrorModule {
-    fn load() -> Self {
-        let dir = module_dir().expect("MM_PROBE_TEST_MODULES must name the test modules built for this kernel");
-        let ko = dir.join("hmm_mirror.ko");
-        let _ = Command::new("rmmod").arg("hmm_mirror").output();
-        let out = Command::new("insmod").arg(&ko).output().expect("running insmod");
-        assert!(out.status.success(), "insmod {}: {}", ko.display(), String::from_utf8_lossy(&out.stderr));
-        MirrorModule
-    }
-}
-
-impl Drop for MirrorModule {
-    fn drop(&mut self) {
-        let out = Command::new("rmmod").arg("hmm_mirror").output().expect("running rmmod");
-        if !thread::panicking() {
-            assert!(out.status.success(), "hmm_mirror must unload cleanly: {}", String::from_utf8_lossy(&out.stderr));
-        }
-    }
 }
 
 /// The tool running in the background, its NDJSON lines collected by a thread.
@@ -395,7 +371,7 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
             return;
         }
     }
-    let _module = MirrorModule::load();
+    let _module = common::MirrorModule::load();
 
     let (whole_driver, whole) = storm("whole 64 MiB walks, one notifier", &[]);
     assert_counts_match("whole", &whole_driver, &whole);

@@ -165,3 +165,26 @@ impl RenderedSvg {
         self.texts.iter().map(String::as_str).find(|t| t.contains(part))
     }
 }
+
+/// Loads hmm_mirror.ko for the test and unloads it afterwards (also on failure).
+pub struct MirrorModule;
+
+impl MirrorModule {
+    pub fn load() -> Self {
+        let dir = module_dir().expect("MM_PROBE_TEST_MODULES must name the test modules built for this kernel");
+        let ko = dir.join("hmm_mirror.ko");
+        let _ = std::process::Command::new("rmmod").arg("hmm_mirror").output();
+        let out = std::process::Command::new("insmod").arg(&ko).output().expect("running insmod");
+        assert!(out.status.success(), "insmod {}: {}", ko.display(), String::from_utf8_lossy(&out.stderr));
+        MirrorModule
+    }
+}
+
+impl Drop for MirrorModule {
+    fn drop(&mut self) {
+        let out = std::process::Command::new("rmmod").arg("hmm_mirror").output().expect("running rmmod");
+        if !std::thread::panicking() {
+            assert!(out.status.success(), "hmm_mirror must unload cleanly: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}

@@ -18,7 +18,9 @@
  */
 
 #include <linux/fs.h>
+#include <linux/delay.h>
 #include <linux/hmm.h>
+#include <linux/kthread.h>
 #include <linux/ktime.h>
 #include <linux/miscdevice.h>
 #include <linux/mm.h>
@@ -60,9 +62,62 @@ struct mirror {
 	unsigned long *device_pfns;	/* the mirror, one entry per page, under lock */
 	unsigned long *walk_pfns;	/* hmm_range_fault() output for one chunk */
 	atomic64_t invalidations;
+	/* The simulated device (see hmm_mirror_uapi.h). */
+	u32 flush_fixed_us;
+	u32 flush_per_page_ns;
+	u32 device_hold_us;
+	atomic64_t flush_ns;
+	atomic64_t device_lock_waits;
+	atomic64_t device_holds;
+	struct task_struct *device_thread;
 	unsigned long nr_notifiers;
 	struct mirror_notifier notifiers[];
 };
+
+/* Busy-waits `ns` (udelay for the whole microseconds: ndelay takes small values only). */
+static void mirror_delay_ns(u64 ns)
+{
+	while (ns >= 1000 * 1000) {
+		mdelay(1);
+		ns -= 1000 * 1000;
+	}
+	if (ns >= 1000)
+		udelay(ns / 1000);
+	ndelay(ns % 1000);
+}
+
+/*
+ * What a device driver's callback does under its lock: shoot down the device's TLB, here a
+ * busy-wait of a fixed part and a per-page part. Never sleeps: the callback may be called
+ * non-blockable.
+ */
+static void mirror_flush(struct mirror *mirror, unsigned long start, unsigned long end)
+{
+	u64 pages = start < end ? (end - start) >> PAGE_SHIFT : 0;
+	u64 ns = (u64)mirror->flush_fixed_us * NSEC_PER_USEC + pages * mirror->flush_per_page_ns;
+	u64 began;
+
+	if (!ns)
+		return;
+	began = ktime_get_ns();
+	mirror_delay_ns(ns);
+	atomic64_add(ktime_get_ns() - began, &mirror->flush_ns);
+}
+
+/* The device's own use of its lock: held for device_hold_us, then released as long again. */
+static int mirror_device_thread(void *data)
+{
+	struct mirror *mirror = data;
+
+	while (!kthread_should_stop()) {
+		spin_lock(&mirror->lock);
+		mirror_delay_ns((u64)mirror->device_hold_us * NSEC_PER_USEC);
+		spin_unlock(&mirror->lock);
+		atomic64_inc(&mirror->device_holds);
+		usleep_range(mirror->device_hold_us, 2 * mirror->device_hold_us);
+	}
+	return 0;
+}
 
 static bool mirror_invalidate(struct mmu_interval_notifier *sub,
 			      const struct mmu_notifier_range *range,
@@ -73,12 +128,16 @@ static bool mirror_invalidate(struct mmu_interval_notifier *sub,
 	unsigned long start = max(range->start, mn->start);
 	unsigned long end = min(range->end, mn->end);
 
-	spin_lock(&mirror->lock);
+	if (!spin_trylock(&mirror->lock)) {
+		atomic64_inc(&mirror->device_lock_waits);
+		spin_lock(&mirror->lock);
+	}
 	mmu_interval_set_seq(sub, cur_seq);
-	/* A real device would shoot down its TLB here; the mirror just forgets the pages. */
+	/* The mirror forgets the pages, then "flushes the device TLB" as a device would. */
 	if (start < end)
 		memset(&mirror->device_pfns[(start - mirror->start) >> PAGE_SHIFT], 0,
 		       ((end - start) >> PAGE_SHIFT) * sizeof(unsigned long));
+	mirror_flush(mirror, start, end);
 	spin_unlock(&mirror->lock);
 	atomic64_inc(&mirror->invalidations);
 	return true;
@@ -92,6 +151,8 @@ static void mirror_free(struct mirror *mirror)
 {
 	unsigned long i;
 
+	if (mirror->device_thread)
+		kthread_stop(mirror->device_thread);
 	/* remove() waits for running callbacks; none runs after it returns. */
 	for (i = 0; i < mirror->nr_notifiers; i++)
 		if (mirror->notifiers[i].inserted)
@@ -120,6 +181,9 @@ static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirro
 	mirror->npages = req->length >> PAGE_SHIFT;
 	spin_lock_init(&mirror->lock);
 	atomic64_set(&mirror->invalidations, 0);
+	mirror->flush_fixed_us = req->flush_fixed_us;
+	mirror->flush_per_page_ns = req->flush_per_page_ns;
+	mirror->device_hold_us = req->device_hold_us;
 	mirror->device_pfns = kvcalloc(mirror->npages, sizeof(unsigned long), GFP_KERNEL);
 	mirror->walk_pfns = kvcalloc(walk_bytes >> PAGE_SHIFT, sizeof(unsigned long), GFP_KERNEL);
 	mirror->nr_notifiers = nr;
@@ -140,6 +204,15 @@ static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirro
 			return ERR_PTR(ret);
 		}
 		mn->inserted = true;
+	}
+	if (mirror->device_hold_us) {
+		mirror->device_thread = kthread_run(mirror_device_thread, mirror, "hmm_mirror_dev");
+		if (IS_ERR(mirror->device_thread)) {
+			ret = PTR_ERR(mirror->device_thread);
+			mirror->device_thread = NULL;
+			mirror_free(mirror);
+			return ERR_PTR(ret);
+		}
 	}
 	return mirror;
 }
@@ -229,7 +302,8 @@ static int mirror_walk(struct hmm_mirror_walk *req)
 	struct mirror *mirror;
 	int ret = 0;
 
-	if (!mm || req->flags || !req->length || req->length > MIRROR_MAX_BYTES ||
+	if (!mm || req->flags || req->pad || !req->length || req->device_hold_us > 1000 ||
+	    req->flush_fixed_us > 10000 || !req->length || req->length > MIRROR_MAX_BYTES ||
 	    !PAGE_ALIGNED(req->addr) || !PAGE_ALIGNED(req->length) ||
 	    !PAGE_ALIGNED(req->chunk_bytes) || !PAGE_ALIGNED(req->notifier_bytes) ||
 	    end < req->addr)
@@ -259,7 +333,15 @@ static int mirror_walk(struct hmm_mirror_walk *req)
 	}
 	req->result = ret;
 	req->pages_mirrored = mirror_count_valid(mirror);
+	/* The device thread stops first, so its count is final. */
+	if (mirror->device_thread) {
+		kthread_stop(mirror->device_thread);
+		mirror->device_thread = NULL;
+	}
 	req->invalidations = atomic64_read(&mirror->invalidations);
+	req->flush_ns = atomic64_read(&mirror->flush_ns);
+	req->device_lock_waits = atomic64_read(&mirror->device_lock_waits);
+	req->device_holds = atomic64_read(&mirror->device_holds);
 	mirror_free(mirror);
 	req->elapsed_ns = ktime_get_ns() - start_ns;
 	/* The counters are the answer even when the walk gave up; only -EINTR is an error. */
@@ -278,6 +360,7 @@ static long mirror_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	req.walks = req.busy_returns = req.seq_retries = req.timeouts = 0;
 	req.seq_timeouts = req.invalidations = req.read_begins = req.chunks = 0;
 	req.pages_mirrored = req.elapsed_ns = 0;
+	req.flush_ns = req.device_lock_waits = req.device_holds = 0;
 	req.result = 0;
 	ret = mirror_walk(&req);
 	if (ret)

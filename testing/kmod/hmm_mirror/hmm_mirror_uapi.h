@@ -5,7 +5,10 @@
  * against a driver's own counts on stock kernels (no DEVICE_PRIVATE needed).
  *
  * User space opens /dev/hmm_mirror and issues HMM_MIRROR_IOC_WALK; the call registers the
- * notifiers, mirrors the range, removes the notifiers and returns the counters below.
+ * notifiers, mirrors the range, removes the notifiers and returns the counters below. The
+ * flush_* and device_hold_us fields make the callbacks cost what a device's would (a fixed TLB
+ * flush, a per-page one) and make another context hold the device lock they take, so that
+ * mm-probe invalidations can be checked against known costs.
  */
 #ifndef _HMM_MIRROR_UAPI_H
 #define _HMM_MIRROR_UAPI_H
@@ -33,6 +36,15 @@ struct hmm_mirror_walk {
 	__u64 pages_mirrored;	/* valid mirror entries when the call ended */
 	__u64 elapsed_ns;	/* whole call, notifier insert to remove */
 	__s64 result;		/* 0, or the error that ended the walk (-EBUSY after a timeout) */
+	/* in: a simulated device, for mm-probe invalidations */
+	__u32 flush_fixed_us;	/* each invalidate callback "flushes the device TLB" this long */
+	__u32 flush_per_page_ns;	/* plus this long per page it invalidates */
+	__u32 device_hold_us;	/* a device thread holds the device lock this long, again and again */
+	__u32 pad;		/* must be 0 */
+	/* out */
+	__u64 flush_ns;		/* time spent in the simulated flushes */
+	__u64 device_lock_waits;	/* callbacks that found the device lock held */
+	__u64 device_holds;	/* times the device thread took the device lock */
 };
 
 #define HMM_MIRROR_IOC_WALK	_IOWR('H', 0x01, struct hmm_mirror_walk)

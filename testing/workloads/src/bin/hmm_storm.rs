@@ -6,9 +6,15 @@
 //! the region in a loop. Prints the driver's own counters, summed over the calls, as one JSON
 //! object on stdout, so tests can compare them with what mm-probe saw.
 //!
+//! `--piece` may list several sizes (`4K,64K,2M`): the storm cycles through them. The driver
+//! can act as a device: `--flush-fixed-us` / `--flush-per-page-ns` make each invalidate callback
+//! busy-wait like a device TLB flush, `--device-hold-us` makes a device thread hold the lock the
+//! callback takes; its flush time, lock waits and holds are printed with the other counts.
+//!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
 //!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
-//!                  [--piece 64K] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror] [--wait]
+//!                  [--piece 64K[,2M…]] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
+//!                  [--flush-fixed-us 0] [--flush-per-page-ns 0] [--device-hold-us 0] [--wait]
 
 use std::{
     ffi::CString,
@@ -48,6 +54,13 @@ struct MirrorWalk {
     pages_mirrored: u64,
     elapsed_ns: u64,
     result: i64,
+    flush_fixed_us: u32,
+    flush_per_page_ns: u32,
+    device_hold_us: u32,
+    pad: u32,
+    flush_ns: u64,
+    device_lock_waits: u64,
+    device_holds: u64,
 }
 
 /// _IOWR('H', 0x01, struct hmm_mirror_walk)
@@ -74,8 +87,12 @@ struct Options {
     duration: Option<Duration>,
     timeout_ms: u32,
     mode: Mode,
-    piece_bytes: u64,
+    /// Sizes the storm cycles through.
+    pieces: Vec<u64>,
     interval: Duration,
+    flush_fixed_us: u32,
+    flush_per_page_ns: u32,
+    device_hold_us: u32,
     device: String,
     /// madvise(MADV_NOHUGEPAGE) the region: 4 KiB pages make every walk visit every PTE, as a
     /// driver mirroring a fragmented buffer does.
@@ -85,7 +102,9 @@ struct Options {
 fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
     let page = page_size();
-    if options.size_bytes % page != 0 || options.piece_bytes % page != 0 || options.piece_bytes > options.size_bytes {
+    if options.size_bytes % page != 0
+        || options.pieces.iter().any(|&p| p == 0 || p % page != 0 || p > options.size_bytes)
+    {
         bail!("--size and --piece must be multiples of the page size ({page}) and --piece <= --size");
     }
     let device = OpenOptions::new()
@@ -129,6 +148,9 @@ fn main() -> Result<()> {
             chunk_bytes: options.chunk_bytes,
             notifier_bytes: options.notifier_bytes,
             timeout_ms: options.timeout_ms,
+            flush_fixed_us: options.flush_fixed_us,
+            flush_per_page_ns: options.flush_per_page_ns,
+            device_hold_us: options.device_hold_us,
             ..MirrorWalk::default()
         };
         // SAFETY: the request is a valid MirrorWalk that lives across the call.
@@ -167,7 +189,8 @@ fn main() -> Result<()> {
         "{{\"tgid\":{},\"storm_comm\":\"{STORM_COMM}\",\"mode\":\"{:?}\",\"size_bytes\":{},\"chunk_bytes\":{},\
 \"notifier_bytes\":{},\"timeout_ms\":{},\"calls\":{calls},\"failed_calls\":{failed_calls},\"walks\":{},\
 \"busy_returns\":{},\"seq_retries\":{},\"timeouts\":{},\"seq_timeouts\":{},\"invalidations\":{},\
-\"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{}}}",
+\"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{},\"flush_ns\":{},\
+\"device_lock_waits\":{},\"device_holds\":{}}}",
         std::process::id(),
         options.mode,
         options.size_bytes,
@@ -185,6 +208,9 @@ fn main() -> Result<()> {
         total.elapsed_ns,
         storm_ops.load(Ordering::Relaxed),
         started.elapsed().as_nanos(),
+        total.flush_ns,
+        total.device_lock_waits,
+        total.device_holds,
     );
     Ok(())
 }
@@ -199,19 +225,25 @@ fn accumulate(total: &mut MirrorWalk, walk: &MirrorWalk) {
     total.read_begins += walk.read_begins;
     total.chunks += walk.chunks;
     total.elapsed_ns += walk.elapsed_ns;
+    total.flush_ns += walk.flush_ns;
+    total.device_lock_waits += walk.device_lock_waits;
+    total.device_holds += walk.device_holds;
 }
 
 /// The invalidating thread: one piece per step, spread over the region by a fixed LCG so
 /// every run invalidates the same sequence of pieces.
 fn invalidate_until(region: usize, options: &Options, stop: &AtomicBool, ops: &AtomicU64) -> Result<()> {
     set_comm(STORM_COMM)?;
-    let pieces = options.size_bytes / options.piece_bytes;
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    while !stop.load(Ordering::Relaxed) {
+    for step in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let piece_bytes = options.pieces[step % options.pieces.len()];
         state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let piece = (state >> 33) % pieces;
-        let addr = region + (piece * options.piece_bytes) as usize;
-        invalidate(addr, options.piece_bytes as usize, options.mode)?;
+        let piece = (state >> 33) % (options.size_bytes / piece_bytes);
+        let addr = region + (piece * piece_bytes) as usize;
+        invalidate(addr, piece_bytes as usize, options.mode)?;
         ops.fetch_add(1, Ordering::Relaxed);
         if !options.interval.is_zero() {
             thread::sleep(options.interval);
@@ -300,8 +332,11 @@ fn parse(args: Vec<String>) -> Result<Options> {
         duration: None,
         timeout_ms: 1000,
         mode: Mode::DontNeed,
-        piece_bytes: 64 << 10,
+        pieces: vec![64 << 10],
         interval: Duration::from_micros(50),
+        flush_fixed_us: 0,
+        flush_per_page_ns: 0,
+        device_hold_us: 0,
         device: "/dev/hmm_mirror".into(),
         no_huge: false,
     };
@@ -315,7 +350,12 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--iterations" => options.iterations = value()?.parse()?,
             "--duration-ms" => options.duration = Some(Duration::from_millis(value()?.parse()?)),
             "--timeout-ms" => options.timeout_ms = value()?.parse()?,
-            "--piece" => options.piece_bytes = mm_probe_workloads::parse_bytes(&value()?)?,
+            "--piece" => {
+                options.pieces = value()?.split(',').map(mm_probe_workloads::parse_bytes).collect::<Result<Vec<_>>>()?
+            }
+            "--flush-fixed-us" => options.flush_fixed_us = value()?.parse()?,
+            "--flush-per-page-ns" => options.flush_per_page_ns = value()?.parse()?,
+            "--device-hold-us" => options.device_hold_us = value()?.parse()?,
             "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
             "--device" => options.device = value()?,
             "--no-huge" => options.no_huge = true,

@@ -11,12 +11,15 @@
 //! object: {"pid", "madvise_calls", "madvise_bytes", "vcpu_passes", "dirty_log_calls",
 //! "elapsed_ns"}.
 //!
+//! `--fifo` runs the invalidating threads and vCPUs SCHED_FIFO, so that they overlap on a busy
+//! machine (give them no more threads than CPUs).
+//!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
-//!                  [--dirty-log] [--wait]
+//!                  [--dirty-log] [--fifo] [--wait]
 
 use std::{
     sync::{
-        Arc,
+        Arc, Barrier,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread,
@@ -34,6 +37,9 @@ struct Options {
     passes: u64,
     vcpus: u32,
     dirty_log: bool,
+    /// Run the invalidating threads and the vCPUs SCHED_FIFO, each pinned to its own CPU: on a
+    /// loaded machine they then still run at the same time, which contention needs.
+    fifo: bool,
 }
 
 fn main() -> Result<()> {
@@ -42,13 +48,19 @@ fn main() -> Result<()> {
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
     let stop = Arc::new(AtomicBool::new(false));
     let vcpu_passes = Arc::new(AtomicU64::new(0));
-    let dirty_log_calls = Arc::new(AtomicU64::new(0));
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+    let dirty_log_calls = Arc::new(AtomicU64::new(0));
     let mut background = Vec::new();
     for id in 0..options.vcpus {
         let mut vcpu = vm.create_vcpu(id)?;
-        let (stop, passes) = (stop.clone(), vcpu_passes.clone());
+        let (stop, passes, fifo) = (stop.clone(), vcpu_passes.clone(), options.fifo);
+        // vCPUs take the CPUs after the invalidating threads' (which take 0, 1, …).
+        let cpu = (options.threads + id as usize) % cpus;
         background.push(thread::Builder::new().name("kvm-vcpu".into()).spawn(move || -> Result<()> {
+            if fifo {
+                pin_to_cpu(cpu)?;
+                set_fifo()?;
+            }
             while !stop.load(Ordering::Relaxed) {
                 if vcpu.run_once()? {
                     passes.fetch_add(1, Ordering::Relaxed);
@@ -77,12 +89,14 @@ fn main() -> Result<()> {
         thread::yield_now();
     }
     let started = Instant::now();
+    // All start together: contention needs them to overlap, even on a loaded machine.
+    let start_line = Arc::new(Barrier::new(options.threads));
     let invalidators: Vec<_> = (0..options.threads)
         .map(|index| {
-            let (vm, options) = (vm.clone(), options.clone());
+            let (vm, options, start_line) = (vm.clone(), options.clone(), start_line.clone());
             thread::Builder::new()
                 .name("kvm-madv".into())
-                .spawn(move || invalidate(&vm, &options, index, index % cpus))
+                .spawn(move || invalidate(&vm, &options, index, index % cpus, &start_line))
                 .context("starting an invalidating thread")
         })
         .collect::<Result<_>>()?;
@@ -106,8 +120,12 @@ fn main() -> Result<()> {
 }
 
 /// One invalidating thread's passes over its share of the memslot; returns its madvise calls.
-fn invalidate(vm: &Vm, options: &Options, index: usize, cpu: usize) -> Result<u64> {
+fn invalidate(vm: &Vm, options: &Options, index: usize, cpu: usize, start_line: &Barrier) -> Result<u64> {
     pin_to_cpu(cpu)?;
+    if options.fifo {
+        set_fifo()?;
+    }
+    start_line.wait();
     let chunks = vm.data_bytes / options.chunk_bytes;
     let mut calls = 0;
     for _ in 0..options.passes {
@@ -123,9 +141,27 @@ fn invalidate(vm: &Vm, options: &Options, index: usize, cpu: usize) -> Result<u6
     Ok(calls)
 }
 
+/// SCHED_FIFO at the lowest real-time priority: ahead of every ordinary task, behind the
+/// kernel's own real-time threads.
+fn set_fifo() -> Result<()> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_setscheduler reads one sched_param for the calling thread (pid 0).
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        bail!("SCHED_FIFO: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn parse(args: Vec<String>) -> Result<Options> {
-    let mut options =
-        Options { size_bytes: 64 << 20, chunk_bytes: 4 << 10, threads: 1, passes: 20, vcpus: 0, dirty_log: false };
+    let mut options = Options {
+        size_bytes: 64 << 20,
+        chunk_bytes: 4 << 10,
+        threads: 1,
+        passes: 20,
+        vcpus: 0,
+        dirty_log: false,
+        fifo: false,
+    };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
@@ -136,6 +172,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--passes" => options.passes = value()?.parse()?,
             "--vcpus" => options.vcpus = value()?.parse()?,
             "--dirty-log" => options.dirty_log = true,
+            "--fifo" => options.fifo = true,
             "--wait" => {}
             other => bail!("unknown argument {other}; see the usage at the top of kvm_storm.rs"),
         }

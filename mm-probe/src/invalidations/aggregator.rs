@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use mm_probe_common::{
     hmm::NotifierEvent,
-    invalidations::{CallbackStats, Counter, FIT_CLASSES, LockClass, Source},
+    invalidations::{CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, LockClass, Source},
 };
 
 use super::{
     decoder::{Tables, comm_text},
-    judge::Evidence,
+    judge::{Amplified, Evidence},
     locks::{KvmMembers, WaitPath, caller, lock_kind, wait_path},
     probes::subscriber_of,
     report::{Fit, Interval, Invalidations, InvalidatorRow, LockRow, PathRow, SubscriberRow},
@@ -238,8 +238,16 @@ pub fn fit(stats: &CallbackStats) -> Option<Fit> {
     let sxy: f64 = points.iter().map(|p| p.2 * (p.0 - mean_x) * (p.1 - mean_y)).sum();
     let per_page = if sxx > 0.0 { sxy / sxx } else { 0.0 };
     let fixed = (mean_y - per_page * mean_x).max(0.0);
-    let amplification = (per_page > 0.0).then(|| (fixed + per_page) / per_page);
-    Some(Fit { fixed_ns: fixed, per_page_ns: per_page, amplification_4k: amplification, size_classes: points.len() })
+    let (small, large) = (points[0], points[points.len() - 1]);
+    let page_cost = |point: (f64, f64, f64)| point.1 / point.0;
+    Some(Fit {
+        fixed_ns: fixed,
+        per_page_ns: per_page,
+        amplification: page_cost(small) / page_cost(large).max(f64::MIN_POSITIVE),
+        smallest_bytes: (small.0 as u64) << FIT_SHIFT,
+        largest_bytes: (large.0 as u64) << FIT_SHIFT,
+        size_classes: points.len(),
+    })
 }
 
 /// What the verdict judges.
@@ -267,8 +275,8 @@ pub fn evidence(
     let vcpu_faults_wait = notifier_lock.is_some_and(|(l, _)| l.paths.iter().any(|p| p.path == WaitPath::VcpuFault));
     let amplification = subscribers
         .iter()
-        .filter_map(|s| s.fit.and_then(|f| f.amplification_4k.map(|x| (s.subscriber.to_string(), x, f.fixed_ns))))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
+        .filter_map(|s| s.fit.map(|fit| Amplified { subscriber: s.subscriber.to_string(), fit }))
+        .max_by(|a, b| a.fit.amplification.total_cmp(&b.fit.amplification));
     Evidence {
         invalidate_freq: (duration_s > 0.0 && inv.count > 0).then(|| busiest.unwrap_or(0) as f64 / duration_s),
         wait_per_invalidation_ns: (seen_waits && inv.count > 0).then(|| notifier_wait as f64 / inv.count as f64),
@@ -334,7 +342,9 @@ mod tests {
         let fit = fit(&fixed).unwrap();
         assert!((fit.fixed_ns - 100_000.0).abs() < 50.0, "{fit:?}");
         assert!((fit.per_page_ns - 10.0).abs() < 0.5, "{fit:?}");
-        assert!(fit.amplification_4k.unwrap() > 1000.0, "{fit:?}");
+        // A page of a 4 KiB invalidation costs ~490x what it costs in a 2 MiB one.
+        assert!(fit.amplification > 400.0, "{fit:?}");
+        assert_eq!((fit.smallest_bytes, fit.largest_bytes), (4096, 2 << 20));
     }
 
     #[test]
@@ -342,7 +352,7 @@ mod tests {
         let per_page = stats(&[(0, 1000, 1000), (4, 100, 16_000), (9, 10, 512_000)]);
         let fit = fit(&per_page).unwrap();
         assert!(fit.fixed_ns < 100.0, "{fit:?}");
-        assert!(fit.amplification_4k.unwrap() < 1.2, "{fit:?}");
+        assert!(fit.amplification < 1.2, "{fit:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::report::Fit;
 use crate::{
     report::verdict::{Band, Level},
     units::{format_bytes, format_nanos},
@@ -27,14 +28,21 @@ pub struct Evidence {
     pub wait_per_invalidation_ns: Option<f64>,
     /// (subscriber, mean ns) of the slowest.
     pub slowest_callback: Option<(String, f64)>,
-    /// (subscriber, amplification, fixed ns) of the most amplified.
-    pub amplification: Option<(String, f64, f64)>,
+    /// The most amplified subscriber.
+    pub amplification: Option<Amplified>,
     pub mean_invalidation_bytes: Option<f64>,
     /// The lock waited on most inside invalidations, and its wait.
     pub notifier_lock: Option<(String, u64)>,
     /// vCPU faults waited on the same lock the notifier waited on.
     pub vcpu_faults_wait: bool,
     pub nonblocking_refused: u64,
+}
+
+/// A subscriber and its callback's time-against-size fit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Amplified {
+    pub subscriber: String,
+    pub fit: Fit,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -76,7 +84,7 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
         metric("invalidate_freq", e.invalidate_freq, t.invalidate_freq),
         metric("wait_per_invalidation", e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
         metric("callback_mean", e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
-        metric("amplification", e.amplification.as_ref().map(|(_, x, _)| *x), t.amplification),
+        metric("amplification", e.amplification.as_ref().map(|a| a.fit.amplification), t.amplification),
     ];
     let verdict = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // Unknown only when nothing could be judged: one OK metric and three unobservable is OK.
@@ -113,14 +121,17 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             advice: "shrink the critical section: collect under the lock and do the slow work outside it; in non-blockable context try the lock and return false".into(),
         });
     }
-    if let (Some((subscriber, ratio, fixed_ns)), true) =
+    if let (Some(Amplified { subscriber, fit }), true) =
         (&e.amplification, level(metrics, "amplification") >= Level::Warn)
     {
         advice.push(Advice {
             cause: "device-flush amplification",
             evidence: format!(
-                "{subscriber}'s callback costs ~{} per call whatever its size: a 4 KiB invalidation pays ~{ratio:.0}x its share",
-                format_nanos(*fixed_ns as u64)
+                "{subscriber}'s callback costs ~{} per call whatever its size: a page of a {} invalidation costs ~{:.0}x what it costs in a {} one",
+                format_nanos(fit.fixed_ns as u64),
+                format_bytes(fit.smallest_bytes),
+                fit.amplification,
+                format_bytes(fit.largest_bytes),
             ),
             advice: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
         });
@@ -180,13 +191,27 @@ mod tests {
     fn a_fixed_cost_per_call_is_reported_as_amplification() {
         let e = Evidence {
             slowest_callback: Some(("hmm_mirror".into(), 100_000.0)),
-            amplification: Some(("hmm_mirror".into(), 1000.0, 100_000.0)),
+            amplification: Some(Amplified {
+                subscriber: "hmm_mirror".into(),
+                fit: Fit {
+                    fixed_ns: 100_000.0,
+                    per_page_ns: 10.0,
+                    amplification: 500.0,
+                    smallest_bytes: 4096,
+                    largest_bytes: 2 << 20,
+                    size_classes: 2,
+                },
+            }),
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
         assert_eq!(verdict.verdict, Level::Crit);
         assert_eq!(verdict.advice.len(), 1);
         assert_eq!(verdict.advice[0].cause, "device-flush amplification");
-        assert!(verdict.advice[0].evidence.contains("1000x"), "{}", verdict.advice[0].evidence);
+        assert!(
+            verdict.advice[0].evidence.contains("4 KiB invalidation costs ~500x"),
+            "{}",
+            verdict.advice[0].evidence
+        );
     }
 }

@@ -160,10 +160,12 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         .map(|c| {
             let fit = match c.fit {
                 Some(f) => format!(
-                    "{} + {}/page{}",
+                    "{} + {}/page; a page of {} costs {:.0}x one of {}",
                     format_nanos(f.fixed_ns as u64),
                     format_nanos(f.per_page_ns.max(0.0) as u64),
-                    f.amplification_4k.map_or(String::new(), |x| format!(", 4 KiB pays {x:.0}x"))
+                    format_bytes(f.smallest_bytes),
+                    f.amplification,
+                    format_bytes(f.largest_bytes)
                 ),
                 None => "one size only".into(),
             };

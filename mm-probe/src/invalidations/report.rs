@@ -114,14 +114,17 @@ pub struct SubscriberRow {
     pub fit: Option<Fit>,
 }
 
-/// callback time ≈ fixed_ns + per_page_ns × pages.
+/// callback time ≈ fixed_ns + per_page_ns × pages, and what that does to small invalidations.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Fit {
     pub fixed_ns: f64,
     pub per_page_ns: f64,
-    /// What a 4 KiB invalidation costs against its per-page share: (fixed + per_page) ÷ per_page.
-    /// Null when the per-page cost is not above zero (the whole cost is fixed).
-    pub amplification_4k: Option<f64>,
+    /// What a page costs in the smallest invalidations seen against what it costs in the
+    /// largest (measured, not extrapolated): 1 when the cost is all per page, up to
+    /// largest ÷ smallest when it is all fixed.
+    pub amplification: f64,
+    pub smallest_bytes: u64,
+    pub largest_bytes: u64,
     pub size_classes: usize,
 }
 

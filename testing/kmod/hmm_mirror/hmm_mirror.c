@@ -107,17 +107,23 @@ static void mirror_flush(struct mirror *mirror, unsigned long start, unsigned lo
 	atomic64_add(ktime_get_ns() - began, &mirror->flush_ns);
 }
 
-/* The device's own use of its lock: held for device_hold_us, then released as long again. */
+/*
+ * The device's own use of its lock: held for device_hold_us, then let go for a quarter of that
+ * (busy, not asleep: sleeps under emulation last milliseconds, and the callbacks would then
+ * rarely find the lock taken), yielding the CPU between rounds.
+ */
 static int mirror_device_thread(void *data)
 {
 	struct mirror *mirror = data;
+	u64 hold_ns = (u64)mirror->device_hold_us * NSEC_PER_USEC;
 
 	while (!kthread_should_stop()) {
 		write_lock(&mirror->lock);
-		mirror_delay_ns((u64)mirror->device_hold_us * NSEC_PER_USEC);
+		mirror_delay_ns(hold_ns);
 		write_unlock(&mirror->lock);
 		atomic64_inc(&mirror->device_holds);
-		usleep_range(mirror->device_hold_us, 2 * mirror->device_hold_us);
+		mirror_delay_ns(hold_ns / 4);
+		cond_resched();
 	}
 	return 0;
 }

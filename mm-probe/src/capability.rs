@@ -65,15 +65,22 @@ capabilities! {
         map_family: MapFamily::Latency,
         catalog: crate::latency::probes::PROBES,
     },
+    /// Where MMU-notifier invalidations spend their time (`invalidations`).
+    Invalidations => Definition {
+        name: "invalidations",
+        command: "invalidations",
+        map_family: MapFamily::Invalidations,
+        catalog: crate::invalidations::probes::PROBES,
+    },
 }
 
 impl Capability {
-    /// The `--only` value and `capability` label: "latency", "retry-storm", "thp".
+    /// The `--only` value and `capability` label: "latency", "retry-storm", "thp", "invalidations".
     pub fn name(self) -> &'static str {
         self.definition().name
     }
 
-    /// The subcommand: "latency", "retry-storm", "thp-why".
+    /// The subcommand: "latency", "retry-storm", "thp-why", "invalidations".
     pub fn command(self) -> &'static str {
         self.definition().command
     }
@@ -89,7 +96,7 @@ impl Capability {
     }
 }
 
-/// `--only latency,retry-storm,thp`: the values are the table's names.
+/// `--only latency,retry-storm,thp,invalidations`: the values are the table's names.
 impl ValueEnum for Capability {
     fn value_variants<'a>() -> &'a [Self] {
         Self::ALL

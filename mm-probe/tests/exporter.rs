@@ -307,97 +307,60 @@ fn a_selection_of_which_nothing_attaches_is_refused_unless_allowed() {
 }
 
 #[test]
-fn kvm_unmap_hva_range_is_counted_when_a_vms_memory_is_dropped() {
+fn a_vms_invalidations_and_the_lock_they_contend_on_are_counted() {
     if !root_with_loopback() {
         return;
     }
     let before = our_programs();
-    let exporter = Exporter::start(&["--only", "retry-storm"]);
+    let exporter = Exporter::start(&["--only", "retry-storm,invalidations"]);
     let served = samples(&exporter.get_metrics(false));
-    let attached = |probe: &str| {
-        value_of(&served, "mm_probe_probe_attached", &[("capability", "retry-storm"), ("probe", probe)]) == 1.0
+    let attached = |capability: &str, probe: &str| {
+        value_of(&served, "mm_probe_probe_attached", &[("capability", capability), ("probe", probe)]) == 1.0
     };
-    let family = "mm_probe_kvm_mmu_notifier_events_total";
+    let kvm_family = "mm_probe_kvm_mmu_notifier_events_total";
     for (probe, event) in [("kvm_unmap_hva_range", "unmap_hva_range"), ("kvm_age_hva", "age_hva")] {
-        let series = served.iter().find(|s| s.name == family && s.labels.get("event").is_some_and(|e| e == event));
-        assert_eq!(series.is_some(), attached(probe), "{event} is served exactly where {probe} attached");
+        let series = served.iter().find(|s| s.name == kvm_family && s.labels.get("event").is_some_and(|e| e == event));
+        assert_eq!(
+            series.is_some(),
+            attached("retry-storm", probe),
+            "{event} is served exactly where {probe} attached"
+        );
     }
-    if !attached("kvm_unmap_hva_range") {
-        eprintln!("skipped the VM: kvm_unmap_hva_range does not attach here ({:?})", exporter.startup);
+    if !attached("retry-storm", "kvm_unmap_hva_range") || !std::path::Path::new("/dev/kvm").exists() {
+        eprintln!("skipped the VM: no /dev/kvm or no kvm_unmap_hva_range here ({:?})", exporter.startup);
         exporter.stop_and_check_nothing_left(&before);
         return;
     }
-    let unmaps = |text: &str| value_of(&samples(text), family, &[("event", "unmap_hva_range")]);
+    let unmaps = |text: &str| value_of(&samples(text), kvm_family, &[("event", "unmap_hva_range")]);
     let start = unmaps(&exporter.get_metrics(false));
-    let dropped = match drop_vm_memory() {
-        Ok(dropped) => dropped,
-        Err(why) => {
-            // No /dev/kvm (or no VM allowed): the family is served, the kernel did not fire.
-            eprintln!("skipped the VM: {why}");
-            exporter.stop_and_check_nothing_left(&before);
-            return;
-        }
-    };
-    let end = unmaps(&exporter.get_metrics(true));
-    eprintln!("kvm_unmap_hva_range: {start} -> {end} after {dropped} MADV_DONTNEED calls on the memslot");
-    assert!(end - start >= dropped as f64, "{dropped} unmaps of the VM's memory, {} counted", end - start);
+    // Two threads madvise a VM's memslot away 4 KiB at a time: one unmap each, on one mmu_lock.
+    let out = std::process::Command::new(common::workload("kvm_storm"))
+        .args(["--threads", "2", "--passes", "2", "--size", "16M", "--fifo"])
+        .output()
+        .expect("running kvm_storm");
+    assert!(out.status.success(), "kvm_storm: {}", String::from_utf8_lossy(&out.stderr));
+    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kvm_storm's counts");
+    let calls = counts["madvise_calls"].as_f64().unwrap();
+    let text = exporter.get_metrics(true);
+    let end = unmaps(&text);
+    eprintln!("kvm_unmap_hva_range: {start} -> {end} after {calls} MADV_DONTNEED calls on the memslot");
+    assert!(end - start >= calls, "{calls} unmaps of the VM's memory, {} counted", end - start);
+    let served = samples(&text);
+    let invalidations =
+        value_of(&served, "mm_probe_notifier_invalidations_total", &[("source", "kvm_unmap_hva_range")]);
+    assert!(invalidations >= calls, "invalidations counts them too: {invalidations}");
+    if attached("invalidations", "contention_begin") {
+        let contended: f64 = served
+            .iter()
+            .filter(|s| {
+                s.name == "mm_probe_lock_contended_total"
+                    && s.labels.get("lock_class").is_some_and(|c| c == "kvm_mmu_lock")
+            })
+            .map(|s| s.value)
+            .sum();
+        assert!(contended > 0.0, "the two threads contended on the VM's mmu_lock");
+    }
     exporter.stop_and_check_nothing_left(&before);
-}
-
-/// Creates a VM whose one memslot is 2 MiB of this process's memory, touches it, and drops it
-/// with MADV_DONTNEED page by page a few times: each drop is an MMU-notifier invalidation of the
-/// VM's mm, which KVM traces as kvm_unmap_hva_range. Returns the number of drops.
-fn drop_vm_memory() -> Result<usize, String> {
-    const KVM_CREATE_VM: libc::c_ulong = 0xAE01;
-    // _IOW(KVMIO, 0x46, struct kvm_userspace_memory_region): 32 bytes.
-    const KVM_SET_USER_MEMORY_REGION: libc::c_ulong = 0x4020_AE46;
-    #[repr(C)]
-    struct MemoryRegion {
-        slot: u32,
-        flags: u32,
-        guest_phys_addr: u64,
-        memory_size: u64,
-        userspace_addr: u64,
-    }
-    const LEN: usize = 2 << 20;
-    const DROPS: usize = 16;
-    let error = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: our own descriptors and mapping, closed and unmapped before returning.
-    unsafe {
-        let kvm = libc::open(c"/dev/kvm".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
-        if kvm < 0 {
-            return Err(error("opening /dev/kvm"));
-        }
-        let vm = libc::ioctl(kvm, KVM_CREATE_VM, 0);
-        libc::close(kvm);
-        if vm < 0 {
-            return Err(error("KVM_CREATE_VM"));
-        }
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        let memory = libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-        assert_ne!(memory, libc::MAP_FAILED);
-        let region = MemoryRegion {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: LEN as u64,
-            userspace_addr: memory as u64,
-        };
-        let result = if libc::ioctl(vm, KVM_SET_USER_MEMORY_REGION, &region) != 0 {
-            Err(error("KVM_SET_USER_MEMORY_REGION"))
-        } else {
-            for _ in 0..DROPS {
-                for offset in (0..LEN).step_by(4096) {
-                    memory.cast::<u8>().add(offset).write_volatile(1);
-                }
-                assert_eq!(libc::madvise(memory, LEN, libc::MADV_DONTNEED), 0);
-            }
-            Ok(DROPS)
-        };
-        libc::close(vm);
-        libc::munmap(memory, LEN);
-        result
-    }
 }
 
 fn assert_one_line_usage_error(out: &std::process::Output, says: &str) {

@@ -68,7 +68,7 @@ fn doctor_json_reports_plans_with_reasons() {
     assert!(doctor["kernel"]["btf"].as_bool().unwrap());
     let capabilities = doctor["capabilities"].as_array().unwrap();
     let names: Vec<&str> = capabilities.iter().map(|c| c[0].as_str().unwrap()).collect();
-    assert_eq!(names, ["retry-storm", "thp-why", "latency"]);
+    assert_eq!(names, ["retry-storm", "thp-why", "latency", "invalidations"]);
     for (name, plan) in capabilities.iter().map(|c| (&c[0], &c[1])) {
         for probe in plan["probes"].as_array().unwrap() {
             if probe["status"] == "unavailable" {

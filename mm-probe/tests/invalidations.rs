@@ -222,7 +222,7 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     let storm =
         ["--size", "8M", "--piece", "4K,2M", "--duration-ms", "1500", "--interval-us", "500", "--timeout-ms", "200"];
     let fixed: Vec<&str> =
-        storm.iter().copied().chain(["--flush-fixed-us", "100", "--device-hold-us", "200"]).collect();
+        storm.iter().copied().chain(["--flush-fixed-us", "100", "--device-hold-us", "1000"]).collect();
     let (driver, summary) = traced_workload("hmm_storm", &fixed, &[]);
     assert_eq!(summary["callbacks_observable"], true, "kprobes on the matrix kernels");
     let row = mirror_callback(&driver, &summary);

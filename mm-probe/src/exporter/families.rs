@@ -11,7 +11,7 @@ use prometheus_client::{
 
 use super::{
     buckets::Histogram,
-    scrape::{Series, Snapshot},
+    scrape::{FloatSeries, Series, Snapshot},
 };
 
 /// The snapshot of one scrape, as a collector the registry encodes.
@@ -90,11 +90,63 @@ impl Collector for Families {
             "mm_probe_thp_checks",
             "THP allow-checks on every process by verdict, and for denials the reason code thp-why uses (other: needs the VMA).",
             &s.thp_checks,
-        )
+        )?;
+        invalidation_families(&mut encoder, s)
     }
 }
 
+/// `mm-probe invalidations`' families: invalidations by hook and event, contended locks and
+/// their waits by lock class and waiting path, subscriber callbacks.
+fn invalidation_families(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Result<(), std::fmt::Error> {
+    counters(
+        encoder,
+        "mm_probe_notifier_invalidations",
+        "MMU-notifier invalidations by hook (kvm_unmap_hva_range, kvm_age_hva, invalidate_range_start) and enum mmu_notifier_event (unknown where the hook does not carry it).",
+        &s.notifier_invalidations,
+    )?;
+    counters(
+        encoder,
+        "mm_probe_lock_contended",
+        "Contended lock acquisitions (lock:contention_begin) by lock class (kvm_mmu_lock, kvm_lock, mmap_lock, unknown) and the path that waited (notifier_start, vcpu_fault, ...).",
+        &s.lock_contended,
+    )?;
+    float_counters(
+        encoder,
+        "mm_probe_lock_wait_seconds",
+        "Time those acquisitions waited, by lock class and waiting path.",
+        &s.lock_wait_seconds,
+    )?;
+    counters(
+        encoder,
+        "mm_probe_notifier_callback_calls",
+        "Calls of each known subscriber's invalidate callback (kprobes; absent where the kernel has none).",
+        &s.callback_calls,
+    )?;
+    float_counters(
+        encoder,
+        "mm_probe_notifier_callback_seconds",
+        "Time in each known subscriber's invalidate callback.",
+        &s.callback_seconds,
+    )
+}
+
 fn counters(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: &[Series]) -> Result<(), std::fmt::Error> {
+    if series.is_empty() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for s in series {
+        ConstCounter::new(s.value).encode(family.encode_family(&s.labels)?)?;
+    }
+    Ok(())
+}
+
+fn float_counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: &[FloatSeries],
+) -> Result<(), std::fmt::Error> {
     if series.is_empty() {
         return Ok(());
     }

@@ -25,13 +25,14 @@ use mm_probe_common::{hmm, latency as lat, thp};
 
 use self::{
     http::{Exposition, Format},
-    scrape::{LatencySource, RetryStormSource, Sources, ThpSource},
+    scrape::{InvalidationsSource, LatencySource, RetryStormSource, Sources, ThpSource},
 };
 use crate::{
     cli::{Capability, ExporterArgs, LatencySelection},
     collect::run::{Limits, Stopper},
     error::UserError,
-    kernel::{Kernel, layout::ThpDisableBits, privileges, process::running_process},
+    invalidations,
+    kernel::{Kallsyms, Kernel, layout::ThpDisableBits, privileges, process::running_process},
     latency,
     probes::{GlobalValue, LogicalProbe, MapFamily, Planner, detach_all, load_object},
     retry_storm,
@@ -123,8 +124,7 @@ async fn export(
     let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
     let mut ebpf =
         load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
-    let sources =
-        attach(kernel, &mut ebpf, latency_options, capabilities.contains(&Capability::RetryStorm), thp_check)?;
+    let sources = attach(kernel, &mut ebpf, latency_options, capabilities, thp_check)?;
     let plans = sources.plans();
     if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
         detach_all(&mut ebpf).await;
@@ -165,6 +165,9 @@ fn settings(
         settings.extend(retry_storm::settings(&[]));
         settings.push((hmm::STREAM_EVENTS, GlobalValue::U32(0)));
     }
+    if capabilities.contains(&Capability::Invalidations) {
+        settings.extend(invalidations::settings(kernel, &[]));
+    }
     if let Some((allow_check, bits)) = thp_check {
         // No target process: the allow-check counts every mm (THP_EVERY_MM).
         settings.extend(thp_why::live::settings(0, allow_check, DisableMode::mask(*bits)));
@@ -185,9 +188,10 @@ fn attach(
     kernel: &Kernel,
     ebpf: &mut Ebpf,
     latency_options: Option<&latency::Options>,
-    retry_storm: bool,
+    capabilities: &[Capability],
     thp_check: Option<ThpDecoding>,
 ) -> Result<Sources> {
+    let retry_storm = capabilities.contains(&Capability::RetryStorm);
     let planner = Planner::new(kernel);
     let latency = match latency_options {
         Some(options) => {
@@ -208,7 +212,19 @@ fn attach(
         let plan = planner.attach_all(ebpf, &probes);
         ThpSource { plan, allow_check, bits, programs: programs(&probes) }
     });
-    Ok(Sources { kernel_release: kernel.release.text.clone(), latency, retry_storm, thp })
+    let invalidations = capabilities.contains(&Capability::Invalidations).then(|| {
+        let plan = planner.attach_all(ebpf, invalidations::probes::PROBES);
+        let callbacks = invalidations::probes::attach_callbacks(kernel, ebpf);
+        let seen = invalidations::probes::observability(&plan, &callbacks, invalidations::kvm_locks_nameable(kernel));
+        // Read again rather than borrowed: the sources outlive this function's kernel borrow.
+        InvalidationsSource {
+            plan,
+            seen,
+            kallsyms: Kallsyms::read().ok(),
+            kvm_members: invalidations::kvm_members(kernel),
+        }
+    });
+    Ok(Sources { kernel_release: kernel.release.text.clone(), latency, retry_storm, thp, invalidations })
 }
 
 /// Every program a catalog may attach.

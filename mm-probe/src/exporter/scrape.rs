@@ -10,6 +10,8 @@ use super::buckets::{Histogram, latency_histogram, log2_ns_histogram};
 use crate::{
     cli::Capability,
     collect::counters::recursion_misses,
+    invalidations::{self, aggregator, decoder},
+    kernel::Kallsyms,
     kernel::layout::ThpDisableBits,
     latency::{self, report::FunctionPlan},
     probes::Plan,
@@ -40,12 +42,22 @@ pub struct ThpSource {
     pub programs: Vec<&'static str>,
 }
 
+/// Invalidations as attached: its plan, what it lets the exporter see, and the symbols that
+/// name the waiters' paths and the subscribers' callbacks.
+pub struct InvalidationsSource {
+    pub plan: Plan,
+    pub seen: invalidations::probes::Observability,
+    pub kallsyms: Option<Kallsyms>,
+    pub kvm_members: invalidations::locks::KvmMembers,
+}
+
 /// Everything attached, and the facts every scrape repeats.
 pub struct Sources {
     pub kernel_release: String,
     pub latency: Option<LatencySource>,
     pub retry_storm: Option<RetryStormSource>,
     pub thp: Option<ThpSource>,
+    pub invalidations: Option<InvalidationsSource>,
 }
 
 /// One labelled value of a counter or gauge family (labels in the family's order).
@@ -53,6 +65,13 @@ pub struct Sources {
 pub struct Series {
     pub labels: Vec<(&'static str, String)>,
     pub value: u64,
+}
+
+/// One labelled value of a counter family counted in a fractional unit (seconds).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FloatSeries {
+    pub labels: Vec<(&'static str, String)>,
+    pub value: f64,
 }
 
 impl Series {
@@ -77,6 +96,13 @@ pub struct Snapshot {
     pub mmu_invalidation_callback: Option<Histogram>,
     pub kvm_notifier_events: Vec<Series>,
     pub thp_checks: Vec<Series>,
+    /// invalidations: by hook (source) and event; contended locks and waits by lock class and
+    /// waiting path; callbacks by subscriber. Every label set is bounded by a table of names.
+    pub notifier_invalidations: Vec<Series>,
+    pub lock_contended: Vec<Series>,
+    pub lock_wait_seconds: Vec<FloatSeries>,
+    pub callback_calls: Vec<Series>,
+    pub callback_seconds: Vec<FloatSeries>,
 }
 
 impl Sources {
@@ -85,7 +111,8 @@ impl Sources {
         let latency = self.latency.as_ref().map(|s| (Capability::Latency, &s.plan));
         let retry_storm = self.retry_storm.as_ref().map(|s| (Capability::RetryStorm, &s.plan));
         let thp = self.thp.as_ref().map(|s| (Capability::Thp, &s.plan));
-        [latency, retry_storm, thp].into_iter().flatten().collect()
+        let invalidations = self.invalidations.as_ref().map(|s| (Capability::Invalidations, &s.plan));
+        [latency, retry_storm, thp, invalidations].into_iter().flatten().collect()
     }
 
     /// Reads every attached capability's kernel totals.
@@ -105,6 +132,9 @@ impl Sources {
         }
         if let Some(source) = &self.thp {
             read_thp(ebpf, source, &mut snapshot)?;
+        }
+        if let Some(source) = &self.invalidations {
+            read_invalidations(ebpf, source, &mut snapshot)?;
         }
         Ok(snapshot)
     }
@@ -223,5 +253,58 @@ fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<
         .into_iter()
         .map(|((verdict, reason), n)| Series::new(&[("verdict", verdict), ("reason", reason)], n))
         .collect();
+    Ok(())
+}
+
+fn read_invalidations(ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut Snapshot) -> Result<()> {
+    use std::collections::BTreeMap;
+
+    use mm_probe_common::invalidations::Counter;
+
+    let name = Capability::Invalidations.name();
+    snapshot.probe_attached.extend(probe_series(Capability::Invalidations, &source.plan));
+    let tables = decoder::read_tables(ebpf)?;
+    snapshot
+        .lost_events
+        .push(Series::new(&[("capability", name), ("kind", "waiter_stacks")], tables.counter(Counter::StackMisses)));
+    let full = tables.counter(Counter::WaitsMapFull)
+        + tables.counter(Counter::InvalidationsMapFull)
+        + tables.counter(Counter::CallbacksMapFull);
+    snapshot.map_update_failures.push(Series::new(&[("capability", name)], full));
+    let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for row in aggregator::invalidations(&tables, 0.0).by_invalidator {
+        *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
+    }
+    snapshot.notifier_invalidations = by_event
+        .into_iter()
+        .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))
+        .collect();
+    if source.seen.lock_waits {
+        let kallsyms = source.kallsyms.as_ref();
+        let locks = aggregator::locks(&tables, &source.kvm_members, &|id| decoder::stack_functions(ebpf, id, kallsyms));
+        let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+        for lock in &locks {
+            for path in &lock.paths {
+                let sums = by_path.entry((lock.class, path.path.label())).or_default();
+                sums.0 += path.contended;
+                sums.1 += path.wait_ns;
+            }
+        }
+        for ((class, path), (contended, wait_ns)) in by_path {
+            let labels = [("lock_class", class), ("path", path)];
+            snapshot.lock_contended.push(Series::new(&labels, contended));
+            snapshot
+                .lock_wait_seconds
+                .push(FloatSeries { labels: Series::new(&labels, 0).labels, value: wait_ns as f64 / 1e9 });
+        }
+    }
+    if source.seen.callbacks {
+        for row in aggregator::subscribers(&tables, source.kallsyms.as_ref()) {
+            let labels = [("subscriber", row.subscriber), ("callback", row.callback.as_str())];
+            snapshot.callback_calls.push(Series::new(&labels, row.calls));
+            let seconds = row.mean_ns * row.calls as f64 / 1e9;
+            snapshot.callback_seconds.push(FloatSeries { labels: Series::new(&labels, 0).labels, value: seconds });
+        }
+    }
     Ok(())
 }

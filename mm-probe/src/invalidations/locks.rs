@@ -55,8 +55,7 @@ pub fn lock_kind(flags: u32) -> &'static str {
 /// The code path that waited, named by the first function on its stack that says what it was
 /// doing. Checked in this order: a notifier callback runs inside madvise or munmap, and a vCPU's
 /// fault inside its KVM_RUN ioctl.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum WaitPath {
     NotifierStart,
     NotifierEnd,
@@ -88,9 +87,32 @@ impl WaitPath {
         }
     }
 
+    /// The snake_case label the JSON and the exporter use.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NotifierStart => "notifier_start",
+            Self::NotifierEnd => "notifier_end",
+            Self::NotifierAging => "notifier_aging",
+            Self::VcpuFault => "vcpu_fault",
+            Self::DirtyLogging => "dirty_logging",
+            Self::MemslotUpdate => "memslot_update",
+            Self::VcpuRun => "vcpu_run",
+            Self::PageFault => "page_fault",
+            Self::Madvise => "madvise",
+            Self::Mmap => "mmap",
+            Self::Other => "other",
+        }
+    }
+
     /// Whether the waiter was inside an invalidation's callbacks.
     pub fn in_notifier(self) -> bool {
         matches!(self, Self::NotifierStart | Self::NotifierEnd | Self::NotifierAging)
+    }
+}
+
+impl Serialize for WaitPath {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.label())
     }
 }
 

@@ -49,12 +49,11 @@ pub fn run(args: &InvalidationsArgs) -> Result<()> {
 
 async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, stopper: &mut Stopper) -> Result<()> {
     let kernel = Kernel::running()?;
-    let kvm_start = kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START));
-    let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&args.pids, kvm_start))?;
+    let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&kernel, &args.pids))?;
     crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
     let callbacks = probes::attach_callbacks(&kernel, &mut ebpf);
-    let seen = probes::observability(&plan, &callbacks, kvm_start.is_some() && kvm_layout_known(&kernel));
+    let seen = probes::observability(&plan, &callbacks, kvm_locks_nameable(&kernel));
     if args.json {
         println!("{}", report::plan_json(&kernel.release.text, &plan, &callbacks.timed, &seen, &thresholds));
     } else {
@@ -110,13 +109,7 @@ fn summarize(
 ) -> Summary {
     let kallsyms = kernel.kallsyms().ok();
     let invalidations = aggregator::invalidations(tables, duration_s);
-    let kvm_members = kernel
-        .btf()
-        .ok()
-        .and_then(|btf| btf.struct_members("kvm"))
-        .map(|(size, members)| KvmMembers { size, members })
-        .unwrap_or_default();
-    let locks = aggregator::locks(tables, &kvm_members, &|id| stack_functions(ebpf, id, kallsyms));
+    let locks = aggregator::locks(tables, &kvm_members(kernel), &|id| stack_functions(ebpf, id, kallsyms));
     let subscribers = aggregator::subscribers(tables, kallsyms);
     let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, duration_s, seen.lock_waits);
     Summary {
@@ -131,15 +124,33 @@ fn summarize(
     }
 }
 
-/// Whether `struct kvm`'s members are in this kernel's BTF (KVM built in).
-fn kvm_layout_known(kernel: &Kernel) -> bool {
+/// Whether VMs' locks can be named: KVM's callback in kallsyms, `struct kvm` in BTF (KVM built in).
+pub fn kvm_locks_nameable(kernel: &Kernel) -> bool {
+    if kvm_range_start(kernel).is_none() {
+        return false;
+    }
     let Ok(btf) = kernel.btf() else { return false };
     Layout::offset_in(btf, offsets::KVM_MMU_LOCK).is_some()
         && Layout::offset_in(btf, offsets::KVM_MMU_NOTIFIER).is_some()
 }
 
+/// `struct kvm`'s members, to name the locks inside a VM (empty without KVM in vmlinux BTF).
+pub fn kvm_members(kernel: &Kernel) -> KvmMembers {
+    kernel
+        .btf()
+        .ok()
+        .and_then(|btf| btf.struct_members("kvm"))
+        .map(|(size, members)| KvmMembers { size, members })
+        .unwrap_or_default()
+}
+
+fn kvm_range_start(kernel: &Kernel) -> Option<u64> {
+    kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START))
+}
+
 /// Globals: the -p filter, KVM's callback address, this kernel's tracepoint field offsets.
-fn settings(pids: &[u32], kvm_start: Option<u64>) -> Vec<(&'static str, GlobalValue)> {
+pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
+    let kvm_start = kvm_range_start(kernel);
     let root = tracefs::root().ok();
     let offset = |category, event, field, default| {
         let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));

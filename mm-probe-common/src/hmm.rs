@@ -18,6 +18,9 @@ pub const INVALIDATE_RING_BYTES: u32 = 8 << 20;
 pub const COUNTERS_MAP: &str = "HMM_COUNTERS";
 /// Per-CPU hash map [`ReadBeginKey`] → u64: mmu_interval_read_begin() calls.
 pub const READ_BEGINS_MAP: &str = "HMM_READ_BEGINS";
+/// LRU hash map notifier pointer (u64) → its ops->invalidate (u64): the subscriber's callback,
+/// whose symbol names the driver.
+pub const NOTIFIER_CALLBACKS_MAP: &str = "HMM_NOTIFIER_CALLBACKS";
 /// Hash map tgid (u32) → 1: the processes to watch when [`FILTER_TGIDS`] is set.
 pub const TARGET_TGIDS_MAP: &str = "HMM_TARGET_TGIDS";
 /// Hash map mm pointer (u64) → tgid (u32): mms whose memory is mirrored (seen in a walk or a

@@ -38,6 +38,8 @@ pub const HMM_RANGE_END: &str = "OFF_HMM_RANGE_END";
 pub const INTERVAL_NOTIFIER_MM: &str = "OFF_INTERVAL_NOTIFIER_MM";
 pub const INTERVAL_NOTIFIER_START: &str = "OFF_INTERVAL_NOTIFIER_START";
 pub const INTERVAL_NOTIFIER_LAST: &str = "OFF_INTERVAL_NOTIFIER_LAST";
+pub const INTERVAL_NOTIFIER_OPS: &str = "OFF_INTERVAL_NOTIFIER_OPS";
+pub const INTERVAL_OPS_INVALIDATE: &str = "OFF_INTERVAL_OPS_INVALIDATE";
 /// x86-64 saved user registers: the syscall number, -ENOSYS while the syscall runs, and
 /// arguments 1-4 (the 4th is in r10, not rcx).
 pub const PT_REGS_ORIG_AX: &str = "OFF_PT_REGS_ORIG_AX";

@@ -53,6 +53,8 @@ static HMM_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SL
 #[map]
 static HMM_READ_BEGINS: PerCpuHashMap<ReadBeginKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
 #[map]
+static HMM_NOTIFIER_CALLBACKS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+#[map]
 static HMM_TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
 static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
@@ -212,6 +214,11 @@ fn read_begin(notifier: u64) -> u32 {
     let key = ReadBeginKey { notifier, tgid, _pad: 0 };
     if let Some(calls) = get_or_insert!(HMM_READ_BEGINS, key, 0u64) {
         unsafe { *calls += 1 };
+    }
+    if unsafe { HMM_NOTIFIER_CALLBACKS.get(notifier) }.is_none() {
+        let ops: u64 = read_at(notifier, OFF_INTERVAL_NOTIFIER_OPS.load()).unwrap_or(0);
+        let callback: u64 = read_at(ops, OFF_INTERVAL_OPS_INVALIDATE.load()).unwrap_or(0);
+        let _ = HMM_NOTIFIER_CALLBACKS.insert(notifier, callback, 0);
     }
     let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
     let _ = HMM_SEQ_BEGIN.insert(current_pid(), begin, 0);

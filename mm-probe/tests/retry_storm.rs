@@ -305,6 +305,10 @@ fn storm_with_timeout(label: &str, timeout_ms: &str, workload_args: &[&str]) -> 
         callers.iter().all(|c| c["tgid"].as_u64() == Some(tgid)),
         "{label}: only the mirror calls read_begin: {callers:?}"
     );
+    assert!(
+        callers.iter().all(|c| c["subscriber"] == "hmm_mirror" && c["callback"] == "mirror_invalidate"),
+        "{label}: each notifier is named by its driver's callback: {callers:?}"
+    );
     eprintln!("== {label} ({:?})\ndriver: {driver}\ntool: {summary}", started.elapsed());
     (driver, summary)
 }

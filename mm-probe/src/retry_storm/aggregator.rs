@@ -19,6 +19,7 @@ use super::{
 };
 use crate::{
     collect::counters::percpu_sums,
+    kernel::Kallsyms,
     report::{Log2Histogram, percentiles::latency_histogram},
 };
 
@@ -421,15 +422,23 @@ impl Collector {
 }
 
 /// The kernel's per-(notifier, tgid) read_begin counts, most first.
-pub fn read_begins_by_caller(ebpf: &Ebpf) -> Result<Vec<ReadBeginCaller>> {
+pub fn read_begins_by_caller(ebpf: &Ebpf, kallsyms: Option<&Kallsyms>) -> Result<Vec<ReadBeginCaller>> {
     let map: PerCpuHashMap<_, ReadBeginKey, u64> =
         PerCpuHashMap::try_from(ebpf.map(names::READ_BEGINS_MAP).context("read_begin map missing from the object")?)?;
+    let callbacks: aya::maps::HashMap<_, u64, u64> = aya::maps::HashMap::try_from(
+        ebpf.map(names::NOTIFIER_CALLBACKS_MAP).context("notifier callback map missing from the object")?,
+    )?;
     let mut callers = Vec::new();
     for entry in map.iter() {
         let (key, per_cpu) = entry?;
+        let symbol = callbacks.get(&key.notifier, 0).ok().and_then(|ip| kallsyms?.symbolize(ip));
+        let callback = symbol.as_ref().map(|s| s.symbol.name.clone());
+        let subscriber = callback.as_deref().and_then(crate::invalidations::probes::subscriber_of).map(str::to_string);
         callers.push(ReadBeginCaller {
             tgid: key.tgid,
             notifier: format!("{:#x}", key.notifier),
+            subscriber: subscriber.or_else(|| symbol.as_ref().and_then(|s| s.symbol.module.clone())),
+            callback,
             calls: per_cpu.iter().sum(),
         });
     }

@@ -299,7 +299,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
         advice.push(Advice {
             cause: Cause::SlowInvalidateCallbacks,
             evidence: format!("P99 time inside invalidate_range_start (the subscribers' callbacks) is {}", format_nanos(p99)),
-            action: "move device TLB flushes out of the invalidate callback's critical section (defer them, or batch them per range)".into(),
+            action: "move device TLB flushes out of the invalidate callback's critical section (defer them, or batch them per range); `mm-probe invalidations` shows whose callback it is and what it waits on".into(),
         });
     }
     advice

@@ -37,7 +37,7 @@ use crate::{
         run::{self as skeleton},
     },
     error::UserError,
-    kernel::{Kernel, privileges, process::running_process},
+    kernel::{Kallsyms, Kernel, privileges, process::running_process},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
@@ -93,7 +93,7 @@ async fn attach_and_collect(
         collector.sample_every(PLOT_SAMPLE_PERIOD, PLOT_MAX_SAMPLES);
         PlotRequest { file, kernel: kernel.release.text.clone() }
     });
-    collect(&mut ebpf, rings, collector, args, plot, stopper).await
+    collect(&mut ebpf, rings, collector, args, plot, kernel.kallsyms().ok(), stopper).await
 }
 
 /// The walk and invalidation rings, mapped for reading.
@@ -160,6 +160,7 @@ async fn collect(
     mut collector: Collector,
     args: &RetryStormArgs,
     plot: Option<PlotRequest>,
+    kallsyms: Option<&Kallsyms>,
     stopper: &mut Stopper,
 ) -> Result<()> {
     let Rings { walks: mut walk_ring, invalidations: mut invalidate_ring } = rings;
@@ -223,7 +224,7 @@ async fn collect(
     }
     let mut summary = collector.summary();
     if collector.seen.read_begins {
-        summary.read_begins_by_caller = read_begins_by_caller(ebpf)?;
+        summary.read_begins_by_caller = read_begins_by_caller(ebpf, kallsyms)?;
     }
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &collector.seen));

@@ -191,7 +191,16 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
     if !s.read_begins_by_caller.is_empty() {
         let _ = writeln!(out, "\nSequence starts (mmu_interval_read_begin) by process and notifier");
         for caller in &s.read_begins_by_caller {
-            let _ = writeln!(out, "    tgid {:<8} notifier {:<20} {:>10}", caller.tgid, caller.notifier, caller.calls);
+            let owner = match (&caller.subscriber, &caller.callback) {
+                (Some(subscriber), Some(callback)) => format!("{subscriber} ({callback})"),
+                (None, Some(callback)) => callback.clone(),
+                _ => "subscriber unknown".into(),
+            };
+            let _ = writeln!(
+                out,
+                "    tgid {:<8} notifier {:<20} {owner:<36} {:>10}",
+                caller.tgid, caller.notifier, caller.calls
+            );
         }
     }
     if let Some(k) = &s.kvm {

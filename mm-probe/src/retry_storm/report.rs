@@ -154,6 +154,11 @@ pub struct LostEvents {
 pub struct ReadBeginCaller {
     pub tgid: u32,
     pub notifier: String,
+    /// The driver that owns the notifier ("hmm_mirror", "amdgpu", …, or the callback's module),
+    /// from its ops->invalidate; null when the callback could not be read or symbolized.
+    pub subscriber: Option<String>,
+    /// That callback's function.
+    pub callback: Option<String>,
     pub calls: u64,
 }
 
@@ -275,7 +280,13 @@ pub(crate) mod tests {
             }),
             kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
             lost_events: LostEvents { walk_events: 0, invalidate_events: 1, walk_entries_missed: 0 },
-            read_begins_by_caller: vec![ReadBeginCaller { tgid: 42, notifier: "0xffff8881".into(), calls: 5 }],
+            read_begins_by_caller: vec![ReadBeginCaller {
+                tgid: 42,
+                notifier: "0xffff8881".into(),
+                subscriber: Some("hmm_mirror".into()),
+                callback: Some("mirror_invalidate".into()),
+                calls: 5,
+            }],
             verdict: judge(&storm, &Thresholds::default()),
         }
     }

@@ -207,7 +207,7 @@ fn amplification_level(summary: &Value) -> String {
     metric["level"].as_str().unwrap().to_string()
 }
 
-/// The driver as a device: its callback flushes (busy-waits) a fixed 100 µs, or 10 µs a page, and
+/// The driver as a device: its callback flushes (busy-waits) a fixed 100 µs, or 40 µs a page, and
 /// a device thread holds the lock the callback takes. 4 KiB and 2 MiB invalidations alternate,
 /// so that time can be fitted against size. Times here are the emulator's: the tests assert
 /// relations (at least the flush's time, fixed against per-page), never absolute numbers.
@@ -250,13 +250,14 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     // A failed trylock can still find the lock free by the time it spins: never more than the driver's.
     assert!(waited_in_callback <= u(&driver["device_lock_waits"]), "{waited_in_callback} vs {driver}");
 
-    // 10 µs a page: under emulation the callback's own fixed cost (the probes' traps, the lock,
-    // the bookkeeping) is some 30 µs, which a cheaper per-page flush would not dominate.
-    let per_page: Vec<&str> = storm.iter().copied().chain(["--flush-per-page-ns", "10000"]).collect();
+    // 40 µs a page: under emulation the callback's own fixed cost (the probes' traps, the lock,
+    // the bookkeeping) came out at 30 to 125 µs, and the free-running guest clock adds jumps of
+    // its own; a cheaper per-page flush would not dominate that.
+    let per_page: Vec<&str> = storm.iter().copied().chain(["--flush-per-page-ns", "40000"]).collect();
     let (driver, summary) = traced_workload("hmm_storm", &per_page, &[]);
     let row = mirror_callback(&driver, &summary);
     let fit = &row["fit"];
-    assert!(fit["per_page_ns"].as_f64().unwrap() >= 5000.0, "about 10 µs a page: {fit}");
+    assert!(fit["per_page_ns"].as_f64().unwrap() >= 20_000.0, "about 40 µs a page: {fit}");
     assert!(fit["amplification"].as_f64().unwrap() < 10.0, "a per-page cost is not amplified: {fit}");
     assert_eq!(amplification_level(&summary), "OK", "{}", summary["metrics"]);
     assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["advice"]);

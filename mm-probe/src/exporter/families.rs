@@ -4,14 +4,14 @@
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet, text::encode},
+    encoding::{DescriptorEncoder, EncodeCounterValue, EncodeMetric as _, NoLabelSet, text::encode},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
 
 use super::{
     buckets::Histogram,
-    scrape::{FloatSeries, Series, Snapshot},
+    scrape::{Series, Snapshot},
 };
 
 /// The snapshot of one scrape, as a collector the registry encodes.
@@ -110,7 +110,7 @@ fn invalidation_families(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Resul
         "Contended lock acquisitions (lock:contention_begin) by lock class (kvm_mmu_lock, kvm_lock, mmap_lock, unknown) and the path that waited (notifier_start, vcpu_fault, ...).",
         &s.lock_contended,
     )?;
-    float_counters(
+    counters(
         encoder,
         "mm_probe_lock_wait_seconds",
         "Time those acquisitions waited, by lock class and waiting path.",
@@ -122,7 +122,7 @@ fn invalidation_families(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Resul
         "Calls of each known subscriber's invalidate callback (kprobes; absent where the kernel has none).",
         &s.callback_calls,
     )?;
-    float_counters(
+    counters(
         encoder,
         "mm_probe_notifier_callback_seconds",
         "Time in each known subscriber's invalidate callback.",
@@ -130,22 +130,12 @@ fn invalidation_families(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Resul
     )
 }
 
-fn counters(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: &[Series]) -> Result<(), std::fmt::Error> {
-    if series.is_empty() {
-        return Ok(());
-    }
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for s in series {
-        ConstCounter::new(s.value).encode(family.encode_family(&s.labels)?)?;
-    }
-    Ok(())
-}
-
-fn float_counters(
+/// A counter family, in whole counts or in seconds.
+fn counters<V: EncodeCounterValue + Copy + std::fmt::Debug>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
-    series: &[FloatSeries],
+    series: &[Series<V>],
 ) -> Result<(), std::fmt::Error> {
     if series.is_empty() {
         return Ok(());

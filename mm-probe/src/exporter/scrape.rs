@@ -62,17 +62,13 @@ pub struct Sources {
 
 /// One labelled value of a counter or gauge family (labels in the family's order).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Series {
+pub struct Series<V = u64> {
     pub labels: Vec<(&'static str, String)>,
-    pub value: u64,
+    pub value: V,
 }
 
-/// One labelled value of a counter family counted in a fractional unit (seconds).
-#[derive(Clone, Debug, PartialEq)]
-pub struct FloatSeries {
-    pub labels: Vec<(&'static str, String)>,
-    pub value: f64,
-}
+/// A counter counted in a fractional unit (seconds).
+pub type FloatSeries = Series<f64>;
 
 impl Series {
     fn new(labels: &[(&'static str, &str)], value: u64) -> Self {

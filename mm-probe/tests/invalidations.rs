@@ -35,6 +35,15 @@ fn traced(workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
 /// with -p before the workload starts; returns the workload's own counts (its last line) and the
 /// tool's summary line.
 fn traced_workload(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
+    let (counts, lines) = traced_lines(name, workload_args, tool_args);
+    let summary = lines.iter().find(|l| l["type"] == "summary").expect("a summary line").clone();
+    assert_eq!(summary["stopped_by"], "target_exited", "{summary}");
+    eprintln!("== {name} {workload_args:?}\nworkload: {counts}\ntool: {summary}");
+    (counts, summary)
+}
+
+/// As [`traced_workload`], with every line the tool printed after its plan.
+fn traced_lines(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (Value, Vec<Value>) {
     let mut storm = Command::new(workload(name))
         .args(workload_args)
         .arg("--wait")
@@ -70,10 +79,7 @@ fn traced_workload(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (V
     // The run ends by itself once the -p process has exited.
     let status = tool.wait().expect("mm-probe");
     assert_eq!(status.code(), Some(0), "the run ends with a summary when the target exits");
-    let summary = lines.iter().map(|l| common::tool_line(&l)).find(|l| l["type"] == "summary").expect("a summary line");
-    assert_eq!(summary["stopped_by"], "target_exited", "{summary}");
-    eprintln!("== {name} {workload_args:?}\nworkload: {counts}\ntool: {summary}");
-    (counts, summary)
+    (counts, lines.iter().map(|l| common::tool_line(&l)).collect())
 }
 
 fn u(value: &Value) -> u64 {
@@ -181,6 +187,25 @@ fn a_running_vcpu_waits_on_the_same_lock_in_its_fault_path() {
     let fault = fault.unwrap_or_else(|| panic!("the vCPU's faults wait on mmu_lock: {}", lock["paths"]));
     assert_eq!(fault["waiters"], serde_json::json!(["kvm-vcpu"]));
     assert_eq!(fault["in_notifier"], false);
+}
+
+#[test]
+fn the_intervals_add_up_to_the_summary() {
+    require_root();
+    if !kvm_available() {
+        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+        return;
+    }
+    let (counts, lines) =
+        traced_lines("kvm_storm", &["--threads", "1", "--passes", "5", "--size", "32M"], &["--interval", "100ms"]);
+    let summary = lines.iter().find(|l| l["type"] == "summary").expect("a summary line");
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(!intervals.is_empty(), "--interval printed no line");
+    let sum: u64 = intervals.iter().map(|i| u(&i["invalidations"])).sum();
+    assert_eq!(sum, u(&summary["invalidations"]["count"]), "the last, partial interval is printed too");
+    assert!(sum >= u(&counts["madvise_calls"]));
+    let ends: Vec<f64> = intervals.iter().map(|i| i["end_s"].as_f64().unwrap()).collect();
+    assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
 }
 
 #[test]

@@ -302,6 +302,7 @@ pub fn interval(before: &Tables, now: &Tables, interval_s: f64, seen_waits: bool
     let (contended_now, wait_now) = waits(now);
     let (contended_before, wait_before) = waits(before);
     Interval {
+        end_s: 0.0,
         interval_s,
         invalidations: invalidations(now).saturating_sub(invalidations(before)),
         contended: seen_waits.then(|| contended_now.saturating_sub(contended_before)),

@@ -35,6 +35,7 @@ use crate::{
     kernel::{Kernel, layout::Layout, privileges, process::running_process, tracefs},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{text, verdict::Band},
+    units::format_nanos,
 };
 
 pub fn run(args: &InvalidationsArgs) -> Result<()> {
@@ -60,10 +61,16 @@ async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, st
         text::eprint(&render::plan_text(&kernel.release.text, &plan, &callbacks.timed, &seen));
     }
     let started_ns = monotonic_ns();
-    let stopped_by = collect(&ebpf, args, &seen, stopper).await?;
+    let mut intervals = Intervals::new(started_ns);
+    let stopped_by = collect(&ebpf, args, &seen, &mut intervals, stopper).await?;
     detach_all(&mut ebpf).await;
     let tables = read_tables(&ebpf)?;
-    let duration_s = (monotonic_ns() - started_ns) as f64 / 1e9;
+    let end_ns = monotonic_ns();
+    let duration_s = (end_ns - started_ns) as f64 / 1e9;
+    // The partial last interval too, however short: the intervals then add up to the summary.
+    if args.interval.is_some() {
+        intervals.print(tables.clone(), end_ns, args.json, &seen);
+    }
     for pid in stopper.exited_targets() {
         text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
     }
@@ -76,24 +83,45 @@ async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, st
     Ok(())
 }
 
-/// Waits for the end, printing a line per `--interval` from the tables' deltas.
-async fn collect(ebpf: &Ebpf, args: &InvalidationsArgs, seen: &Observability, stopper: &mut Stopper) -> Result<Stop> {
+/// The `--interval` lines: each the tables' change since the previous one.
+struct Intervals {
+    previous: Tables,
+    previous_ns: u64,
+    started_ns: u64,
+}
+
+impl Intervals {
+    fn new(started_ns: u64) -> Self {
+        Self { previous: Tables::default(), previous_ns: started_ns, started_ns }
+    }
+
+    /// Prints the interval that ends with `now` (read at `now_ns`).
+    fn print(&mut self, now: Tables, now_ns: u64, json: bool, seen: &Observability) {
+        let seconds = |from: u64| now_ns.saturating_sub(from) as f64 / 1e9;
+        let mut line =
+            aggregator::interval(&self.previous, &now, seconds(self.previous_ns), seen.lock_waits, seen.callbacks);
+        line.end_s = seconds(self.started_ns);
+        if json {
+            println!("{}", report::interval_json(&line));
+        } else {
+            text::println(&render::interval_text(&line));
+        }
+        (self.previous, self.previous_ns) = (now, now_ns);
+    }
+}
+
+/// Waits for the end, printing a line per `--interval`.
+async fn collect(
+    ebpf: &Ebpf,
+    args: &InvalidationsArgs,
+    seen: &Observability,
+    intervals: &mut Intervals,
+    stopper: &mut Stopper,
+) -> Result<Stop> {
     let mut tick = Ticker::every(args.interval);
-    let mut previous = Tables::default();
-    let mut previous_ns = monotonic_ns();
     loop {
         tokio::select! {
-            () = tick.tick() => {
-                let now = read_tables(ebpf)?;
-                let now_ns = monotonic_ns();
-                let line = aggregator::interval(&previous, &now, (now_ns - previous_ns) as f64 / 1e9, seen.lock_waits, seen.callbacks);
-                if args.json {
-                    println!("{}", report::interval_json(&line));
-                } else {
-                    text::println(&render::interval_text(&line));
-                }
-                (previous, previous_ns) = (now, now_ns);
-            }
+            () = tick.tick() => intervals.print(read_tables(ebpf)?, monotonic_ns(), args.json, seen),
             reason = stopper.wait() => return Ok(reason),
         }
     }
@@ -167,13 +195,24 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
     ]
 }
 
+/// A band of durations, in nanoseconds, refused in the units the user typed.
+fn duration_band(name: &str, warn: std::time::Duration, crit: std::time::Duration) -> Result<Band, UserError> {
+    if warn > crit {
+        return Err(UserError::new(format!(
+            "--{name}-warn ({}) must be no longer than --{name}-crit ({})",
+            format_nanos(warn.as_nanos() as u64),
+            format_nanos(crit.as_nanos() as u64)
+        )));
+    }
+    Ok(Band { warn: warn.as_nanos() as f64, crit: crit.as_nanos() as f64 })
+}
+
 fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
     let band = Band::checked;
-    let nanos = |d: std::time::Duration| d.as_nanos() as f64;
     Ok(Thresholds {
         invalidate_freq: band("invalidate-freq", args.invalidate_freq_warn, args.invalidate_freq_crit)?,
-        wait_per_invalidation_ns: band("wait", nanos(args.wait_warn), nanos(args.wait_crit))?,
-        callback_mean_ns: band("callback", nanos(args.callback_warn), nanos(args.callback_crit))?,
+        wait_per_invalidation_ns: duration_band("wait", args.wait_warn, args.wait_crit)?,
+        callback_mean_ns: duration_band("callback", args.callback_warn, args.callback_crit)?,
         amplification: band("amplification", args.amplification_warn, args.amplification_crit)?,
     })
 }

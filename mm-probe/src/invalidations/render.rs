@@ -23,8 +23,8 @@ pub fn plan_text(kernel: &str, plan: &Plan, callbacks_timed: &[&str], seen: &Obs
 
 pub fn interval_text(i: &Interval) -> String {
     format!(
-        "[{:>6.1}s] invalidations {:>8}  contended {:>8}  waited {:>10}  callbacks {:>8}",
-        i.interval_s,
+        "[{:>7.1}s] invalidations {:>8}  contended {:>8}  waited {:>10}  callbacks {:>8}",
+        i.end_s,
         i.invalidations,
         or_dash(i.contended.map(|c| c.to_string())),
         or_dash(i.wait_ns.map(format_nanos)),

@@ -131,6 +131,8 @@ pub struct Fit {
 /// One `--interval`'s deltas.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Interval {
+    /// Seconds since the probes attached, at the interval's end.
+    pub end_s: f64,
     pub interval_s: f64,
     pub invalidations: u64,
     pub contended: Option<u64>,

@@ -496,7 +496,11 @@ fn explain(
     if !holder.is_prev {
         text += &format!("{} held the CPU for {} of it", holder.task(), format_nanos(holder.on_cpu_ns));
         match (cause, f.departure) {
-            (Cause::Function(_), _) => text += &format!(" inside {}", cause.label(f.functions)),
+            // What it ran too (madvise(MADV_COLD, 512 MiB)): the advice hangs on the call.
+            (Cause::Function(_), Some(d)) => {
+                text += &format!(" inside {} ({})", cause.label(f.functions), what_it_ran(&d.syscall, &d.stack))
+            }
+            (Cause::Function(_), None) => text += &format!(" inside {}", cause.label(f.functions)),
             (Cause::OwnStartup, _) => text += " (mm-probe's own start-up)",
             (_, Some(d)) => text += &format!(" ({})", what_it_ran(&d.syscall, &d.stack)),
             _ => {}
@@ -878,6 +882,19 @@ mod tests {
         assert_eq!(a.stack.frames[1], "ksys_write+0x60");
         assert_eq!(a.syscall.as_ref().and_then(|c| c.name), Some("write"));
         assert_says(&a, Says::Contains, "stress-ng-264 held the CPU for 1.98ms of it (in write(");
+        assert_says(&a, Says::Ends, "; migration/1-21 ran last before it");
+    }
+
+    /// The case the 6.1 field test met once (pageout_storm preempted inside
+    /// madvise_cold_or_pageout_pte_range, then migration/0 ran): the function and the syscall are
+    /// both named, since the advice needs the call and its length.
+    #[test]
+    fn a_holder_preempted_by_a_stopper_inside_a_traced_function_shows_the_function_and_the_call() {
+        let mut w = hog_then_stopper(12 * MS - 20 * US);
+        w.slices[0].in_funcs = 1 << 1;
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::Function(1));
+        assert_says(&a, Says::Contains, "stress-ng-264 held the CPU for 1.98ms of it inside zap_pte_range (in write(");
         assert_says(&a, Says::Ends, "; migration/1-21 ran last before it");
     }
 

@@ -34,7 +34,7 @@ use mm_probe_common::invalidations::{
 };
 
 use crate::kernel::{
-    BPF_NOEXIST, bump, current_pid, current_tgid, entry_programs, log2_bucket, offsets::*, read_at, tp_field,
+    bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, tp_field,
 };
 
 /// Threads with a wait, an invalidation or a callback open at once; LRU so a missed end never
@@ -135,20 +135,12 @@ fn comm() -> [u8; 16] {
     bpf_get_current_comm().unwrap_or([0; 16])
 }
 
-/// `map[key]` as a pointer, inserting a copy of the zero template first when absent.
+/// `map[key]` as a pointer, inserting a copy of the all-zero template first when absent (the
+/// stats are larger than the BPF stack, so the template lives in a map).
 macro_rules! stats_for {
-    ($map:expr, $key:expr, $zero:expr) => {{
-        match $map.get_ptr_mut($key) {
-            Some(value) => Some(value),
-            None => match $zero.get(0) {
-                Some(zero) => {
-                    let _ = $map.insert($key, zero, BPF_NOEXIST);
-                    $map.get_ptr_mut($key)
-                }
-                None => None,
-            },
-        }
-    }};
+    ($map:expr, $key:expr, $zero:expr) => {
+        $zero.get(0).and_then(|zero| get_or_insert!($map, $key, zero))
+    };
 }
 
 /// Walks `mm`'s subscriptions once and records each VM's mmu_lock under `tgid`.

@@ -10,13 +10,16 @@ use mm_probe_common::{
 };
 
 use super::{
-    decoder::{Tables, comm_text},
+    decoder::Tables,
     judge::{Amplified, Evidence},
     locks::{KvmMembers, WaitPath, caller, lock_kind, wait_path},
     probes::subscriber_of,
     report::{Fit, Interval, Invalidations, InvalidatorRow, LockRow, PathRow, SubscriberRow},
 };
-use crate::kernel::Kallsyms;
+use crate::{
+    kernel::{Kallsyms, process::comm_text},
+    report::Log2Histogram,
+};
 
 /// Frames of a path's stack kept in the report.
 const STACK_FRAMES: usize = 8;
@@ -191,8 +194,8 @@ pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>) -> Vec<Subscrib
                 calls: stats.calls,
                 mean_ns: ratio(stats.total_ns as f64, stats.calls),
                 max_ns: stats.max_ns,
-                p50_le_ns: percentile_bound(&stats.buckets, 0.50),
-                p99_le_ns: percentile_bound(&stats.buckets, 0.99),
+                p50_le_ns: Log2Histogram::quantile_bound(&stats.buckets, 0.50).unwrap_or(0),
+                p99_le_ns: Log2Histogram::quantile_bound(&stats.buckets, 0.99).unwrap_or(0),
                 bytes_per_call: ratio(stats.bytes as f64, stats.calls),
                 nonblocking: stats.nonblocking,
                 refused: stats.refused,
@@ -204,20 +207,6 @@ pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>) -> Vec<Subscrib
         .collect();
     rows.sort_by(|a, b| b.mean_ns.total_cmp(&a.mean_ns));
     rows
-}
-
-/// The upper bound of the log2 bucket holding quantile `q`.
-fn percentile_bound(buckets: &[u64], q: f64) -> u64 {
-    let total: u64 = buckets.iter().sum();
-    let wanted = (total as f64 * q).ceil() as u64;
-    let mut seen = 0;
-    for (k, count) in buckets.iter().enumerate() {
-        seen += count;
-        if seen >= wanted.max(1) {
-            return (1u64 << (k + 1)) - 1;
-        }
-    }
-    0
 }
 
 /// Least squares of mean callback time against pages over the size classes seen, weighted by
@@ -285,7 +274,6 @@ pub fn evidence(
         mean_invalidation_bytes: (inv.count > 0).then(|| inv.bytes as f64 / inv.count as f64),
         notifier_lock: notifier_lock.map(|(l, wait)| (l.name.clone(), wait)),
         vcpu_faults_wait,
-        nonblocking_refused: subscribers.iter().map(|s| s.refused).sum(),
     }
 }
 
@@ -366,8 +354,9 @@ mod tests {
         let mut buckets = [0u64; TIME_BUCKETS];
         buckets[10] = 99;
         buckets[20] = 1;
-        assert_eq!(percentile_bound(&buckets, 0.5), 2047);
-        assert_eq!(percentile_bound(&buckets, 0.99), 2047);
-        assert_eq!(percentile_bound(&buckets, 1.0), (1 << 21) - 1);
+        let bound = |q| Log2Histogram::quantile_bound(&buckets, q);
+        assert_eq!(bound(0.5), Some(2047));
+        assert_eq!(bound(0.99), Some(2047));
+        assert_eq!(bound(1.0), Some((1 << 21) - 1));
     }
 }

@@ -111,9 +111,3 @@ pub fn stack_functions(ebpf: &Ebpf, stack_id: i64, kallsyms: Option<&Kallsyms>) 
         .map(|frame| kallsyms.symbolize(frame.ip).map_or_else(|| format!("{:#x}", frame.ip), |s| s.symbol.name.clone()))
         .collect()
 }
-
-/// A task's comm as text (NUL-padded in the kernel).
-pub fn comm_text(comm: &[u8; 16]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}

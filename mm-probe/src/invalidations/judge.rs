@@ -35,7 +35,6 @@ pub struct Evidence {
     pub notifier_lock: Option<(String, u64)>,
     /// vCPU faults waited on the same lock the notifier waited on.
     pub vcpu_faults_wait: bool,
-    pub nonblocking_refused: u64,
 }
 
 /// A subscriber and its callback's time-against-size fit.

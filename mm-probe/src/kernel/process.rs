@@ -82,6 +82,12 @@ fn tgid_of(pid: u32) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
 }
 
+/// A task's comm as text (NUL-padded by the kernel, not always terminated).
+pub fn comm_text(comm: &[u8; 16]) -> String {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,24 @@ impl Log2Histogram {
         if k == 0 { (0, 1) } else { (1u64 << k, (1u64 << (k + 1)) - 1) }
     }
 
+    /// The upper bound of the bucket holding quantile `q` (0 to 1) of kernel log2 buckets;
+    /// `None` when they are empty.
+    pub fn quantile_bound(buckets: &[u64], q: f64) -> Option<u64> {
+        let total: u64 = buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let target = ((total as f64 * q).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (k, count) in buckets.iter().enumerate() {
+            seen += count;
+            if seen >= target {
+                return Some(Self::bounds(k).1);
+            }
+        }
+        None
+    }
+
     pub fn total(&self) -> u64 {
         self.buckets.iter().sum()
     }

@@ -25,19 +25,7 @@ pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
 
 /// 99th percentile of a kernel log2 histogram, as the upper bound of its bucket.
 fn log2_p99(buckets: &[u64]) -> Option<u64> {
-    let total: u64 = buckets.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let target = (total as f64 * 0.99).ceil() as u64;
-    let mut seen = 0;
-    for (k, count) in buckets.iter().enumerate() {
-        seen += count;
-        if seen >= target {
-            return Some(Log2Histogram::bounds(k).1);
-        }
-    }
-    None
+    Log2Histogram::quantile_bound(buckets, 0.99)
 }
 
 impl Snapshot {

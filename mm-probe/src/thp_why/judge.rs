@@ -442,10 +442,7 @@ fn prctl_calls(input: &Inputs) -> Vec<PrctlCall> {
         .collect()
 }
 
-pub fn comm_text(comm: &[u8; 16]) -> String {
-    let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}
+pub use crate::kernel::process::comm_text;
 
 /// The prctl call caught live that explains the target's mode, if any: the target's own or an
 /// ancestor's, the last one that set the mode the target has.

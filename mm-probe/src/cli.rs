@@ -81,7 +81,8 @@ const INVALIDATIONS_EXAMPLES: &str = "\
 Examples:
     mm-probe invalidations                       # every process, until Ctrl-C
     mm-probe invalidations -p 4242 --duration 10s --interval 1s
-    mm-probe invalidations -p 4242 --wait-warn 5us --json | jq .verdict";
+    mm-probe invalidations -p 4242 --wait-warn 5us --json | jq .verdict
+    mm-probe invalidations -p 4242 --duration 30s --plot invalidations.svg";
 
 const RETRY_STORM_EXAMPLES: &str = "\
 Examples:
@@ -240,6 +241,10 @@ pub struct InvalidationsArgs {
     /// Newline-delimited JSON: a plan, one object per interval, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// At the end, draw the callbacks' times (WARN limit marked) and the lock waits, one
+    /// histogram per subscriber and per contended lock, here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Invalidations per second (of one process's memory) from which the verdict is WARN.
     #[arg(long, default_value_t = 1000.0, value_name = "PER_SECOND")]
     pub invalidate_freq_warn: f64,

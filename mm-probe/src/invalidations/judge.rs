@@ -71,6 +71,11 @@ pub struct Verdict {
 /// Invalidations smaller than this on average are worth batching (a PMD's worth).
 const BATCH_BYTES: f64 = (2 << 20) as f64;
 
+/// The smallest invalidations' share of a callback's time from which their amplification is
+/// judged: below it they are amplified, perhaps, but cost little in total (a batching VMM's
+/// threads unmap a few 4 KiB pieces of their own at start and exit).
+pub const AMPLIFIED_TIME_SHARE: f64 = 0.25;
+
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     let metric = |metric: &'static str, value: Option<f64>, band: Band| MetricVerdict {
         metric,
@@ -83,13 +88,22 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
         metric("invalidate_freq", e.invalidate_freq, t.invalidate_freq),
         metric("wait_per_invalidation", e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
         metric("callback_mean", e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
-        metric("amplification", e.amplification.as_ref().map(|a| a.fit.amplification), t.amplification),
+        amplification_metric(e.amplification.as_ref(), t.amplification),
     ];
     let verdict = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // Unknown only when nothing could be judged: one OK metric and three unobservable is OK.
     let verdict = if verdict == Level::Unknown { Level::Unknown } else { verdict };
     let advice = advise(e, &metrics);
     Verdict { verdict, metrics, advice }
+}
+
+/// The amplification measured, judged only where the small invalidations take a real share of
+/// the callback's time (else OK whatever its value).
+fn amplification_metric(amplified: Option<&Amplified>, band: Band) -> MetricVerdict {
+    let value = amplified.map(|a| a.fit.amplification);
+    let matters = amplified.is_some_and(|a| a.fit.smallest_time_share >= AMPLIFIED_TIME_SHARE);
+    let level = if matters || value.is_none() { band.classify(value) } else { Level::Ok };
+    MetricVerdict { metric: "amplification", value, level, warn: band.warn, crit: band.crit }
 }
 
 fn level(metrics: &[MetricVerdict], name: &str) -> Level {
@@ -126,11 +140,12 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
         advice.push(Advice {
             cause: "device-flush amplification",
             evidence: format!(
-                "{subscriber}'s callback costs ~{} per call whatever its size: a page of a {} invalidation costs ~{:.0}x what it costs in a {} one",
+                "{subscriber}'s callback costs ~{} per call whatever its size: a page of a {} invalidation costs ~{:.0}x what it costs in a {} one, and those take {:.0}% of its time",
                 format_nanos(fit.fixed_ns as u64),
                 format_bytes(fit.smallest_bytes),
                 fit.amplification,
                 format_bytes(fit.largest_bytes),
+                fit.smallest_time_share * 100.0,
             ),
             advice: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
         });
@@ -199,6 +214,7 @@ mod tests {
                     smallest_bytes: 4096,
                     largest_bytes: 2 << 20,
                     size_classes: 2,
+                    smallest_time_share: 0.5,
                 },
             }),
             ..Evidence::default()
@@ -212,5 +228,31 @@ mod tests {
             "{}",
             verdict.advice[0].evidence
         );
+    }
+
+    #[test]
+    fn amplified_small_invalidations_that_take_little_of_the_time_are_not_a_problem() {
+        // A VMM that madvises in 2 MiB pieces; its threads' own few 4 KiB unmaps are amplified.
+        let fit = Fit {
+            fixed_ns: 20_000.0,
+            per_page_ns: 2.0,
+            amplification: 480.0,
+            smallest_bytes: 4096,
+            largest_bytes: 2 << 20,
+            size_classes: 2,
+            smallest_time_share: 0.08,
+        };
+        let e = Evidence {
+            amplification: Some(Amplified { subscriber: "kvm".into(), fit }),
+            slowest_callback: Some(("kvm".into(), 21_000.0)),
+            ..Evidence::default()
+        };
+        let verdict = judge(&e, &thresholds());
+        let metric = verdict.metrics.iter().find(|m| m.metric == "amplification").unwrap();
+        assert_eq!((metric.value, metric.level), (Some(480.0), Level::Ok), "measured, and judged harmless");
+        assert!(verdict.advice.is_empty(), "{:?}", verdict.advice);
+        let mattering = Fit { smallest_time_share: AMPLIFIED_TIME_SHARE, ..fit };
+        let e = Evidence { amplification: Some(Amplified { subscriber: "kvm".into(), fit: mattering }), ..e };
+        assert_eq!(judge(&e, &thresholds()).verdict, Level::Crit);
     }
 }

@@ -4,12 +4,13 @@
 //! subscribers' callbacks) → tables aggregated in the kernel → read and summed (decoder.rs) →
 //! invalidators, contended locks named and split by waiting path (locks.rs), subscribers with
 //! their time-against-size fit (aggregator.rs) → verdict and advice (judge.rs) → JSON lines
-//! (report.rs) or text (render.rs).
+//! (report.rs) or text (render.rs), and with `--plot` a figure of the distributions (plot.rs).
 
 pub mod aggregator;
 pub mod decoder;
 pub mod judge;
 pub mod locks;
+pub mod plot;
 pub mod probes;
 pub mod render;
 pub mod report;
@@ -34,21 +35,32 @@ use crate::{
     error::UserError,
     kernel::{Kernel, layout::Layout, privileges, process::running_process, tracefs},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
-    report::{text, verdict::Band},
+    report::{
+        json,
+        plot::{PlotFile, histogram_svg},
+        text,
+        verdict::Band,
+    },
     units::format_nanos,
 };
 
 pub fn run(args: &InvalidationsArgs) -> Result<()> {
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
+    let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
     for &pid in &args.pids {
         running_process(pid)?;
     }
     let limits = Limits { duration: args.duration, targets: args.pids.clone() };
-    skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, stopper).await)
+    skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, plot, stopper).await)
 }
 
-async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, stopper: &mut Stopper) -> Result<()> {
+async fn attach_and_collect(
+    args: &InvalidationsArgs,
+    thresholds: Thresholds,
+    plot: Option<PlotFile>,
+    stopper: &mut Stopper,
+) -> Result<()> {
     let kernel = Kernel::running()?;
     let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&kernel, &args.pids))?;
     crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
@@ -79,6 +91,11 @@ async fn attach_and_collect(args: &InvalidationsArgs, thresholds: Thresholds, st
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
     } else {
         text::print(&render::summary_text(&summary, stopped_by));
+    }
+    if let Some(file) = plot {
+        let figure = plot::histogram_plot(&kernel.release.text, &summary, stopped_by, &thresholds);
+        file.write(&histogram_svg(&figure)?)?;
+        println!("{}", file.written_line(args.json.then_some(json::Line::InvalidationsPlot)));
     }
     Ok(())
 }
@@ -152,7 +169,8 @@ fn summarize(
     }
 }
 
-/// Whether VMs' locks can be named: KVM's callback in kallsyms, `struct kvm` in BTF (KVM built in).
+/// Whether VMs' locks can be named: KVM's callback in kallsyms, `struct kvm` in BTF (vmlinux's,
+/// or the kvm module's).
 pub fn kvm_locks_nameable(kernel: &Kernel) -> bool {
     if kvm_range_start(kernel).is_none() {
         return false;
@@ -162,12 +180,11 @@ pub fn kvm_locks_nameable(kernel: &Kernel) -> bool {
         && Layout::offset_in(btf, offsets::KVM_MMU_NOTIFIER).is_some()
 }
 
-/// `struct kvm`'s members, to name the locks inside a VM (empty without KVM in vmlinux BTF).
+/// `struct kvm`'s members, to name the locks inside a VM (empty without KVM's BTF).
 pub fn kvm_members(kernel: &Kernel) -> KvmMembers {
-    kernel
-        .btf()
-        .ok()
-        .and_then(|btf| btf.struct_members("kvm"))
+    let Ok(btf) = kernel.btf() else { return KvmMembers::default() };
+    btf.struct_members("kvm")
+        .or_else(|| btf.module("kvm")?.struct_members("kvm"))
         .map(|(size, members)| KvmMembers { size, members })
         .unwrap_or_default()
 }

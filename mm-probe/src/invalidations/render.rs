@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{
     probes::Observability,
-    report::{Interval, LockRow, Summary},
+    report::{Fit, Interval, LockRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -158,17 +158,7 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         .subscribers
         .iter()
         .map(|c| {
-            let fit = match c.fit {
-                Some(f) => format!(
-                    "{} + {}/page; a page of {} costs {:.0}x one of {}",
-                    format_nanos(f.fixed_ns as u64),
-                    format_nanos(f.per_page_ns.max(0.0) as u64),
-                    format_bytes(f.smallest_bytes),
-                    f.amplification,
-                    format_bytes(f.largest_bytes)
-                ),
-                None => "one size only".into(),
-            };
+            let fit = c.fit.as_ref().map_or_else(|| "one size only".into(), fit_text);
             vec![
                 c.subscriber.to_string(),
                 c.callback.clone(),
@@ -193,6 +183,20 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         let _ = writeln!(out, "  non-blockable calls (OOM reaper): {nonblocking}, refused: {refused}");
     }
     out
+}
+
+/// A callback's time against size in one phrase:
+/// `30µs + 40µs/page; a page of 4K costs 1x one of 2M (4K: 50% of the time)`.
+pub fn fit_text(f: &Fit) -> String {
+    let small = format_bytes(f.smallest_bytes);
+    format!(
+        "{} + {}/page; a page of {small} costs {:.0}x one of {} ({small}: {:.0}% of the time)",
+        format_nanos(f.fixed_ns as u64),
+        format_nanos(f.per_page_ns.max(0.0) as u64),
+        f.amplification,
+        format_bytes(f.largest_bytes),
+        f.smallest_time_share * 100.0
+    )
 }
 
 fn verdict_text(s: &Summary) -> String {

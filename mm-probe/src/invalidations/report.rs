@@ -126,6 +126,9 @@ pub struct Fit {
     pub smallest_bytes: u64,
     pub largest_bytes: u64,
     pub size_classes: usize,
+    /// The smallest invalidations' share of the callback's time: amplification matters only
+    /// where they cost something in total.
+    pub smallest_time_share: f64,
 }
 
 /// One `--interval`'s deltas.

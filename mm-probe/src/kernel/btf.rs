@@ -8,9 +8,13 @@
 //! map of every type, which costs ~50 MiB for a 5 MiB vmlinux BTF; this costs the blob plus
 //! four bytes per type.
 
+use std::sync::Arc;
+
 use anyhow::{Context as _, Result, anyhow, bail};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// Where a loaded module's BTF is, split on top of vmlinux's: `/sys/kernel/btf/<module>`.
+const MODULE_BTF_DIR: &str = "/sys/kernel/btf";
 
 const BTF_MAGIC: u16 = 0xeb9f;
 
@@ -38,7 +42,24 @@ mod kind {
 /// as raw records indexed here (aya keeps member offsets private).
 pub struct KernelBtf {
     pub aya: aya::Btf,
+    raw: Arc<RawBtf>,
+}
+
+/// A module's BTF (`struct kvm` when KVM is a module): split BTF, whose type ids continue
+/// vmlinux's and whose string offsets past vmlinux's string section are its own. Read for
+/// struct layouts only; members whose types live in vmlinux are found, not followed.
+pub struct ModuleBtf {
     raw: RawBtf,
+}
+
+impl ModuleBtf {
+    pub fn member_offset(&self, struct_name: &str, path: &str) -> Option<u32> {
+        self.raw.member_offset(struct_name, path)
+    }
+
+    pub fn struct_members(&self, struct_name: &str) -> Option<(u32, Vec<(u32, String)>)> {
+        self.raw.struct_members(struct_name)
+    }
 }
 
 impl KernelBtf {
@@ -51,39 +72,31 @@ impl KernelBtf {
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
         let aya =
             aya::Btf::parse(&bytes, aya::Endianness::default()).map_err(|e| anyhow!("parsing kernel BTF: {e}"))?;
-        let raw = RawBtf::new(bytes).context("parsing kernel BTF")?;
-        Ok(Self { aya, raw })
+        let raw = RawBtf::new(bytes, None).context("parsing kernel BTF")?;
+        Ok(Self { aya, raw: Arc::new(raw) })
+    }
+
+    /// A loaded module's BTF, or `None` when the module is not loaded or has none.
+    pub fn module(&self, name: &str) -> Option<ModuleBtf> {
+        let bytes = std::fs::read(std::path::Path::new(MODULE_BTF_DIR).join(name)).ok()?;
+        Self::split(&self.raw, bytes).ok()
+    }
+
+    fn split(base: &Arc<RawBtf>, bytes: Vec<u8>) -> Result<ModuleBtf> {
+        Ok(ModuleBtf { raw: RawBtf::new(bytes, Some(Arc::clone(base))).context("parsing module BTF")? })
     }
 
     /// Byte offset of `path` (e.g. `flags`, `vm_start`, `interval_tree.start`) inside
     /// `struct_name`, looking through anonymous unions and structs. `None` if any part is absent
     /// or the member is a bitfield.
     pub fn member_offset(&self, struct_name: &str, path: &str) -> Option<u32> {
-        let mut id = self.raw.find(struct_name, |k| k == kind::STRUCT || k == kind::UNION)?;
-        let mut offset = 0;
-        for component in path.split('.') {
-            let (member_type, member_offset) = self.raw.member(id, component)?;
-            offset += member_offset;
-            id = self.raw.strip_modifiers(member_type);
-        }
-        Some(offset)
+        self.raw.member_offset(struct_name, path)
     }
 
     /// A struct's size and its named top-level members with their byte offsets, in order (for
     /// naming an address inside an instance: `kvm->mn_invalidate_lock`).
     pub fn struct_members(&self, struct_name: &str) -> Option<(u32, Vec<(u32, String)>)> {
-        let id = self.raw.find(struct_name, |k| k == kind::STRUCT)?;
-        let header = self.raw.header(id)?;
-        let members = (0..header.vlen)
-            .filter_map(|i| {
-                let at = header.data + i * 12;
-                let name = self.raw.string(self.raw.word(at)).filter(|n| !n.is_empty())?;
-                let raw_offset = self.raw.word(at + 8);
-                let bits = if header.kind_flag { raw_offset & 0xff_ffff } else { raw_offset };
-                Some((bits / 8, name.to_string()))
-            })
-            .collect();
-        Some((header.size_or_type, members))
+        self.raw.struct_members(struct_name)
     }
 
     /// Whether a named type (struct, typedef, enum, function…) exists.
@@ -135,16 +148,21 @@ struct TypeHeader {
     data: usize,
 }
 
-/// The BTF blob and the start of every type record, indexed by type id (id 0 is void).
+/// The BTF blob and the start of every type record, indexed by type id less `first_id` (plus
+/// one: index 0 stands for void, or for the base's types in split BTF).
 struct RawBtf {
     bytes: Vec<u8>,
     strings: usize,
     strings_len: usize,
     type_starts: Vec<u32>,
+    /// The id of this blob's first type: 1, or the base's type count for split BTF.
+    first_id: u32,
+    /// vmlinux's BTF under a module's: string offsets below its length are its strings.
+    base: Option<Arc<RawBtf>>,
 }
 
 impl RawBtf {
-    fn new(bytes: Vec<u8>) -> Result<Self> {
+    fn new(bytes: Vec<u8>, base: Option<Arc<RawBtf>>) -> Result<Self> {
         let u16_at = |p: usize| bytes.get(p..p + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
         let u32_at = |p: usize| bytes.get(p..p + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
         if u16_at(0) != Some(BTF_MAGIC) {
@@ -157,7 +175,8 @@ impl RawBtf {
         if types + types_len > bytes.len() || strings + strings_len > bytes.len() {
             bail!("BTF sections run past the end of the blob");
         }
-        let mut raw = Self { bytes, strings, strings_len, type_starts: vec![0] };
+        let first_id = base.as_ref().map_or(1, |b| b.first_id + b.type_starts.len() as u32 - 1);
+        let mut raw = Self { bytes, strings, strings_len, type_starts: vec![0], first_id, base };
         let mut position = types;
         while position < types + types_len {
             raw.type_starts.push(position as u32);
@@ -184,8 +203,40 @@ impl RawBtf {
         })
     }
 
+    /// A type of this blob (`None` for void and, in split BTF, for the base's types).
     fn header(&self, id: u32) -> Option<TypeHeader> {
-        self.header_at(*self.type_starts.get(id as usize).filter(|_| id != 0)? as usize)
+        let index = id.checked_sub(self.first_id)? as usize + 1;
+        self.header_at(*self.type_starts.get(index)? as usize)
+    }
+
+    fn ids(&self) -> std::ops::Range<u32> {
+        self.first_id..self.first_id + self.type_starts.len() as u32 - 1
+    }
+
+    fn member_offset(&self, struct_name: &str, path: &str) -> Option<u32> {
+        let mut id = self.find(struct_name, |k| k == kind::STRUCT || k == kind::UNION)?;
+        let mut offset = 0;
+        for component in path.split('.') {
+            let (member_type, member_offset) = self.member(id, component)?;
+            offset += member_offset;
+            id = self.strip_modifiers(member_type);
+        }
+        Some(offset)
+    }
+
+    fn struct_members(&self, struct_name: &str) -> Option<(u32, Vec<(u32, String)>)> {
+        let id = self.find(struct_name, |k| k == kind::STRUCT)?;
+        let header = self.header(id)?;
+        let members = (0..header.vlen)
+            .filter_map(|i| {
+                let at = header.data + i * 12;
+                let name = self.string(self.word(at)).filter(|n| !n.is_empty())?;
+                let raw_offset = self.word(at + 8);
+                let bits = if header.kind_flag { raw_offset & 0xff_ffff } else { raw_offset };
+                Some((bits / 8, name.to_string()))
+            })
+            .collect();
+        Some((header.size_or_type, members))
     }
 
     /// Length of the kind-specific data after the header.
@@ -210,6 +261,11 @@ impl RawBtf {
     }
 
     fn string(&self, offset: u32) -> Option<&str> {
+        let offset = match &self.base {
+            Some(base) if (offset as usize) < base.strings_len => return base.string(offset),
+            Some(base) => offset - base.strings_len as u32,
+            None => offset,
+        };
         let start = self.strings + offset as usize;
         let end = self.strings + self.strings_len;
         let bytes = self.bytes.get(start..end)?;
@@ -219,7 +275,7 @@ impl RawBtf {
 
     /// The first type named `name` whose kind passes `wanted`.
     fn find(&self, name: &str, wanted: impl Fn(u32) -> bool) -> Option<u32> {
-        (1..self.type_starts.len() as u32).find(|&id| {
+        self.ids().find(|&id| {
             self.header(id).is_some_and(|h| h.name_off != 0 && wanted(h.kind) && self.string(h.name_off) == Some(name))
         })
     }
@@ -263,7 +319,7 @@ impl RawBtf {
     }
 
     fn enumerator(&self, name: &str) -> Option<i64> {
-        (1..self.type_starts.len() as u32).find_map(|id| {
+        self.ids().find_map(|id| {
             let h = self.header(id).filter(|h| h.kind == kind::ENUM || h.kind == kind::ENUM64)?;
             (0..h.vlen).find_map(|i| {
                 let (enumerator, value) = self.enumerator_at(&h, i);
@@ -416,6 +472,40 @@ pub(crate) mod tests {
         assert!(size > 0);
         assert!(members.iter().any(|(offset, name)| name == "vm_mm" && *offset == 16), "{members:?}");
         assert!(btf.struct_members("no_such_struct").is_none());
+    }
+
+    /// A module's split BTF over [`sample_btf`] (12 types): type 13 is `struct kvm { u64 pad;
+    /// u64 mmu_lock; u64 vm_mm; }`, `u64` being the base's type 1 and the name `vm_mm` the
+    /// base's string.
+    fn module_over_sample(base: &KernelBtf) -> ModuleBtf {
+        let base_strings = base.raw.strings_len as u32;
+        let mut strings = Vec::new();
+        let mut add = |s: &str| {
+            let offset = base_strings + strings.len() as u32;
+            strings.extend_from_slice(s.as_bytes());
+            strings.push(0);
+            offset
+        };
+        let (kvm, pad, lock) = (add("kvm"), add("pad"), add("mmu_lock"));
+        let vm_mm = (0..base_strings).find(|&o| base.raw.string(o) == Some("vm_mm")).unwrap();
+        let mut types = Vec::new();
+        for word in [kvm, (4 << 24) | 3, 24, pad, 1, 0, lock, 1, 64, vm_mm, 1, 128] {
+            types.extend_from_slice(&u32::to_le_bytes(word));
+        }
+        KernelBtf::split(&base.raw, blob(&types, &strings)).expect("split BTF parses")
+    }
+
+    #[test]
+    fn a_modules_split_btf_continues_vmlinuxs_ids_and_strings() {
+        let base = sample();
+        let module = module_over_sample(&base);
+        assert_eq!(module.raw.ids(), 13..14);
+        assert_eq!(module.member_offset("kvm", "mmu_lock"), Some(8));
+        let (size, members) = module.struct_members("kvm").unwrap();
+        assert_eq!(size, 24);
+        assert_eq!(members, [(0, "pad".to_string()), (8, "mmu_lock".into()), (16, "vm_mm".into())]);
+        assert_eq!(module.member_offset("vm_area_struct", "vm_mm"), None, "the base's types are not the module's");
+        assert_eq!(base.member_offset("kvm", "mmu_lock"), None);
     }
 
     #[test]

@@ -18,22 +18,39 @@ pub struct Member {
     pub struct_name: &'static str,
     /// Member paths to try in order, for kernels that renamed it.
     pub paths: &'static [&'static str],
+    /// The module whose BTF has the struct when vmlinux's does not (`kvm` built as a module).
+    pub module: Option<&'static str>,
     /// Kernels it holds for, and what changed: for `doctor` and for readers.
     pub note: &'static str,
 }
 
 impl Member {
-    /// Its offset in this kernel: the first of its paths BTF knows.
+    /// Its offset in this kernel: the first of its paths BTF knows, in vmlinux or else in its
+    /// module (loaded).
     fn offset_in(&self, btf: &KernelBtf) -> Option<u32> {
-        self.paths.iter().find_map(|path| btf.member_offset(self.struct_name, path))
+        let vmlinux = self.paths.iter().find_map(|path| btf.member_offset(self.struct_name, path));
+        vmlinux.or_else(|| {
+            let module = btf.module(self.module?)?;
+            self.paths.iter().find_map(|path| module.member_offset(self.struct_name, path))
+        })
     }
 }
 
-/// One row of [`MEMBERS`]: `member!(GLOBAL => struct_name["path", "older path"], "note")`, so
-/// that each member reads as one line of the table.
+/// One row of [`MEMBERS`]: `member!(GLOBAL => struct_name["path", "older path"], "note")`, or
+/// `… struct_name["path"] in "module", …` for a struct a module may hold, so that each member
+/// reads as one line of the table.
 macro_rules! member {
     ($global:path => $struct_name:ident[$($path:literal),+], $note:literal) => {
-        Member { global: $global, struct_name: stringify!($struct_name), paths: &[$($path),+], note: $note }
+        Member { global: $global, struct_name: stringify!($struct_name), paths: &[$($path),+], module: None, note: $note }
+    };
+    ($global:path => $struct_name:ident[$($path:literal),+] in $module:literal, $note:literal) => {
+        Member {
+            global: $global,
+            struct_name: stringify!($struct_name),
+            paths: &[$($path),+],
+            module: Some($module),
+            note: $note,
+        }
     };
 }
 
@@ -67,8 +84,10 @@ pub const MEMBERS: &[Member] = &[
     member!(names::MMU_NOTIFIER_HLIST => mmu_notifier["hlist"], "0 on every kernel read; resolved all the same"),
     member!(names::MMU_NOTIFIER_OPS => mmu_notifier["ops"], "stable"),
     member!(names::NOTIFIER_OPS_RANGE_START => mmu_notifier_ops["invalidate_range_start"], "moves as ops are added and removed (invalidate_range went in 6.6)"),
-    member!(names::KVM_MMU_NOTIFIER => kvm["mmu_notifier"], "vmlinux BTF only when KVM is built in"),
-    member!(names::KVM_MMU_LOCK => kvm["mmu_lock"], "rwlock_t on x86-64 and arm64 (KVM_HAVE_MMU_RWLOCK), spinlock_t elsewhere"),
+    member!(names::KVM_MMU_NOTIFIER => kvm["mmu_notifier"] in "kvm",
+        "in vmlinux BTF when KVM is built in, in the kvm module's (loaded) otherwise"),
+    member!(names::KVM_MMU_LOCK => kvm["mmu_lock"] in "kvm",
+        "rwlock_t on x86-64 and arm64 (KVM_HAVE_MMU_RWLOCK), spinlock_t elsewhere; as mmu_notifier"),
     member!(names::HMM_RANGE_NOTIFIER => hmm_range["notifier"], "stable since 5.8"),
     member!(names::HMM_RANGE_START => hmm_range["start"], "stable since 5.8"),
     member!(names::HMM_RANGE_END => hmm_range["end"], "stable since 5.8"),

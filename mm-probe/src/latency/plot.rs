@@ -6,7 +6,7 @@ use super::{
     report::{Quantity, Summary},
 };
 use crate::{
-    report::plot::{Bar, HistogramPanel, HistogramPlot},
+    report::plot::{Bar, HistogramPanel, HistogramPlot, Threshold},
     units::format_nanos,
 };
 
@@ -17,10 +17,10 @@ pub fn histogram_plot(
     wakeups: &Distribution,
     functions: &[(String, Distribution)],
 ) -> HistogramPlot {
-    let threshold = format_nanos(summary.threshold_ns);
-    let mut panels = vec![panel("wakeup latency", "wakeups", "wakeup latency", &summary.wakeup, wakeups, &threshold)];
+    let threshold = summary.threshold_ns;
+    let mut panels = vec![panel("wakeup latency", "wakeups", "wakeup latency", &summary.wakeup, wakeups, threshold)];
     for ((name, distribution), quantity) in functions.iter().zip(&summary.functions) {
-        panels.push(panel(name, "calls", "call duration, entry to return", quantity, distribution, &threshold));
+        panels.push(panel(name, "calls", "call duration, entry to return", quantity, distribution, threshold));
     }
     HistogramPlot {
         title: format!(
@@ -28,8 +28,6 @@ pub fn histogram_plot(
             summary.duration_ns as f64 / 1e9,
             if summary.stopped_by == "interrupted" { ", stopped by Ctrl-C" } else { "" }
         ),
-        threshold_us: summary.threshold_ns as f64 / 1e3,
-        threshold_label: format!("threshold {threshold}"),
         panels,
     }
 }
@@ -40,8 +38,9 @@ fn panel(
     measured: &str,
     quantity: &Quantity,
     distribution: &Distribution,
-    threshold: &str,
+    threshold_ns: u64,
 ) -> HistogramPanel {
+    let threshold = format_nanos(threshold_ns);
     let p = &quantity.percentiles;
     let summary = if p.count == 0 {
         format!("no {counted}")
@@ -60,6 +59,7 @@ fn panel(
         summary,
         value_axis: format!("{measured} (µs, log2 scale)"),
         bars: bars(distribution),
+        threshold: Some(Threshold { us: threshold_ns as f64 / 1e3, label: format!("threshold {threshold}") }),
     }
 }
 
@@ -115,7 +115,8 @@ mod tests {
         let functions = std::slice::from_ref(&walk);
         let plot = histogram_plot("6.18.0", &summary(&wakeups, functions), &wakeups, functions);
         assert_eq!(plot.title, "mm-probe latency on Linux 6.18.0: 12.3 s traced, stopped by Ctrl-C");
-        assert_eq!((plot.threshold_us, plot.threshold_label.as_str()), (500.0, "threshold 500µs"));
+        let every = plot.panels.iter().all(|p| p.threshold == Some(Threshold { us: 500.0, label: "threshold 500µs".into() }));
+        assert!(every, "each panel is judged against the threshold");
         assert_eq!(plot.panels.len(), 2);
         let counted: u64 = plot.panels[0].bars.iter().map(|b| b.count).sum();
         assert_eq!(counted, 7, "every wakeup is in a bar");

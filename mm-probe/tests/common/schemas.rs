@@ -38,6 +38,7 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("retry-storm", "summary", include_str!("../../../schemas/retry-storm/summary.schema.json")),
     ("retry-storm", "lost_events", include_str!("../../../schemas/retry-storm/lost_events.schema.json")),
     ("retry-storm", "plot", include_str!("../../../schemas/retry-storm/plot.schema.json")),
+    ("invalidations", "plot", include_str!("../../../schemas/invalidations/plot.schema.json")),
     ("invalidations", "probe_plan", include_str!("../../../schemas/invalidations/probe_plan.schema.json")),
     ("invalidations", "interval", include_str!("../../../schemas/invalidations/interval.schema.json")),
     ("invalidations", "summary", include_str!("../../../schemas/invalidations/summary.schema.json")),

@@ -27,9 +27,16 @@ const fn ior(nr: u64, size: usize) -> u64 {
     (2 << 30) | ((size as u64) << 16) | (KVMIO << 8) | nr
 }
 
+const fn iowr(nr: u64, size: usize) -> u64 {
+    (3 << 30) | ((size as u64) << 16) | (KVMIO << 8) | nr
+}
+
 const KVM_GET_API_VERSION: u64 = io(0x00);
 const KVM_CREATE_VM: u64 = io(0x01);
 const KVM_GET_VCPU_MMAP_SIZE: u64 = io(0x04);
+// The ioctls' size is the header's alone (struct kvm_cpuid2 ends in a flexible array).
+const KVM_GET_SUPPORTED_CPUID: u64 = iowr(0x05, 8);
+const KVM_SET_CPUID2: u64 = iow(0x90, 8);
 const KVM_CREATE_VCPU: u64 = io(0x41);
 const KVM_GET_DIRTY_LOG: u64 = iow(0x42, size_of::<DirtyLog>());
 const KVM_SET_USER_MEMORY_REGION: u64 = iow(0x46, size_of::<MemoryRegion>());
@@ -149,6 +156,36 @@ struct Sregs {
     interrupt_bitmap: [u64; 4],
 }
 
+/// struct kvm_cpuid2 with room for every leaf a current kernel reports.
+#[repr(C)]
+struct Cpuid {
+    nent: u32,
+    padding: u32,
+    entries: [CpuidEntry; CPUID_ENTRIES],
+}
+
+const CPUID_ENTRIES: usize = 256;
+
+impl Default for Cpuid {
+    fn default() -> Self {
+        Self { nent: CPUID_ENTRIES as u32, padding: 0, entries: [CpuidEntry::default(); CPUID_ENTRIES] }
+    }
+}
+
+/// struct kvm_cpuid_entry2.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CpuidEntry {
+    function: u32,
+    index: u32,
+    flags: u32,
+    eax: u32,
+    ebx: u32,
+    ecx: u32,
+    edx: u32,
+    padding: [u32; 3],
+}
+
 /// One ioctl; its result or the errno as an error naming `what`.
 fn ioctl(fd: i32, request: u64, arg: u64, what: &str) -> Result<i32> {
     // SAFETY: each caller passes a request with the argument the kernel expects for it (a
@@ -163,6 +200,7 @@ fn ioctl(fd: i32, request: u64, arg: u64, what: &str) -> Result<i32> {
 /// A VM with its data memslot. The fds stay open for the life of the process (the workload
 /// exits when done), so nothing here closes them.
 pub struct Vm {
+    kvm_fd: i32,
     vm_fd: i32,
     vcpu_mmap_bytes: usize,
     /// Host address of the data memslot: what the invalidating threads madvise.
@@ -195,7 +233,7 @@ impl Vm {
         // SAFETY: setup is a fresh writable mapping of SETUP_SLOT_BYTES.
         unsafe { write_setup(setup, data_bytes) };
         let data = map_anonymous(data_bytes)?;
-        let vm = Self { vm_fd, vcpu_mmap_bytes, data, data_bytes };
+        let vm = Self { kvm_fd, vm_fd, vcpu_mmap_bytes, data, data_bytes };
         vm.add_slot(0, 0, setup, SETUP_SLOT_BYTES, 0)?;
         vm.add_slot(1, DATA_GPA, data, data_bytes, if dirty_log { KVM_MEM_LOG_DIRTY_PAGES } else { 0 })?;
         Ok(vm)
@@ -238,6 +276,10 @@ impl Vm {
         if run == libc::MAP_FAILED {
             bail!("mapping the vCPU's kvm_run: {}", std::io::Error::last_os_error());
         }
+        // Long mode needs a CPUID with LM: a hardware hypervisor refuses EFER.LME otherwise.
+        let mut cpuid = Cpuid::default();
+        ioctl(self.kvm_fd, KVM_GET_SUPPORTED_CPUID, &mut cpuid as *mut _ as u64, "KVM_GET_SUPPORTED_CPUID")?;
+        ioctl(fd, KVM_SET_CPUID2, &cpuid as *const _ as u64, "KVM_SET_CPUID2")?;
         let mut sregs = Sregs::default();
         ioctl(fd, KVM_GET_SREGS, &mut sregs as *mut _ as u64, "KVM_GET_SREGS")?;
         long_mode_user(&mut sregs);

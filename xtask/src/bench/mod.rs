@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Run only these parts (overhead, capacity, startup, guest); default: all.
     #[arg(long = "only")]
     pub only: Vec<String>,
+    /// Of the overhead tables, only the workloads whose row names contain this text (repeatable),
+    /// e.g. `--scenario kvm_storm`; default: every one.
+    #[arg(long = "scenario", value_name = "TEXT")]
+    pub scenarios: Vec<String>,
     /// Kernel line whose guest measures the function-probe overhead (the `guest` part).
     #[arg(long, default_value = "6.12", value_name = "LINE")]
     pub guest_kernel: String,
@@ -54,7 +58,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if let Some(release) = &args.in_guest {
         let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
-        print!("{}", overhead::run(&bins, args.rounds, Place::Guest)?);
+        print!("{}", overhead::run(&bins, args.rounds, Place::Guest, &args.scenarios)?);
         return Ok(());
     }
     cmd::run(Command::new("cargo").args(["build", "--release", "--bins"]))?;
@@ -63,13 +67,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut report = header()?;
     let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
     if wanted("overhead") {
-        report += &overhead::run(&bins, args.rounds, Place::Host)?;
+        report += &overhead::run(&bins, args.rounds, Place::Host, &args.scenarios)?;
     }
     if wanted("guest") {
         // Both clocks: the free-running rows as users' guests run, the instruction-counted ones
         // because they repeat (the free-running ratios vary by ±30-50 % with the host's load).
         for clock in [Clock::Free, Clock::InstructionCounted] {
-            report += &in_guest(&args.guest_kernel, &release, clock)?;
+            report += &in_guest(&args.guest_kernel, &release, clock, &args.scenarios)?;
         }
     }
     if wanted("capacity") {
@@ -89,14 +93,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 /// The function-probe overhead, measured by this same program inside a real-kernel guest (the
 /// host kernel has no kprobes and refuses fentry).
-fn in_guest(line: &str, release: &std::path::Path, clock: Clock) -> Result<String> {
+fn in_guest(line: &str, release: &std::path::Path, clock: Clock, scenarios: &[String]) -> Result<String> {
+    let mut args: Vec<String> = ["bench", "--rounds", &GUEST_ROUNDS.to_string(), "--in-guest", &release.to_string_lossy()]
+        .map(str::to_owned)
+        .to_vec();
+    args.extend(scenarios.iter().flat_map(|s| ["--scenario".to_owned(), s.clone()]));
     let program = GuestProgram {
         name: "bench".to_owned(),
         executable: std::env::current_exe()?,
         dir: std::env::current_dir()?,
-        args: ["bench", "--rounds", &GUEST_ROUNDS.to_string(), "--in-guest", &release.to_string_lossy()]
-            .map(str::to_owned)
-            .to_vec(),
+        args,
         clock,
     };
     eprintln!("xtask bench: measuring function-probe overhead in the {line} guest ({}; a few minutes)", clock.name());

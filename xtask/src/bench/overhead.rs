@@ -60,6 +60,15 @@ macro_rules! bpftrace_wakeup_latency {
     };
 }
 
+/// Lock contention as bpftrace writes it: each wait's time by lock and the waiter's stack, what
+/// `invalidations` keeps (in the kernel too) to name the lock and the path that waited.
+macro_rules! bpftrace_lock_waits {
+    () => {
+        "tracepoint:lock:contention_begin { @wait_start[tid] = nsecs; @wait_lock[tid] = args->lock_addr; } \
+         tracepoint:lock:contention_end /@wait_start[tid]/ { @wait_ns[@wait_lock[tid], kstack(8)] = hist(nsecs - @wait_start[tid]); delete(@wait_start[tid]); delete(@wait_lock[tid]); }"
+    };
+}
+
 /// What most scenarios share: an NDJSON command (ready at its plan), the whole run timed, no
 /// hooks-alone run. Each scenario names what differs and takes the rest from here.
 const NDJSON_WHOLE_RUN: Scenario = Scenario {
@@ -83,6 +92,33 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         bpftrace: "kprobe:hmm_range_fault { @entry[tid] = nsecs; } \
                    kretprobe:hmm_range_fault /@entry[tid]/ { @returns[retval] = count(); @walk_us = hist((nsecs - @entry[tid]) / 1000); delete(@entry[tid]); } \
                    kprobe:__mmu_notifier_invalidate_range_start { @invalidations = count(); }",
+        ..NDJSON_WHOLE_RUN
+    },
+    Scenario {
+        name: "the same walks and madvise storm — invalidations, every invalidation and mirror_invalidate timed",
+        workload: "hmm_storm",
+        workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
+        mm_probe_args: &["invalidations", "--duration", "300s", "--json"],
+        bpftrace: concat!(
+            "kprobe:__mmu_notifier_invalidate_range_start { @start[tid] = nsecs; @invalidations[comm] = count(); } \
+             kprobe:__mmu_notifier_invalidate_range_end /@start[tid]/ { @range_us = hist((nsecs - @start[tid]) / 1000); delete(@start[tid]); } \
+             kprobe:mirror_invalidate { @cb[tid] = nsecs; } \
+             kretprobe:mirror_invalidate /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); } ",
+            bpftrace_lock_waits!()
+        ),
+        ..NDJSON_WHOLE_RUN
+    },
+    Scenario {
+        name: "a VM (nested KVM, TDP MMU) with a vCPU, its 16 MiB memslot madvised in 4 KiB pieces (kvm_storm × 3) — invalidations, KVM's callbacks timed",
+        workload: "kvm_storm",
+        workload_args: &["--threads", "1", "--vcpus", "1", "--passes", "3", "--size", "16M"],
+        mm_probe_args: &["invalidations", "-p", "{pid}", "--duration", "300s", "--json"],
+        bpftrace: concat!(
+            "tracepoint:kvm:kvm_unmap_hva_range { @unmaps[comm] = count(); } \
+             kprobe:kvm_mmu_notifier_invalidate_range_start { @cb[tid] = nsecs; } \
+             kretprobe:kvm_mmu_notifier_invalidate_range_start /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); } ",
+            bpftrace_lock_waits!()
+        ),
         ..NDJSON_WHOLE_RUN
     },
     Scenario {
@@ -139,6 +175,14 @@ const HOST_SCENARIOS: &[Scenario] = &[
         hooks: SCHED_HOOKS,
         ..NDJSON_WHOLE_RUN
     },
+    Scenario {
+        name: "a VM's 32 MiB memslot madvised away in 4 KiB pieces by 2 pinned threads (kvm_storm × 10) — invalidations",
+        workload: "kvm_storm",
+        workload_args: &["--threads", "2", "--passes", "10", "--size", "32M", "--fifo"],
+        mm_probe_args: &["invalidations", "-p", "{pid}", "--duration", "300s", "--json"],
+        bpftrace: concat!("tracepoint:kvm:kvm_unmap_hva_range { @unmaps[comm] = count(); } ", bpftrace_lock_waits!()),
+        ..NDJSON_WHOLE_RUN
+    },
     // The default selection: every switch still runs the program, but only real-time tasks'
     // wakeups are timed (the ping-pong's tasks are not real-time, as most of a machine is not).
     Scenario {
@@ -182,7 +226,7 @@ impl Variant {
 /// bpftrace prints `Attaching` before it attaches; give it this long to finish.
 const BPFTRACE_ATTACH_SETTLE: Duration = Duration::from_millis(500);
 
-pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
+pub fn run(bins: &Binaries, rounds: usize, place: Place, only: &[String]) -> Result<String> {
     let (scenarios, title) = match place {
         Place::Host => {
             (HOST_SCENARIOS, "### Overhead on the traced workload (time with tracer ÷ without)\n\n".to_owned())
@@ -201,11 +245,22 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place) -> Result<String> {
     };
     let mut out = title;
     out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) | mm-probe ÷ hooks alone |\n|---|---|---|---|---|---|\n";
-    for scenario in scenarios {
+    let wanted = |s: &&Scenario| only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()) || s.workload == o);
+    // The VM workload needs /dev/kvm: the instruction-counted guest has no emulated SVM.
+    let runnable = |s: &&Scenario| s.workload != "kvm_storm" || std::path::Path::new("/dev/kvm").exists();
+    let mut left_out = Vec::new();
+    for scenario in scenarios.iter().filter(wanted) {
+        if !runnable(&scenario) {
+            left_out.push(scenario.name);
+            continue;
+        }
         let results = measure(bins, scenario, rounds)?;
         for metric in scenario.metrics {
             out += &table_row(scenario, metric, &results)?;
         }
+    }
+    for name in left_out {
+        let _ = writeln!(out, "| {name} | not run: no /dev/kvm here | | | | |");
     }
     let _ = writeln!(
         out,

@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result, bail};
 use self::{
     binaries::{GuestProgram, GuestRun},
     kernels::{KernelBuild, KernelLine, LINES, Origin},
-    qemu::{Accel, BootSpec},
+    qemu::{Accel, BootSpec, Ended},
     report::{KernelRun, format_duration},
 };
 
@@ -361,7 +361,7 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
             label: &label,
             echo_markers: true,
         };
-        let boot = qemu::boot(&spec, matrix.timeout)?;
+        let boot = qemu::boot(&spec, matrix.timeout, GUEST_SILENCE)?;
         binaries.extend(programs.iter().map(|p| {
             let name = &p.name;
             report::read_binary_run(
@@ -402,6 +402,11 @@ fn describe(kernel: &KernelBuild, boots: &[String]) -> String {
     format!("{} {} [{origin}], release {}, {}", kernel.package, kernel.version, kernel.release, boots.join("; "))
 }
 
+/// How long a guest may print no harness line before its kernel counts as wedged: longer than
+/// any program may run, since the guest kills those itself. A hang then costs minutes, not the
+/// whole boot's allowance.
+const GUEST_SILENCE: Duration = Duration::from_secs(binaries::PROGRAM_LIMIT.as_secs() + 60);
+
 /// How a run failure for a guest killed at the timeout begins.
 const KILLED_AT_TIMEOUT: &str = "guest killed after";
 
@@ -409,15 +414,22 @@ const KILLED_AT_TIMEOUT: &str = "guest killed after";
 fn boot_failures(boot: &qemu::BootRun, timeout: Duration) -> Vec<String> {
     const EXCERPT_LINES: usize = 40;
     let mut reasons = Vec::new();
-    if boot.timed_out {
-        reasons.push(format!("{KILLED_AT_TIMEOUT} {}", format_duration(timeout)));
+    match boot.ended {
+        Ended::Exited => {}
+        Ended::TimedOut => reasons.push(format!("{KILLED_AT_TIMEOUT} {}", format_duration(timeout))),
+        Ended::Silent(quiet) => reasons.push(format!(
+            "{KILLED_AT_TIMEOUT} {} with nothing from the harness for {} (last: {})",
+            format_duration(boot.elapsed),
+            format_duration(quiet),
+            boot.markers.last().map_or("nothing", String::as_str)
+        )),
     }
     if !boot.kernel_failures.is_empty() {
         reasons.push(format!("the kernel reported: {}", boot.kernel_failures.join(" | ")));
     }
     if let Some(init_failure) = boot.markers.iter().find(|m| m.starts_with("init failed")) {
         reasons.push(format!("guest {init_failure}"));
-    } else if !boot.timed_out && !boot.saw_marker("tests finished") {
+    } else if boot.ended == Ended::Exited && !boot.saw_marker("tests finished") {
         reasons.push("the guest stopped before the tests finished".to_owned());
     }
     if reasons.is_empty() {

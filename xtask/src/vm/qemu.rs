@@ -66,6 +66,11 @@ impl Clock {
     /// The accelerator, CPU count and memory arguments of a boot with `accel`.
     fn qemu_args(self, accel: Accel) -> Vec<&'static str> {
         match self {
+            // `max` under TCG emulates SVM (and nested paging), so Debian's kvm_amd loads and the
+            // guest runs VMs of its own: KVM's notifier paths behind kprobes and fentry.
+            Clock::Free if accel == Accel::Tcg => {
+                vec!["-accel", accel.qemu_arg(), "-cpu", "max", "-smp", "2", "-m", "2048"]
+            }
             Clock::Free => vec!["-accel", accel.qemu_arg(), "-smp", "2", "-m", "2048"],
             // More memory: the field case's walk covers 512 MiB beside the guest's own.
             Clock::InstructionCounted => {
@@ -96,7 +101,7 @@ pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
         label: "kvm probe",
         echo_markers: false,
     };
-    match boot(&spec, KVM_PROBE_TIMEOUT) {
+    match boot(&spec, KVM_PROBE_TIMEOUT, KVM_PROBE_TIMEOUT) {
         Ok(run) if run.saw_marker("probe booted") => Accel::Kvm,
         Ok(_) => {
             eprintln!("xtask vm-test: /dev/kvm is there but a KVM guest does not boot (nested KVM?); using TCG");
@@ -123,11 +128,22 @@ pub struct BootSpec<'a> {
     pub echo_markers: bool,
 }
 
+/// Why qemu stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The guest powered off or rebooted (a panic).
+    Exited,
+    /// Killed at the boot's timeout.
+    TimedOut,
+    /// Killed after the harness in the guest had said nothing for this long.
+    Silent(Duration),
+}
+
 /// How a boot ended.
 #[derive(Debug)]
 pub struct BootRun {
     pub elapsed: Duration,
-    pub timed_out: bool,
+    pub ended: Ended,
     /// Console lines telling of a kernel failure (panic, BUG, Oops).
     pub kernel_failures: Vec<String>,
     /// The harness's own console lines (`mm-probe-vm: …`), marker stripped.
@@ -188,9 +204,10 @@ fn qemu_command(spec: &BootSpec<'_>) -> Command {
     command
 }
 
-/// Boots and waits until qemu exits (the guest powered off, or panicked and "rebooted") or
-/// `timeout` passes, then kills it.
-pub fn boot(spec: &BootSpec<'_>, timeout: Duration) -> Result<BootRun> {
+/// Boots and waits until qemu exits (the guest powered off, or panicked and "rebooted"),
+/// `timeout` passes, or the guest says nothing of its own (no harness line) for `silence`;
+/// kills it then.
+pub fn boot(spec: &BootSpec<'_>, timeout: Duration, silence: Duration) -> Result<BootRun> {
     let start = Instant::now();
     let mut command = qemu_command(spec);
     let mut child =
@@ -198,27 +215,35 @@ pub fn boot(spec: &BootSpec<'_>, timeout: Duration) -> Result<BootRun> {
     let log = Arc::new(Mutex::new(
         File::create(spec.console_log).with_context(|| format!("creating {}", spec.console_log.display()))?,
     ));
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Arc::new(Mutex::new(Seen { last_marker: start, ..Seen::default() }));
     let readers =
         [spawn_reader(child.stdout.take(), &log, &seen, spec), spawn_reader(child.stderr.take(), &log, &seen, spec)];
-    let timed_out = wait_until(&mut child, start + timeout)?;
+    let ended = wait_until(&mut child, start + timeout, &seen, silence)?;
     for reader in readers.into_iter().flatten() {
         let _ = reader.join();
     }
     let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(BootRun {
         elapsed: start.elapsed(),
-        timed_out,
+        ended,
         kernel_failures: seen.kernel_failures,
         markers: seen.markers,
         console_log: spec.console_log.to_path_buf(),
     })
 }
 
-#[derive(Default)]
 struct Seen {
     kernel_failures: Vec<String>,
     markers: Vec<String>,
+    /// When the harness last printed a line: a guest that goes quiet for longer than any
+    /// program may run (the guest kills those itself) has a wedged kernel.
+    last_marker: Instant,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen { kernel_failures: Vec::new(), markers: Vec::new(), last_marker: Instant::now() }
+    }
 }
 
 /// Copies one qemu output stream to the console log, collecting markers and kernel failures.
@@ -247,6 +272,7 @@ fn spawn_reader<R: std::io::Read + Send + 'static>(
                     eprintln!("[{label}] {text}");
                 }
                 seen.markers.push(text);
+                seen.last_marker = Instant::now();
             } else if kernel_failure(&line) {
                 eprintln!("[{label}] KERNEL: {line}");
                 seen.kernel_failures.push(line);
@@ -279,18 +305,25 @@ fn strip_terminal_escapes(line: &str) -> String {
     out
 }
 
-/// Polls `child` until it exits or `deadline` passes; kills it then. Returns whether it timed out.
-fn wait_until(child: &mut Child, deadline: Instant) -> Result<bool> {
+/// Polls `child` until it exits, `deadline` passes or the harness has been silent for
+/// `silence`; kills it in the last two cases. Returns how it ended.
+fn wait_until(child: &mut Child, deadline: Instant, seen: &Mutex<Seen>, silence: Duration) -> Result<Ended> {
     loop {
         if child.try_wait()?.is_some() {
-            return Ok(false);
+            return Ok(Ended::Exited);
         }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(true);
-        }
-        thread::sleep(Duration::from_millis(200));
+        let quiet = seen.lock().unwrap_or_else(|e| e.into_inner()).last_marker.elapsed();
+        let ended = if Instant::now() >= deadline {
+            Ended::TimedOut
+        } else if quiet >= silence {
+            Ended::Silent(quiet)
+        } else {
+            thread::sleep(Duration::from_millis(200));
+            continue;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        return Ok(ended);
     }
 }
 

@@ -138,6 +138,10 @@ impl BinaryRun {
     fn binary_problem(&self) -> Option<String> {
         match self.status {
             None => Some("did not finish (guest stopped or was killed)".to_owned()),
+            Some(super::binaries::KILLED_AT_LIMIT) => Some(format!(
+                "killed after {} in the guest: it hung (the programs after it still ran)",
+                format_duration(super::binaries::PROGRAM_LIMIT)
+            )),
             Some(code) if code != 0 && !self.tests.iter().any(|t| t.verdict.failed()) => {
                 Some(format!("exited with status {code} without a failed test (crash?)"))
             }

@@ -1,7 +1,8 @@
 //! Latency distributions: one panel per measured quantity, values on a log2 axis (the kernel's
 //! buckets are powers of two, so every bucket edge falls on a tick), counts on a log10 axis (a
-//! handful of spikes must stay visible beside thousands of fast wakeups), the threshold as a
-//! dashed vertical line with its label, and bars over it in a second colour.
+//! handful of spikes must stay visible beside thousands of fast wakeups), a panel's threshold
+//! (when its quantity has one) as a dashed vertical line with its label, and bars over it in a
+//! second colour.
 
 use plotters::{
     element::DashedPathElement,
@@ -27,6 +28,33 @@ pub struct Bar {
     pub count: u64,
 }
 
+impl Bar {
+    /// Bars of a histogram in log2 buckets of nanoseconds (bucket b holds [2^b, 2^(b+1)) ns), in
+    /// whole microseconds: everything below 1 µs in one bar, each bar ending where the next
+    /// begins so that none overlap.
+    pub fn from_log2_ns(buckets: &[u64]) -> Vec<Bar> {
+        let low_us = |bucket: usize| (1u64 << bucket.min(63)) / 1000;
+        let mut bars: Vec<Bar> = Vec::new();
+        for (bucket, &count) in buckets.iter().enumerate().filter(|&(_, &count)| count > 0) {
+            let (low, next) = (low_us(bucket), low_us(bucket + 1));
+            let high = if next > low { next - 1 } else { low };
+            match bars.last_mut() {
+                Some(last) if last.low_us == low => last.count += count,
+                _ => bars.push(Bar { low_us: low, high_us: high, count }),
+            }
+        }
+        bars
+    }
+}
+
+/// A limit drawn across a panel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Threshold {
+    pub us: f64,
+    /// Written beside the line (`threshold 500µs`).
+    pub label: String,
+}
+
 /// One measured quantity.
 #[derive(Clone, Debug)]
 pub struct HistogramPanel {
@@ -37,14 +65,13 @@ pub struct HistogramPanel {
     /// The value axis' text, with its unit.
     pub value_axis: String,
     pub bars: Vec<Bar>,
+    /// The limit its values are judged against, if any.
+    pub threshold: Option<Threshold>,
 }
 
 #[derive(Clone, Debug)]
 pub struct HistogramPlot {
     pub title: String,
-    pub threshold_us: f64,
-    /// Written beside the threshold line (`threshold 500µs`).
-    pub threshold_label: String,
     pub panels: Vec<HistogramPanel>,
 }
 
@@ -69,7 +96,7 @@ pub fn histogram_svg(plot: &HistogramPlot) -> Result<String, PlotError> {
         root.fill(&WHITE)?;
         let body = root.titled(&plot.title, font(TITLE_SIZE))?;
         for (area, panel) in body.split_evenly((panels, 1)).iter().zip(&plot.panels) {
-            draw_panel(area, panel, plot, &axis)?;
+            draw_panel(area, panel, &axis)?;
         }
         root.present()?;
     }
@@ -82,7 +109,7 @@ fn log2_position(value_us: f64) -> f64 {
 }
 
 /// The value axis every panel shares, so that panels compare at a glance: whole powers of two
-/// from below the first bucket to past the last one, and the threshold always inside.
+/// from below the first bucket to past the last one, and every threshold inside.
 struct ValueAxis {
     from: i32,
     to: i32,
@@ -90,9 +117,13 @@ struct ValueAxis {
 
 impl ValueAxis {
     fn covering(plot: &HistogramPlot) -> Self {
-        let threshold = log2_position(plot.threshold_us);
+        let thresholds: Vec<f64> =
+            plot.panels.iter().filter_map(|p| p.threshold.as_ref()).map(|t| log2_position(t.us)).collect();
+        let (low, high) = thresholds.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &t| (l.min(t), h.max(t)));
+        // Without any threshold, 1 ms is where an axis of nothing measured is centred.
+        let (low, high) = if thresholds.is_empty() { (10.0, 10.0) } else { (low, high) };
         let bars = plot.panels.iter().flat_map(|p| &p.bars).filter(|b| b.count > 0);
-        let (mut from, mut to) = (threshold.floor() - 1.0, threshold.ceil() + 1.0);
+        let (mut from, mut to) = (low.floor() - 1.0, high.ceil() + 1.0);
         let mut any = false;
         for bar in bars {
             any = true;
@@ -102,9 +133,9 @@ impl ValueAxis {
             to = to.max((end + 0.25).ceil());
         }
         if !any {
-            // Nothing measured: show the neighbourhood of the threshold rather than one column.
-            from = threshold.floor() - 4.0;
-            to = threshold.ceil() + 2.0;
+            // Nothing measured: show the neighbourhood of the thresholds rather than one column.
+            from = low.floor() - 4.0;
+            to = high.ceil() + 2.0;
         }
         let lowest = log2_position(0.0) as i32;
         Self { from: (from as i32).max(lowest), to: to as i32 }
@@ -177,7 +208,6 @@ type PanelChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<TickedAxis, TickedAxi
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     panel: &HistogramPanel,
-    plot: &HistogramPlot,
     axis: &ValueAxis,
 ) -> Result<(), PlotError>
 where
@@ -207,8 +237,11 @@ where
         .bold_line_style(RGBColor(205, 205, 205))
         .light_line_style(RGBColor(236, 236, 236))
         .draw()?;
-    draw_bars(&mut chart, &panel.bars, plot.threshold_us)?;
-    draw_threshold(&mut chart, plot, axis, &counts)?;
+    let threshold_us = panel.threshold.as_ref().map_or(f64::INFINITY, |t| t.us);
+    draw_bars(&mut chart, &panel.bars, threshold_us)?;
+    if let Some(threshold) = &panel.threshold {
+        draw_threshold(&mut chart, threshold, axis, &counts)?;
+    }
     if panel.bars.iter().all(|b| b.count == 0) {
         let middle = ((axis.range().start + axis.range().end) / 2.0, (COUNT_AXIS_FLOOR + counts.top) / 2.0);
         let style = font(NOTE_SIZE).color(&NOTE_COLOR).pos(Pos::new(HPos::Center, VPos::Center));
@@ -240,21 +273,22 @@ where
 /// The dashed threshold line, labelled at its top on the side with more room.
 fn draw_threshold<DB: DrawingBackend>(
     chart: &mut PanelChart<'_, DB>,
-    plot: &HistogramPlot,
+    threshold: &Threshold,
     axis: &ValueAxis,
     counts: &CountAxis,
 ) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
-    let threshold = log2_position(plot.threshold_us);
+    let label = threshold.label.clone();
+    let threshold = log2_position(threshold.us);
     let line = [(threshold, COUNT_AXIS_FLOOR), (threshold, counts.top)];
     chart.draw_series(std::iter::once(DashedPathElement::new(line, 8, 5, THRESHOLD_COLOR.stroke_width(2))))?;
     let room_on_the_right = (threshold - f64::from(axis.from)) / f64::from(axis.to - axis.from) < 0.65;
     let (offset, anchor) = if room_on_the_right { (8, HPos::Left) } else { (-8, HPos::Right) };
     let style = font(LABEL_SIZE).color(&THRESHOLD_COLOR).pos(Pos::new(anchor, VPos::Top));
     chart.draw_series(std::iter::once(
-        EmptyElement::at((threshold, counts.top)) + Text::new(plot.threshold_label.clone(), (offset, 6), style),
+        EmptyElement::at((threshold, counts.top)) + Text::new(label, (offset, 6), style),
     ))?;
     Ok(())
 }
@@ -269,12 +303,11 @@ mod tests {
     }
 
     fn plot(panels: Vec<HistogramPanel>) -> HistogramPlot {
-        HistogramPlot {
-            title: "mm-probe latency on 6.18.0, 10 s traced".into(),
-            threshold_us: 500.0,
-            threshold_label: "threshold 500µs".into(),
-            panels,
-        }
+        HistogramPlot { title: "mm-probe latency on 6.18.0, 10 s traced".into(), panels }
+    }
+
+    fn threshold() -> Option<Threshold> {
+        Some(Threshold { us: 500.0, label: "threshold 500µs".into() })
     }
 
     fn wakeups() -> HistogramPanel {
@@ -283,6 +316,7 @@ mod tests {
             summary: "12000 wakeups, P99 40µs, 3 over 500µs".into(),
             value_axis: "latency (µs, log2 scale)".into(),
             bars: vec![bar(0, 0, 10), bar(3, 3, 4000), bar(4, 4, 6000), bar(40, 47, 1990), bar(1920, 2047, 3)],
+            threshold: threshold(),
         }
     }
 
@@ -312,6 +346,7 @@ mod tests {
             summary: String::new(),
             value_axis: "call duration (µs, log2 scale)".into(),
             bars: vec![],
+            threshold: threshold(),
         };
         let svg = histogram_svg(&plot(vec![wakeups(), idle])).unwrap();
         let pixmap = check::render("histogram-two-panels", &svg);
@@ -326,10 +361,33 @@ mod tests {
         assert_eq!((axis.from, axis.to), (-1, 12), "0 µs up to 2048 µs, and a column of room");
         assert_eq!(value_label(-1.0), "0");
         assert_eq!(value_label(10.0), "1024");
-        let nothing = ValueAxis::covering(&plot(vec![]));
+        let nothing = ValueAxis::covering(&plot(vec![HistogramPanel { bars: vec![], ..wakeups() }]));
         assert!(nothing.from <= 4 && nothing.to >= 10, "around 500 µs: {}..{}", nothing.from, nothing.to);
         let wide = ValueAxis { from: -1, to: 30 };
         assert!(wide.labelled().len() <= MAX_VALUE_LABELS, "{:?}", wide.labelled());
+    }
+
+    #[test]
+    fn a_panel_without_a_threshold_draws_no_line_and_one_colour() {
+        let waits = HistogramPanel { name: "kvm->mmu_lock".into(), threshold: None, ..wakeups() };
+        let svg = histogram_svg(&plot(vec![waits])).unwrap();
+        let pixmap = check::render("histogram-no-threshold", &svg);
+        assert!(check::has_color(&pixmap, BAR_COLOR));
+        assert!(!check::has_color(&pixmap, OVER_THRESHOLD_COLOR) && !check::has_color(&pixmap, THRESHOLD_COLOR));
+        assert!(!svg.contains("threshold 500µs"));
+    }
+
+    #[test]
+    fn nanosecond_log2_buckets_become_whole_microsecond_bars_that_do_not_overlap() {
+        let mut buckets = vec![0u64; 32];
+        buckets[3] = 5; // 8-15 ns
+        buckets[9] = 2; // 512-1023 ns: the same bar, below 1 µs
+        buckets[11] = 7; // 2048-4095 ns
+        buckets[12] = 1;
+        buckets[20] = 4; // 1.05-2.1 ms
+        let bars = Bar::from_log2_ns(&buckets);
+        assert_eq!(bars, [bar(0, 0, 7), bar(2, 3, 7), bar(4, 7, 1), bar(1048, 2096, 4)]);
+        assert_eq!(bars.iter().map(|b| b.count).sum::<u64>(), 19, "every value in a bar");
     }
 
     #[test]

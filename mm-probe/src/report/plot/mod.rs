@@ -3,7 +3,7 @@
 //! system library: the SVG names a generic font family and the viewer draws the text.
 //!
 //! [`histogram_svg`] draws latency distributions on a log2 axis, one panel per quantity, with
-//! the threshold marked; [`rates_over_time_svg`] draws rates over time against the health
+//! its threshold marked; [`rates_over_time_svg`] draws rates over time against the health
 //! thresholds; [`PlotFile`] checks the target before a run starts and writes it at the end.
 
 mod axis;
@@ -15,7 +15,7 @@ mod style;
 use plotters::drawing::DrawingAreaErrorKind;
 
 pub use file::PlotFile;
-pub use histogram::{Bar, HistogramPanel, HistogramPlot, histogram_svg};
+pub use histogram::{Bar, HistogramPanel, HistogramPlot, Threshold, histogram_svg};
 pub use plotters::style::RGBColor;
 pub use rates::{RatePanel, RatesPlot, Series, ThresholdLine, rates_over_time_svg};
 pub use style::{BAR_COLOR, OVER_THRESHOLD_COLOR, SERIES_COLORS, THRESHOLD_COLOR, WARN_COLOR};

@@ -23,7 +23,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -41,6 +41,10 @@ struct Options {
     /// loaded machine they then still run at the same time, which contention needs.
     fifo: bool,
 }
+
+/// How long the vCPUs' first pass may take (milliseconds on the host, seconds under nested
+/// emulation) before the workload gives up rather than waits for ever.
+const FIRST_PASS_LIMIT: Duration = Duration::from_secs(120);
 
 fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
@@ -82,11 +86,15 @@ fn main() -> Result<()> {
     }
     // With vCPUs, wait for the guest's first pass: every page is then mapped in KVM, so the
     // madvise threads meet a populated secondary MMU from their first call.
+    let waiting_since = Instant::now();
     while options.vcpus > 0 && vcpu_passes.load(Ordering::Relaxed) == 0 {
         if background.iter().any(|t| t.is_finished()) {
             break;
         }
-        thread::yield_now();
+        if waiting_since.elapsed() > FIRST_PASS_LIMIT {
+            bail!("the vCPUs made no pass over the memslot in {FIRST_PASS_LIMIT:?}: the guest does not run here");
+        }
+        thread::sleep(Duration::from_millis(1));
     }
     let started = Instant::now();
     // All start together: contention needs them to overlap, even on a loaded machine.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use mm_probe_common::{
     hmm::NotifierEvent,
-    invalidations::{CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, LockClass, Source},
+    invalidations::{CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, LockClass, Source, WaitKey, WaitStats},
 };
 
 use super::{
@@ -86,17 +86,12 @@ fn event_name(event: u32) -> Option<&'static str> {
     (event != u32::MAX).then(|| NotifierEvent::from_raw(event as i32).name())
 }
 
+/// One kernel table row of waits on a lock: its path, key, stats and stack.
+type Wait<'a> = (WaitPath, &'a WaitKey, &'a WaitStats, Vec<String>);
+
 /// Contended locks, most waited-on first, each split by waiting path.
 pub fn locks(tables: &Tables, kvm_members: &KvmMembers, stack_of: &dyn Fn(i64) -> Vec<String>) -> Vec<LockRow> {
-    let mut by_lock: BTreeMap<
-        u64,
-        Vec<(
-            WaitPath,
-            &mm_probe_common::invalidations::WaitKey,
-            &mm_probe_common::invalidations::WaitStats,
-            Vec<String>,
-        )>,
-    > = BTreeMap::new();
+    let mut by_lock: BTreeMap<u64, Vec<Wait<'_>>> = BTreeMap::new();
     for (key, stats) in &tables.waits {
         let stack = stack_of(key.stack_id);
         let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
@@ -145,7 +140,7 @@ pub fn locks(tables: &Tables, kvm_members: &KvmMembers, stack_of: &dyn Fn(i64) -
                 }
             }
             let mut paths: Vec<PathRow> = paths.into_values().collect();
-            paths.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns));
+            paths.sort_by_key(|p| std::cmp::Reverse(p.wait_ns));
             let kvm = tables.kvm_lock(lock);
             let inside_kvm = tables.kvm_locks.iter().find_map(|(_, vm)| {
                 let member = kvm_members.name_at(lock.checked_sub(vm.kvm)?)?;
@@ -174,7 +169,7 @@ pub fn locks(tables: &Tables, kvm_members: &KvmMembers, stack_of: &dyn Fn(i64) -
             }
         })
         .collect();
-    rows.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.wait_ns));
     rows
 }
 

@@ -162,10 +162,11 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn thresholds() -> Thresholds {
+    /// The command's default bands.
+    pub(crate) fn thresholds() -> Thresholds {
         Thresholds {
             invalidate_freq: Band { warn: 1000.0, crit: 10000.0 },
             wait_per_invalidation_ns: Band { warn: 10_000.0, crit: 100_000.0 },

@@ -6,7 +6,7 @@
 use super::{
     judge::Thresholds,
     render::fit_text,
-    report::{LockRow, Summary, SubscriberRow},
+    report::{LockRow, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -94,16 +94,7 @@ fn empty(name: &str, why: &str) -> HistogramPanel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{invalidations::report::Fit, report::verdict::Band};
-
-    fn thresholds() -> Thresholds {
-        Thresholds {
-            invalidate_freq: Band { warn: 1000.0, crit: 10000.0 },
-            wait_per_invalidation_ns: Band { warn: 10_000.0, crit: 100_000.0 },
-            callback_mean_ns: Band { warn: 50_000.0, crit: 500_000.0 },
-            amplification: Band { warn: 10.0, crit: 100.0 },
-        }
-    }
+    use crate::invalidations::{judge::tests::thresholds, report::Fit};
 
     fn buckets(filled: &[(usize, u64)]) -> Vec<u64> {
         let mut buckets = vec![0u64; 32];

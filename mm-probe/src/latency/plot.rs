@@ -115,7 +115,8 @@ mod tests {
         let functions = std::slice::from_ref(&walk);
         let plot = histogram_plot("6.18.0", &summary(&wakeups, functions), &wakeups, functions);
         assert_eq!(plot.title, "mm-probe latency on Linux 6.18.0: 12.3 s traced, stopped by Ctrl-C");
-        let every = plot.panels.iter().all(|p| p.threshold == Some(Threshold { us: 500.0, label: "threshold 500µs".into() }));
+        let every =
+            plot.panels.iter().all(|p| p.threshold == Some(Threshold { us: 500.0, label: "threshold 500µs".into() }));
         assert!(every, "each panel is judged against the threshold");
         assert_eq!(plot.panels.len(), 2);
         let counted: u64 = plot.panels[0].bars.iter().map(|b| b.count).sum();

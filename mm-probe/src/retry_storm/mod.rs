@@ -122,8 +122,6 @@ pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
     vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
 }
 
-/// Tells the kernel side which processes `-p` selected.
-
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
     let band = Band::checked;
     Ok(Thresholds {

@@ -217,7 +217,7 @@ impl Vm {
     /// Creates the VM, its setup memslot (page tables, code) and a data memslot of `data_bytes`
     /// (a multiple of 2 MiB, at most 1 GiB), with dirty logging when `dirty_log` is set.
     pub fn create(data_bytes: usize, dirty_log: bool) -> Result<Self> {
-        if data_bytes == 0 || data_bytes % (2 << 20) != 0 || data_bytes > MAX_DATA_BYTES {
+        if data_bytes == 0 || !data_bytes.is_multiple_of(2 << 20) || data_bytes > MAX_DATA_BYTES {
             bail!("the data memslot must be a multiple of 2 MiB up to 1 GiB, not {data_bytes} bytes");
         }
         let kvm = OpenOptions::new().read(true).write(true).open("/dev/kvm").context("opening /dev/kvm")?;

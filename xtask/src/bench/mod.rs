@@ -94,9 +94,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// The function-probe overhead, measured by this same program inside a real-kernel guest (the
 /// host kernel has no kprobes and refuses fentry).
 fn in_guest(line: &str, release: &std::path::Path, clock: Clock, scenarios: &[String]) -> Result<String> {
-    let mut args: Vec<String> = ["bench", "--rounds", &GUEST_ROUNDS.to_string(), "--in-guest", &release.to_string_lossy()]
-        .map(str::to_owned)
-        .to_vec();
+    let mut args: Vec<String> =
+        ["bench", "--rounds", &GUEST_ROUNDS.to_string(), "--in-guest", &release.to_string_lossy()]
+            .map(str::to_owned)
+            .to_vec();
     args.extend(scenarios.iter().flat_map(|s| ["--scenario".to_owned(), s.clone()]));
     let program = GuestProgram {
         name: "bench".to_owned(),

@@ -61,11 +61,14 @@ macro_rules! bpftrace_wakeup_latency {
 }
 
 /// Lock contention as bpftrace writes it: each wait's time by lock and the waiter's stack, what
-/// `invalidations` keeps (in the kernel too) to name the lock and the path that waited.
+/// `invalidations` keeps (in the kernel too) to name the lock and the path that waited. The
+/// maps are cleared at the end: printing thousands of stacks' histograms into the bench's pipe
+/// would outlast its stop timeout, and only the workload's time is measured.
 macro_rules! bpftrace_lock_waits {
     () => {
         "tracepoint:lock:contention_begin { @wait_start[tid] = nsecs; @wait_lock[tid] = args->lock_addr; } \
-         tracepoint:lock:contention_end /@wait_start[tid]/ { @wait_ns[@wait_lock[tid], kstack(8)] = hist(nsecs - @wait_start[tid]); delete(@wait_start[tid]); delete(@wait_lock[tid]); }"
+         tracepoint:lock:contention_end /@wait_start[tid]/ { @wait_ns[@wait_lock[tid], kstack(8)] = hist(nsecs - @wait_start[tid]); delete(@wait_start[tid]); delete(@wait_lock[tid]); } \
+         END { clear(@wait_ns); clear(@wait_start); clear(@wait_lock); }"
     };
 }
 
@@ -83,6 +86,9 @@ const NDJSON_WHOLE_RUN: Scenario = Scenario {
 };
 
 /// Under emulation every instruction is 10-50x slower, so the guest's workloads are smaller.
+/// The invalidations rows' bpftrace scripts leave lock contention out: bpftrace with the lock
+/// tracepoints did not exit within 90 s of SIGINT in the 6.12 guest (twice), and the host row
+/// measures that part.
 const GUEST_SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "hmm_range_fault walks in 2 MiB chunks beside an madvise(DONTNEED) storm (hmm_mirror, 32 MiB × 20) — retry-storm",
@@ -103,21 +109,19 @@ const GUEST_SCENARIOS: &[Scenario] = &[
             "kprobe:__mmu_notifier_invalidate_range_start { @start[tid] = nsecs; @invalidations[comm] = count(); } \
              kprobe:__mmu_notifier_invalidate_range_end /@start[tid]/ { @range_us = hist((nsecs - @start[tid]) / 1000); delete(@start[tid]); } \
              kprobe:mirror_invalidate { @cb[tid] = nsecs; } \
-             kretprobe:mirror_invalidate /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); } ",
-            bpftrace_lock_waits!()
+             kretprobe:mirror_invalidate /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }"
         ),
         ..NDJSON_WHOLE_RUN
     },
     Scenario {
-        name: "a VM (nested KVM, TDP MMU) with a vCPU, its 16 MiB memslot madvised in 4 KiB pieces (kvm_storm × 3) — invalidations, KVM's callbacks timed",
+        name: "a VM (nested KVM, TDP MMU) with a vCPU, its 8 MiB memslot madvised in 4 KiB pieces (kvm_storm × 2) — invalidations, KVM's callbacks timed",
         workload: "kvm_storm",
-        workload_args: &["--threads", "1", "--vcpus", "1", "--passes", "3", "--size", "16M"],
+        workload_args: &["--threads", "1", "--vcpus", "1", "--passes", "2", "--size", "8M"],
         mm_probe_args: &["invalidations", "-p", "{pid}", "--duration", "300s", "--json"],
         bpftrace: concat!(
             "tracepoint:kvm:kvm_unmap_hva_range { @unmaps[comm] = count(); } \
              kprobe:kvm_mmu_notifier_invalidate_range_start { @cb[tid] = nsecs; } \
-             kretprobe:kvm_mmu_notifier_invalidate_range_start /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); } ",
-            bpftrace_lock_waits!()
+             kretprobe:kvm_mmu_notifier_invalidate_range_start /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }"
         ),
         ..NDJSON_WHOLE_RUN
     },

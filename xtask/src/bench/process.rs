@@ -12,6 +12,9 @@ use std::os::unix::process::CommandExt as _;
 
 use anyhow::{Context as _, Result, bail};
 
+/// How long a tracer may take to exit after SIGINT.
+const STOP_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// A workload started with `--wait`: it printed its pid and waits for a line on stdin.
 pub struct WaitingWorkload {
     child: Child,
@@ -147,16 +150,17 @@ impl Tracer {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
     }
 
-    /// Stops it as Ctrl-C would and returns everything it printed.
+    /// Stops it as Ctrl-C would and returns everything it printed (bpftrace detaching kprobes on
+    /// busy functions in an emulated guest took longer than 20 s).
     pub fn stop(mut self) -> Result<Vec<String>> {
         // SAFETY: kill with a valid pid and signal number.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + STOP_TIMEOUT;
         while self.child.try_wait()?.is_none() {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 let output: Vec<String> = self.lines.try_iter().collect();
-                bail!("{} ignored SIGINT for 20 s; it printed:\n{}", self.name, output.join("\n"));
+                bail!("{} ignored SIGINT for {STOP_TIMEOUT:?}; it printed:\n{}", self.name, output.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

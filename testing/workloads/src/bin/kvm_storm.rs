@@ -185,10 +185,10 @@ fn parse(args: Vec<String>) -> Result<Options> {
             other => bail!("unknown argument {other}; see the usage at the top of kvm_storm.rs"),
         }
     }
-    if options.threads == 0 || options.chunk_bytes == 0 || options.chunk_bytes % 4096 != 0 {
+    if options.threads == 0 || options.chunk_bytes == 0 || !options.chunk_bytes.is_multiple_of(4096) {
         bail!("--threads must be at least 1 and --chunk a non-zero multiple of 4K");
     }
-    if options.size_bytes % options.chunk_bytes != 0 {
+    if !options.size_bytes.is_multiple_of(options.chunk_bytes) {
         bail!("--size must be a multiple of --chunk");
     }
     Ok(options)

@@ -209,10 +209,12 @@ pub struct CallbackStats {
     pub refused: u64,
     pub nonblocking: u64,
     pub buckets: [u64; TIME_BUCKETS],
-    /// Calls and summed time per size class (log2 bytes from [`FIT_SHIFT`]): the fit of time
-    /// against size.
-    pub fit_calls: [u64; FIT_CLASSES],
-    pub fit_ns: [u64; FIT_CLASSES],
+    /// Time the callbacks spent waiting on contended locks (traced), part of `total_ns`.
+    pub wait_ns: u64,
+    /// Per size class (log2 bytes from [`FIT_SHIFT`]), a log2 histogram of the callback's own
+    /// time (its lock waits left out): the fit of time against size takes each class's
+    /// median, which one call stretched by preemption or a descheduled vCPU cannot move.
+    pub fit_buckets: [[u64; TIME_BUCKETS]; FIT_CLASSES],
 }
 
 /// A callback in flight on a thread.
@@ -224,6 +226,8 @@ pub struct CallbackStash {
     pub bytes: u64,
     pub blockable: u32,
     pub _pad: u32,
+    /// Contended-lock waits that ended inside it so far.
+    pub waited_ns: u64,
 }
 
 crate::user_pod!(InvalidationKey, InvalidationStats, WaitKey, WaitStats, KvmLock, CallbackKey, CallbackStats);

@@ -73,7 +73,7 @@ static INV_STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
 #[map]
 static INV_KVM_LOCKS: HashMap<u64, KvmLock> = HashMap::with_max_entries(1024, 0);
 #[map]
-static INV_KNOWN_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
+static INV_KNOWN_MMS: LruHashMap<u64, MmOwner> = LruHashMap::with_max_entries(4096, 0);
 #[map]
 static INV_CALLBACKS: PerCpuHashMap<CallbackKey, CallbackStats> =
     PerCpuHashMap::with_max_entries(256, BPF_F_NO_PREALLOC);
@@ -94,6 +94,17 @@ static INV_ZERO_INVALIDATION: Array<InvalidationStats> = Array::with_max_entries
 static INV_ZERO_WAIT: Array<WaitStats> = Array::with_max_entries(1, 0);
 #[map]
 static INV_ZERO_CALLBACK: Array<CallbackStats> = Array::with_max_entries(1, 0);
+
+/// Whose memory an mm is: the process first seen invalidating it as its own mm, or KVM's
+/// tracepoints' invalidator. -p selects invalidations of a process's memory by anyone
+/// (kcompactd, khugepaged, the OOM reaper), so the owner must be known before they come.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MmOwner {
+    tgid: u32,
+    /// Its subscriptions were searched for KVM's (once per mm: inside KVM's callbacks).
+    kvm_searched: u32,
+}
 
 /// An invalidation open between range_start and range_end on a thread.
 #[repr(C)]
@@ -143,14 +154,26 @@ macro_rules! stats_for {
     };
 }
 
-/// Walks `mm`'s subscriptions once and records each VM's mmu_lock under `tgid`.
+/// Records `tgid` as the owner of `mm` unless one is known; returns the owner.
+#[inline(always)]
+fn learn_owner(mm: u64, tgid: u32) -> u32 {
+    if let Some(known) = unsafe { INV_KNOWN_MMS.get(mm) } {
+        return known.tgid;
+    }
+    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched: 0 }, 0);
+    tgid
+}
+
+/// Walks `mm`'s subscriptions once and records each VM's mmu_lock under `tgid`. Called from
+/// inside KVM's callbacks only, where KVM is subscribed: an mm learned earlier (at the
+/// process's first invalidation, before it made a VM) is searched then.
 #[inline(always)]
 fn learn_kvm(mm: u64, tgid: u32) {
     let kvm_start = INV_KVM_RANGE_START_FN.load();
-    if kvm_start == 0 || mm == 0 || unsafe { INV_KNOWN_MMS.get(mm) }.is_some() {
+    if kvm_start == 0 || mm == 0 || unsafe { INV_KNOWN_MMS.get(mm) }.is_some_and(|known| known.kvm_searched != 0) {
         return;
     }
-    let _ = INV_KNOWN_MMS.insert(mm, tgid, 0);
+    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched: 1 }, 0);
     let subscriptions: u64 = read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0);
     let mut node: u64 = read_at(subscriptions, OFF_SUBSCRIPTIONS_LIST.load()).unwrap_or(0);
     let hlist = OFF_MMU_NOTIFIER_HLIST.load() as u64;
@@ -190,7 +213,7 @@ fn count_invalidation(key: &InvalidationKey, bytes: u64) {
 
 #[inline(always)]
 fn owner_of(mm: u64) -> u32 {
-    unsafe { INV_KNOWN_MMS.get(mm) }.copied().unwrap_or(0)
+    unsafe { INV_KNOWN_MMS.get(mm) }.map_or(0, |known| known.tgid)
 }
 
 /// kvm_unmap_hva_range / kvm_age_hva: one invalidation of a VM's memory, in the invalidator.
@@ -228,16 +251,23 @@ pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Whether `pid` is inside an invalidation or a callback the tool follows: a kernel thread
+/// (kcompactd, the OOM reaper) invalidating a watched process's memory waits there for it.
+#[inline(always)]
+fn inside_watched_invalidation(pid: u32) -> bool {
+    unsafe { INV_RANGE_STASH.get(pid).is_some() || INV_CALLBACK_STASH.get(pid).is_some() }
+}
+
 /// lock:contention_begin(void *lock_addr, unsigned int flags)
 #[tracepoint]
 pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     let Some(lock) = tp_field::<u64>(&ctx, &INV_BEGIN_LOCK_OFFSET) else { return 0 };
     let tgid = current_tgid();
+    let pid = current_pid();
     let lock_watched = unsafe { INV_KVM_LOCKS.get(lock) }.is_some_and(|kvm| watched(kvm.tgid));
-    if !lock_watched && !watched(tgid) {
+    if !lock_watched && !watched(tgid) && !inside_watched_invalidation(pid) {
         return 0;
     }
-    let pid = current_pid();
     // contention_begin may fire twice for one acquisition (a mutex spins, then sleeps): the
     // first opens the wait, the second is ignored.
     if unsafe { INV_WAIT_STASH.get(pid) }.is_some_and(|open| open.key.lock == lock) {
@@ -283,6 +313,10 @@ pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
     let _ = INV_WAIT_STASH.remove(pid);
     count(Counter::ContentionEnds);
     let waited = unsafe { bpf_ktime_get_ns() }.saturating_sub(open.ts_ns);
+    // A wait inside a callback is the lock's cost, not the callback's own work (its fit).
+    if let Some(callback) = INV_CALLBACK_STASH.get_ptr_mut(pid) {
+        unsafe { (*callback).waited_ns += waited };
+    }
     let Some(stats) = stats_for!(INV_WAITS, &open.key, INV_ZERO_WAIT) else {
         count(Counter::WaitsMapFull);
         return 0;
@@ -304,7 +338,9 @@ pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
 fn range_start(range: u64) -> u32 {
     let tgid = current_tgid();
     let mm: u64 = read_at(range, OFF_NOTIFIER_RANGE_MM.load()).unwrap_or(0);
-    let owner = owner_of(mm);
+    // A process invalidating its own memory names its mm's owner (a kernel thread has no mm).
+    let own = mm != 0 && mm == current_mm() && watched(tgid);
+    let owner = if own { learn_owner(mm, tgid) } else { owner_of(mm) };
     if !watched(tgid) && !watched(owner) {
         return 0;
     }
@@ -330,7 +366,7 @@ fn range_end(range: u64) -> u32 {
     let _ = INV_RANGE_STASH.remove(pid);
     count(Counter::RangeEnds);
     let held = unsafe { bpf_ktime_get_ns() }.saturating_sub(open.ts_ns);
-    let Some(stats) = INV_INVALIDATIONS.get_ptr_mut(&open.key) else { return 0 };
+    let Some(stats) = INV_INVALIDATIONS.get_ptr_mut(open.key) else { return 0 };
     let stats = unsafe { &mut *stats };
     stats.ended += 1;
     stats.duration_ns += held;
@@ -348,10 +384,10 @@ entry_programs!(inv_range_end_fentry, inv_range_end_kprobe => range_end);
 /// mmu_interval_notifier_ops.invalidate), so the range is always argument 1.
 #[kprobe]
 pub fn inv_callback_kprobe(ctx: ProbeContext) -> u32 {
-    if !watched(current_tgid()) {
+    let range: u64 = ctx.arg(1).unwrap_or(0);
+    if !watched(current_tgid()) && !watched(owner_of(read_at(range, OFF_NOTIFIER_RANGE_MM.load()).unwrap_or(0))) {
         return 0;
     }
-    let range: u64 = ctx.arg(1).unwrap_or(0);
     let start: u64 = read_at(range, OFF_NOTIFIER_RANGE_START.load()).unwrap_or(0);
     let end: u64 = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
     let flags: u32 = read_at(range, OFF_NOTIFIER_RANGE_FLAGS.load()).unwrap_or(RANGE_BLOCKABLE);
@@ -361,6 +397,7 @@ pub fn inv_callback_kprobe(ctx: ProbeContext) -> u32 {
         bytes: end.saturating_sub(start),
         blockable: flags & RANGE_BLOCKABLE,
         _pad: 0,
+        waited_ns: 0,
     };
     let _ = INV_CALLBACK_STASH.insert(current_pid(), stash, 0);
     0
@@ -391,6 +428,7 @@ pub fn inv_callback_kretprobe(ctx: RetProbeContext) -> u32 {
     stats.calls += 1;
     stats.total_ns += took;
     stats.bytes += open.bytes;
+    stats.wait_ns += open.waited_ns;
     if took > stats.max_ns {
         stats.max_ns = took;
     }
@@ -405,9 +443,9 @@ pub fn inv_callback_kretprobe(ctx: RetProbeContext) -> u32 {
     }
     let class = log2_bucket(open.bytes, 64).saturating_sub(FIT_SHIFT) as usize;
     let class = if class >= FIT_CLASSES { FIT_CLASSES - 1 } else { class };
-    if let (Some(calls), Some(ns)) = (stats.fit_calls.get_mut(class), stats.fit_ns.get_mut(class)) {
-        *calls += 1;
-        *ns += took;
+    let own = log2_bucket(took.saturating_sub(open.waited_ns), TIME_BUCKETS as u32) as usize;
+    if let Some(slot) = stats.fit_buckets.get_mut(class).and_then(|buckets| buckets.get_mut(own)) {
+        *slot += 1;
     }
     0
 }

@@ -295,7 +295,7 @@ fn read_invalidations(ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut 
         }
     }
     if source.seen.callbacks {
-        for row in aggregator::subscribers(&tables, source.kallsyms.as_ref()) {
+        for row in aggregator::subscribers(&tables, source.kallsyms.as_ref(), source.seen.lock_waits) {
             let labels = [("subscriber", row.subscriber), ("callback", row.callback.as_str())];
             snapshot.callback_calls.push(Series::new(&labels, row.calls));
             let seconds = row.mean_ns * row.calls as f64 / 1e9;

@@ -94,9 +94,11 @@ fn add_callback(into: &mut CallbackStats, from: &CallbackStats) {
     into.bytes += from.bytes;
     into.refused += from.refused;
     into.nonblocking += from.nonblocking;
+    into.wait_ns += from.wait_ns;
     add_all(&mut into.buckets, &from.buckets);
-    add_all(&mut into.fit_calls, &from.fit_calls);
-    add_all(&mut into.fit_ns, &from.fit_ns);
+    for (into, from) in into.fit_buckets.iter_mut().zip(&from.fit_buckets) {
+        add_all(into, from);
+    }
 }
 
 /// The function names of a waiter's stack, innermost first; empty when it was not taken.

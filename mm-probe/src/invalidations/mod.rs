@@ -155,7 +155,7 @@ fn summarize(
     let kallsyms = kernel.kallsyms().ok();
     let invalidations = aggregator::invalidations(tables, duration_s);
     let locks = aggregator::locks(tables, &kvm_members(kernel), &|id| stack_functions(ebpf, id, kallsyms));
-    let subscribers = aggregator::subscribers(tables, kallsyms);
+    let subscribers = aggregator::subscribers(tables, kallsyms, seen.lock_waits);
     let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, duration_s, seen.lock_waits);
     Summary {
         duration_s,

@@ -115,6 +115,7 @@ mod tests {
             p50_le_ns: 131_071,
             p99_le_ns: 262_143,
             bytes_per_call: 1_050_000.0,
+            lock_wait_ns: Some(0),
             nonblocking: 0,
             refused: 0,
             buckets: buckets(&[(16, 100), (17, 190), (18, 10)]),

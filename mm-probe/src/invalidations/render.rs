@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{
     probes::Observability,
-    report::{Fit, Interval, LockRow, Summary},
+    report::{Fit, Interval, LockRow, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -167,12 +167,13 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
                 format_nanos(c.p99_le_ns),
                 format_nanos(c.max_ns),
                 format_bytes(c.bytes_per_call as u64),
+                waiting_share(c),
                 fit,
             ]
         })
         .collect();
     out += &text::table(
-        &["SUBSCRIBER", "CALLBACK", "CALLS", "MEAN", "P99<=", "MAX", "BYTES/CALL", "FIT"],
+        &["SUBSCRIBER", "CALLBACK", "CALLS", "MEAN", "P99<=", "MAX", "BYTES/CALL", "LOCK WAIT", "FIT (OWN TIME)"],
         &rows,
         width,
         2,
@@ -183,6 +184,15 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         let _ = writeln!(out, "  non-blockable calls (OOM reaper): {nonblocking}, refused: {refused}");
     }
     out
+}
+
+/// The share of a callback's time spent waiting on contended locks ("-" where not traced).
+fn waiting_share(c: &SubscriberRow) -> String {
+    let total = c.mean_ns * c.calls as f64;
+    match c.lock_wait_ns {
+        Some(wait) if total > 0.0 => format!("{:.0}%", wait as f64 * 100.0 / total),
+        _ => "-".into(),
+    }
 }
 
 /// A callback's time against size in one phrase:

@@ -106,6 +106,9 @@ pub struct SubscriberRow {
     pub p50_le_ns: u64,
     pub p99_le_ns: u64,
     pub bytes_per_call: f64,
+    /// Of its time, waiting on contended locks (left out of the fit); null without the lock
+    /// tracepoints.
+    pub lock_wait_ns: Option<u64>,
     /// Calls in a non-blockable context (the OOM reaper's), and how many refused.
     pub nonblocking: u64,
     pub refused: u64,
@@ -114,7 +117,8 @@ pub struct SubscriberRow {
     pub fit: Option<Fit>,
 }
 
-/// callback time ≈ fixed_ns + per_page_ns × pages, and what that does to small invalidations.
+/// The callback's own time (lock waits left out; each size class's median) ≈ fixed_ns +
+/// per_page_ns × pages, and what that does to small invalidations.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Fit {
     pub fixed_ns: f64,

@@ -49,6 +49,27 @@ impl Log2Histogram {
         None
     }
 
+    /// Quantile `q` (0 to 1) of kernel log2 buckets, placed inside its bucket by rank and
+    /// evenly in log space (a bucket spans a factor of two): exact to within that factor, and
+    /// moved by no single outlier. `None` when they are empty.
+    pub fn quantile_estimate(buckets: &[u64], q: f64) -> Option<f64> {
+        let total: u64 = buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let target = total as f64 * q.clamp(0.0, 1.0);
+        let mut below = 0u64;
+        for (k, &count) in buckets.iter().enumerate().filter(|(_, count)| **count > 0) {
+            if (below + count) as f64 >= target {
+                let fraction = (target - below as f64) / count as f64;
+                let (low, _) = Self::bounds(k);
+                return Some(if k == 0 { fraction } else { low as f64 * fraction.exp2() });
+            }
+            below += count;
+        }
+        None
+    }
+
     pub fn total(&self) -> u64 {
         self.buckets.iter().sum()
     }
@@ -98,6 +119,20 @@ mod tests {
         assert_eq!(Log2Histogram::bucket_of(500), 8);
         assert_eq!(Log2Histogram::bucket_of(512), 9);
         assert_eq!(Log2Histogram::bounds(8), (256, 511));
+    }
+
+    #[test]
+    fn quantile_estimates_stay_inside_their_bucket_and_ignore_one_outlier() {
+        let mut buckets = vec![0u64; 32];
+        buckets[16] = 16; // 65536 to 131071 ns
+        buckets[22] = 1; // one call of 4 ms or more
+        let median = Log2Histogram::quantile_estimate(&buckets, 0.5).unwrap();
+        assert!((65_536.0..131_072.0).contains(&median), "{median}");
+        // Half of the bucket's calls below the median: the middle of the bucket in log space.
+        buckets[22] = 0;
+        let median = Log2Histogram::quantile_estimate(&buckets, 0.5).unwrap();
+        assert!((median - 65_536.0 * 2f64.sqrt()).abs() < 1.0, "{median}");
+        assert_eq!(Log2Histogram::quantile_estimate(&[0; 4], 0.5), None);
     }
 
     #[test]

@@ -105,12 +105,10 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "hmm_storm",
         workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
         mm_probe_args: &["invalidations", "--duration", "300s", "--json"],
-        bpftrace: concat!(
-            "kprobe:__mmu_notifier_invalidate_range_start { @start[tid] = nsecs; @invalidations[comm] = count(); } \
+        bpftrace: "kprobe:__mmu_notifier_invalidate_range_start { @start[tid] = nsecs; @invalidations[comm] = count(); } \
              kprobe:__mmu_notifier_invalidate_range_end /@start[tid]/ { @range_us = hist((nsecs - @start[tid]) / 1000); delete(@start[tid]); } \
              kprobe:mirror_invalidate { @cb[tid] = nsecs; } \
-             kretprobe:mirror_invalidate /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }"
-        ),
+             kretprobe:mirror_invalidate /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }",
         ..NDJSON_WHOLE_RUN
     },
     Scenario {
@@ -118,11 +116,9 @@ const GUEST_SCENARIOS: &[Scenario] = &[
         workload: "kvm_storm",
         workload_args: &["--threads", "1", "--vcpus", "1", "--passes", "2", "--size", "8M"],
         mm_probe_args: &["invalidations", "-p", "{pid}", "--duration", "300s", "--json"],
-        bpftrace: concat!(
-            "tracepoint:kvm:kvm_unmap_hva_range { @unmaps[comm] = count(); } \
+        bpftrace: "tracepoint:kvm:kvm_unmap_hva_range { @unmaps[comm] = count(); } \
              kprobe:kvm_mmu_notifier_invalidate_range_start { @cb[tid] = nsecs; } \
-             kretprobe:kvm_mmu_notifier_invalidate_range_start /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }"
-        ),
+             kretprobe:kvm_mmu_notifier_invalidate_range_start /@cb[tid]/ { @callback_ns = hist(nsecs - @cb[tid]); delete(@cb[tid]); }",
         ..NDJSON_WHOLE_RUN
     },
     Scenario {

@@ -5,6 +5,7 @@
 
 mod apt;
 mod bench;
+mod build;
 mod cmd;
 mod dist;
 #[cfg(test)]

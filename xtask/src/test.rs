@@ -5,16 +5,15 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{cmd, vm};
+use crate::{build, cmd, vm};
 
 pub fn run(no_vm: bool) -> Result<()> {
     if !cmd::is_root() {
         bail!("the end-to-end tests load eBPF programs: run `sudo -E cargo xtask test` (or as root)");
     }
-    // Workloads and the tool are built first: the end-to-end tests run them as the user would.
     // Everything is built optimised, once: the real-kernel matrix runs the same release test
     // executables (emulated guests are slow enough without debug builds).
-    cmd::run(Command::new("cargo").args(["build", "--release", "--workspace", "--bins", "--exclude", "xtask"]))?;
+    build::for_tests(true)?;
     cmd::run(Command::new("cargo").args(["test", "--release", "--workspace", "--", "--test-threads=1"]))?;
     if no_vm {
         eprintln!("xtask test: real-kernel matrix skipped (--no-vm)");

@@ -15,7 +15,6 @@ use super::{
     initramfs::{GUEST_RESULTS_DIR, MARKER},
     qemu::Clock,
 };
-use crate::cmd;
 
 /// One integration-test executable (`mm-probe/tests/<name>.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +30,11 @@ pub struct TestBinary {
 /// when it is not empty (an unknown name is an error).
 pub fn build(only: &[String], release: bool) -> Result<Vec<TestBinary>> {
     let profile: &[&str] = if release { &["--release"] } else { &[] };
-    // The tests run the tool and the workloads as binaries found next to them.
-    // (xtask itself is already built and need not be built again optimised.)
-    cmd::run(Command::new("cargo").args(["build", "--workspace", "--bins", "--exclude", "xtask"]).args(profile))?;
+    // The tests run the tool and the workloads as binaries found next to them. The listing
+    // below resolves features as that build did (the whole workspace), so it compiles nothing.
+    crate::build::for_tests(release)?;
     let mut command = Command::new("cargo");
-    command.args(["test", "--package", "mm-probe", "--tests", "--no-run", "--message-format=json"]).args(profile);
+    command.args(["test", "--workspace", "--tests", "--no-run", "--message-format=json"]).args(profile);
     eprintln!("xtask: {command:?}");
     // Compiler progress and errors go to the terminal; only the JSON messages are read.
     let out = command.stderr(Stdio::inherit()).output().context("starting cargo test --no-run")?;
@@ -86,6 +85,10 @@ pub fn integration_tests(cargo_json: &str) -> Result<Vec<TestBinary>> {
         else {
             continue;
         };
+        // The listing covers the workspace; the matrix runs mm-probe's own.
+        if !Path::new(manifest).ends_with("mm-probe/Cargo.toml") {
+            continue;
+        }
         let package_dir = Path::new(manifest).parent().context("manifest path has no directory")?.to_path_buf();
         binaries.push(TestBinary { name: name.to_owned(), executable: PathBuf::from(executable), package_dir });
     }

@@ -326,9 +326,11 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
             .filter(|p| p.clock == clock)
             .partition(|p| line.unix_conventions || p.name != kernels::UNIX_CONVENTIONS);
         if !skipped.is_empty() {
+            let proving: Vec<&str> = LINES.iter().filter(|l| l.unix_conventions).map(|l| l.name).collect();
             notes.push(format!(
-                "{} not run: the command-line conventions are the tool's, proven on the host, 6.1 and unstable",
-                kernels::UNIX_CONVENTIONS
+                "{} not run: the command-line conventions are the tool's, proven on the host and {}",
+                kernels::UNIX_CONVENTIONS,
+                proving.join(", ")
             ));
         }
         if programs.is_empty() {

@@ -17,6 +17,7 @@
  * returns the driver's own counters, which mm-probe's retry-storm must reproduce.
  */
 
+#include <linux/completion.h>
 #include <linux/fs.h>
 #include <linux/hmm.h>
 #include <linux/kthread.h>
@@ -25,6 +26,7 @@
 #include <linux/mm.h>
 #include <linux/mmu_notifier.h>
 #include <linux/module.h>
+#include <linux/sched/prio.h>
 #include <linux/sched/signal.h>
 #include <linux/slab.h>
 #include <linux/spinlock.h>
@@ -72,6 +74,7 @@ struct mirror {
 	atomic64_t device_lock_waits;
 	atomic64_t device_holds;
 	struct task_struct *device_thread;
+	struct completion device_started;
 	unsigned long nr_notifiers;
 	struct mirror_notifier notifiers[];
 };
@@ -110,8 +113,9 @@ static void mirror_flush(struct mirror *mirror, unsigned long start, unsigned lo
 /*
  * The device's own use of its lock: held for device_hold_us, then let go for a quarter of that
  * (busy, not asleep: sleeps under emulation last milliseconds, and the callbacks would then
- * rarely find the lock taken). It runs at real-time priority (see mirror_create) and so keeps
- * one CPU of the guest's two for the ioctl's length; the walker and the storm share the other.
+ * rarely find the lock taken). At the highest fair-class weight (see mirror_create) it keeps
+ * nearly all of one CPU of the guest's two for the ioctl's length; the walker and the storm
+ * share the other.
  */
 static int mirror_device_thread(void *data)
 {
@@ -122,7 +126,8 @@ static int mirror_device_thread(void *data)
 		write_lock(&mirror->lock);
 		mirror_delay_ns(hold_ns);
 		write_unlock(&mirror->lock);
-		atomic64_inc(&mirror->device_holds);
+		if (atomic64_inc_return(&mirror->device_holds) == 1)
+			complete(&mirror->device_started);
 		mirror_delay_ns(hold_ns / 4);
 		cond_resched();
 	}
@@ -197,6 +202,7 @@ static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirro
 	mirror->start = req->addr;
 	mirror->npages = req->length >> PAGE_SHIFT;
 	rwlock_init(&mirror->lock);
+	init_completion(&mirror->device_started);
 	atomic64_set(&mirror->invalidations, 0);
 	mirror->flush_fixed_us = req->flush_fixed_us;
 	mirror->flush_per_page_ns = req->flush_per_page_ns;
@@ -232,13 +238,16 @@ static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirro
 		}
 		/*
 		 * The device runs while the walk does, from its start. The thread lives for one
-		 * ioctl (a few ms under emulation); as a new fair-class task it waited out its
-		 * start debit behind the walker and the storm, and on 6.1 it held the lock 9 times
-		 * in 85 ioctls, so the callbacks never met it held. At the lowest real-time
-		 * priority it runs as soon as it is woken.
+		 * ioctl (a few ms under emulation); as a new fair-class task of default weight it
+		 * waited out its start debit behind the walker and the storm, and on 6.1 it held
+		 * the lock 9 times in 85 ioctls, so the callbacks never met it held. So it gets
+		 * the highest fair weight, and the walk starts only once it has held the lock.
+		 * Not a real-time class: a busy real-time thread starved the per-CPU kernel
+		 * threads of PREEMPT_RT kernels (RCU stalls, the guest wedged).
 		 */
-		sched_set_fifo_low(mirror->device_thread);
+		set_user_nice(mirror->device_thread, MIN_NICE);
 		wake_up_process(mirror->device_thread);
+		wait_for_completion(&mirror->device_started);
 	}
 	return mirror;
 }

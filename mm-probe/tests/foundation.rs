@@ -171,8 +171,8 @@ fn every_schema_is_a_valid_draft_2020_12_document_that_compiles() {
     for (command, kind, text) in LINE_SCHEMAS.iter().chain([&("", "common", common::COMMON_SCHEMA)]) {
         let schema = common::schema_document(text);
         assert_eq!(schema["$schema"], "https://json-schema.org/draft/2020-12/schema", "{command} {kind}");
-        if let Err(e) = jsonschema::meta::validate(&schema) {
-            panic!("the {command} {kind} schema breaks the 2020-12 meta-schema at {}: {e}", e.instance_path());
+        if let Some(problem) = common::meta_schema_violation(&schema) {
+            panic!("the {command} {kind} schema breaks the 2020-12 meta-schema {problem}");
         }
         if !command.is_empty() {
             common::compile_schema(text);

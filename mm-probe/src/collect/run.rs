@@ -32,6 +32,15 @@ pub struct Limits {
     pub targets: Vec<u32>,
 }
 
+impl Limits {
+    /// The limits of a command run for `-p` processes: each must be running now (an unknown
+    /// pid or a zombie is the user's error, said before anything attaches).
+    pub fn of_processes(duration: Option<Duration>, pids: &[u32]) -> Result<Self, crate::error::UserError> {
+        process::running_processes(pids)?;
+        Ok(Self { duration, targets: pids.to_vec() })
+    }
+}
+
 /// How often the targets are checked for exit: /proc is cheap to read, and a tenth of a second
 /// is well under any `--interval` a user can ask for.
 const TARGET_POLL: Duration = Duration::from_millis(100);

@@ -33,7 +33,7 @@ use crate::{
     cli::InvalidationsArgs,
     collect::{Limits, Stop, Stopper, Ticker, monotonic_ns, run as skeleton},
     error::UserError,
-    kernel::{Kernel, layout::Layout, privileges, process::running_process, tracefs},
+    kernel::{Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
@@ -48,10 +48,7 @@ pub fn run(args: &InvalidationsArgs) -> Result<()> {
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
     let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
-    for &pid in &args.pids {
-        running_process(pid)?;
-    }
-    let limits = Limits { duration: args.duration, targets: args.pids.clone() };
+    let limits = Limits::of_processes(args.duration, &args.pids)?;
     skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, plot, stopper).await)
 }
 

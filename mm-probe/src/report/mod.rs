@@ -12,8 +12,7 @@ pub mod verdict;
 /// The end-to-end tests' schema checks, shared with the unit tests that build lines with every
 /// optional part present: shapes the host kernel never produces, that only the guests would.
 #[cfg(test)]
-#[path = "../../tests/common/schemas.rs"]
-pub mod schema_check;
+pub use mm_probe_schemas as schema_check;
 
 pub use log2::Log2Histogram;
 pub use percentiles::Percentiles;

@@ -37,7 +37,7 @@ use crate::{
         run::{self as skeleton},
     },
     error::UserError,
-    kernel::{Kallsyms, Kernel, privileges, process::running_process},
+    kernel::{Kallsyms, Kernel, privileges},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
@@ -58,10 +58,7 @@ pub fn run(args: &RetryStormArgs) -> Result<()> {
     let plot = args.plot.as_deref().map(PlotFile::check).transpose()?;
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
-    for &pid in &args.pids {
-        running_process(pid)?;
-    }
-    let limits = Limits { duration: args.duration, targets: args.pids.clone() };
+    let limits = Limits::of_processes(args.duration, &args.pids)?;
     skeleton::run(limits, async |stopper| attach_and_collect(args, thresholds, plot, stopper).await)
 }
 

@@ -5,14 +5,12 @@
 //! `--test-threads=1`).
 #![allow(dead_code)]
 
-mod schemas;
-
 use std::{
     path::PathBuf,
     process::{Command, Output},
 };
 
-pub use schemas::*;
+pub use mm_probe_schemas::*;
 use serde_json::Value;
 
 /// The mm-probe binary built with these tests.

@@ -1,7 +1,7 @@
-//! The NDJSON schema family (schemas/ at the repository root), compiled once, for the
-//! end-to-end tests (through `tool_line`) and for mm-probe's own unit tests, which include this
-//! file to check lines they build with every optional part present.
-#![allow(dead_code)]
+//! The NDJSON schema family (schemas/ at the repository root), compiled once per process, for
+//! mm-probe's end-to-end tests (through `tool_line`) and its unit tests (lines built with every
+//! optional part present). The schemas are embedded, so that the same test executables check
+//! the tool's output inside the qemu guests, where the tree is not.
 
 use std::{collections::HashMap, sync::OnceLock};
 
@@ -21,8 +21,7 @@ pub fn tool_line(text: &str) -> Value {
 pub const COMMON_SCHEMA_ID: &str = "https://mm-probe.invalid/schemas/common.schema.json";
 pub const COMMON_SCHEMA: &str = include_str!("../../../schemas/common.schema.json");
 
-/// The schema of each (command, type) line. Embedded rather than read at run time, so that the
-/// same test binaries check the tool's output inside the qemu guests, where the tree is not.
+/// The schema of each (command, type) line.
 pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("doctor", "doctor", include_str!("../../../schemas/doctor/doctor.schema.json")),
     ("thp-why", "summary", include_str!("../../../schemas/thp-why/summary.schema.json")),
@@ -48,6 +47,11 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
 /// Parses an embedded schema document.
 pub fn schema_document(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("a schema under schemas/ is not JSON ({e}): {text}"))
+}
+
+/// Where `schema` breaks the draft 2020-12 meta-schema, if it does.
+pub fn meta_schema_violation(schema: &Value) -> Option<String> {
+    jsonschema::meta::validate(schema).err().map(|e| format!("at {}: {e}", e.instance_path()))
 }
 
 /// The schema of (command, type), compiled with the shared definitions.

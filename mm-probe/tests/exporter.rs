@@ -332,33 +332,46 @@ fn a_vms_invalidations_and_the_lock_they_contend_on_are_counted() {
         return;
     }
     let unmaps = |text: &str| value_of(&samples(text), kvm_family, &[("event", "unmap_hva_range")]);
-    let start = unmaps(&exporter.get_metrics(false));
-    // Two threads madvise a VM's memslot away 4 KiB at a time: one unmap each, on one mmu_lock.
-    let out = std::process::Command::new(common::workload("kvm_storm"))
-        .args(["--threads", "2", "--passes", "2", "--size", "16M", "--fifo"])
-        .output()
-        .expect("running kvm_storm");
-    assert!(out.status.success(), "kvm_storm: {}", String::from_utf8_lossy(&out.stderr));
-    let counts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kvm_storm's counts");
-    let calls = counts["madvise_calls"].as_f64().unwrap();
-    let text = exporter.get_metrics(true);
-    let end = unmaps(&text);
-    eprintln!("kvm_unmap_hva_range: {start} -> {end} after {calls} MADV_DONTNEED calls on the memslot");
-    assert!(end - start >= calls, "{calls} unmaps of the VM's memory, {} counted", end - start);
-    let served = samples(&text);
-    let invalidations =
-        value_of(&served, "mm_probe_notifier_invalidations_total", &[("source", "kvm_unmap_hva_range")]);
-    assert!(invalidations >= calls, "invalidations counts them too: {invalidations}");
-    if attached("invalidations", "contention_begin") {
-        let contended: f64 = served
+    let contended = |served: &[Sample]| -> f64 {
+        served
             .iter()
             .filter(|s| {
                 s.name == "mm_probe_lock_contended_total"
                     && s.labels.get("lock_class").is_some_and(|c| c == "kvm_mmu_lock")
             })
             .map(|s| s.value)
-            .sum();
-        assert!(contended > 0.0, "the two threads contended on the VM's mmu_lock");
+            .sum()
+    };
+    let counts_contention = attached("invalidations", "contention_begin");
+    // Two threads madvise a VM's memslot away 4 KiB at a time: one unmap each, on one mmu_lock.
+    // Whether they overlap is the scheduler's doing: in a 7.2 guest whose two vCPUs shared the
+    // host's two cores with another guest, 8192 madvises once met no contention at all. So the
+    // storm runs again, up to STORMS times, until the lock has been contended; every storm's
+    // unmaps are checked against its madvise calls.
+    const STORMS: usize = 3;
+    for storm in 1..=STORMS {
+        let start = unmaps(&exporter.get_metrics(false));
+        let out = std::process::Command::new(common::workload("kvm_storm"))
+            .args(["--threads", "2", "--passes", "2", "--size", "16M", "--fifo"])
+            .output()
+            .expect("running kvm_storm");
+        assert!(out.status.success(), "kvm_storm: {}", String::from_utf8_lossy(&out.stderr));
+        let counts: serde_json::Value = serde_json::from_slice(&out.stdout).expect("kvm_storm's counts");
+        let calls = counts["madvise_calls"].as_f64().unwrap();
+        let text = exporter.get_metrics(true);
+        let end = unmaps(&text);
+        eprintln!(
+            "storm {storm}: kvm_unmap_hva_range {start} -> {end} after {calls} MADV_DONTNEED calls on the memslot"
+        );
+        assert!(end - start >= calls, "{calls} unmaps of the VM's memory, {} counted", end - start);
+        let served = samples(&text);
+        let invalidations =
+            value_of(&served, "mm_probe_notifier_invalidations_total", &[("source", "kvm_unmap_hva_range")]);
+        assert!(invalidations >= calls, "invalidations counts them too: {invalidations}");
+        if !counts_contention || contended(&served) > 0.0 {
+            break;
+        }
+        assert!(storm < STORMS, "the two threads contended on the VM's mmu_lock in none of {STORMS} storms");
     }
     exporter.stop_and_check_nothing_left(&before);
 }

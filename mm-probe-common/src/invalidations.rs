@@ -2,18 +2,28 @@
 //! and `mm-probe invalidations`.
 //!
 //! Everything is aggregated in the kernel: lock contention can fire millions of times a second,
-//! so no event is streamed. User space reads the tables at each interval and at the end.
+//! so no event is streamed. The tables that grow with what the machine does (invalidations,
+//! waits, stacks) come in two generations: the programs write the one [`GENERATION_MAP`] names,
+//! and user space, once a second, switches to the other and drains the one it left (reads it,
+//! adds it to its own totals, empties it). A table then only has to hold one second's keys, so
+//! a run of weeks cannot fill it; what a full table still drops is counted.
 
 use crate::slots;
 
 /// Per-CPU array of u64 counters indexed by [`Counter`].
 pub const COUNTERS_MAP: &str = "INV_COUNTERS";
-/// Hash map [`InvalidationKey`] → [`InvalidationStats`].
-pub const INVALIDATIONS_MAP: &str = "INV_INVALIDATIONS";
-/// Hash map [`WaitKey`] → [`WaitStats`]: contended lock acquisitions.
-pub const WAITS_MAP: &str = "INV_WAITS";
-/// Stack-trace map of the waiters' kernel stacks ([`WaitKey::stack_id`]).
-pub const STACKS_MAP: &str = "INV_STACKS";
+/// Array of one u32: the generation (0 or 1) of the drained tables the programs write now.
+pub const GENERATION_MAP: &str = "INV_GENERATION";
+/// Per generation, hash map [`InvalidationKey`] → [`InvalidationStats`].
+pub const INVALIDATIONS_MAPS: [&str; 2] = ["INV_INVALIDATIONS_0", "INV_INVALIDATIONS_1"];
+/// Per generation, hash map [`WaitKey`] → [`WaitStats`]: contended lock acquisitions.
+pub const WAITS_MAPS: [&str; 2] = ["INV_WAITS_0", "INV_WAITS_1"];
+/// Per generation, stack-trace map of the waiters' kernel stacks ([`WaitKey::stack_id`]).
+pub const STACKS_MAPS: [&str; 2] = ["INV_STACKS_0", "INV_STACKS_1"];
+/// Entries of each generation's tables: what one second of a busy machine can hold.
+pub const INVALIDATIONS_ENTRIES: u32 = 1024;
+pub const WAITS_ENTRIES: u32 = 4096;
+pub const STACKS_ENTRIES: u32 = 4096;
 /// Hash map lock address (u64) → [`KvmLock`]: each VM's kvm->mmu_lock, learned from the
 /// subscriptions of the mm a KVM tracepoint fired in.
 pub const KVM_LOCKS_MAP: &str = "INV_KVM_LOCKS";
@@ -49,6 +59,13 @@ pub const SIZE_BUCKETS: usize = 48;
 pub const FIT_SHIFT: u32 = 12;
 pub const FIT_CLASSES: usize = 24;
 
+/// [`WaitKey::stack_id`] of a wait whose stack was not taken on purpose (unrelated contention:
+/// its stack would cost a stack-map entry and say nothing about invalidations).
+pub const STACK_NOT_TAKEN: i64 = i64::MIN;
+/// Bit 32 of a taken [`WaitKey::stack_id`]: which generation's stack map holds it (a wait can
+/// begin in one generation and end in the next).
+pub const STACK_GENERATION_SHIFT: u32 = 32;
+
 /// Stack frames kept per waiter (enough to reach the syscall or the vCPU ioctl from the lock).
 pub const STACK_DEPTH: u32 = 32;
 
@@ -59,7 +76,7 @@ slots! {
         ContentionBegins => "contention_begins",
         /// lock:contention_end that closed a watched wait.
         ContentionEnds => "contention_ends",
-        /// Waits not counted because [`WAITS_MAP`] was full.
+        /// Waits not counted because the waits table was full.
         WaitsMapFull => "waits_map_full",
         /// Waits whose stack could not be taken (stack map full or a collision).
         StackMisses => "stack_misses",
@@ -71,7 +88,7 @@ slots! {
         RangeStarts => "range_starts",
         /// __mmu_notifier_invalidate_range_end calls that closed a start seen.
         RangeEnds => "range_ends",
-        /// Invalidations not counted because [`INVALIDATIONS_MAP`] was full.
+        /// Invalidations not counted because the invalidations table was full.
         InvalidationsMapFull => "invalidations_map_full",
         /// Callback returns whose entry was not seen (attached mid-call).
         CallbackStashMisses => "callback_stash_misses",
@@ -79,6 +96,12 @@ slots! {
         CallbacksMapFull => "callbacks_map_full",
         /// KVM subscriptions found (each VM's mmu_lock once).
         KvmLocksLearned => "kvm_locks_learned",
+        /// Invalidations whose memory could not be named: a kernel thread (kcompactd, kdamond,
+        /// kswapd) inside KVM's callback, where no function probe gave the range's mm. With -p
+        /// they may have been the watched process's and are not counted as its.
+        OwnerUnresolved => "owner_unresolved",
+        /// KVM subscriptions not recorded because [`KVM_LOCKS_MAP`] was full.
+        KvmLocksMapFull => "kvm_locks_map_full",
     }
 }
 
@@ -106,6 +129,24 @@ pub enum ReturnKind {
     Void = 2,
 }
 
+/// How a contended wait relates to invalidations, decided in the kernel when it begins: the
+/// report ranks related waits and folds the rest (every other contended lock on the machine).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Relation {
+    /// Nothing to do with invalidations: no stack taken, no waiter kept.
+    Unrelated = 0,
+    /// A learned kvm->mmu_lock.
+    VmLock = 1,
+    /// The waiter was inside an invalidation or a subscriber callback the tool follows.
+    InInvalidation = 2,
+    /// The waiter's own mm has subscribers (a VM's threads), or the lock is such an mm's
+    /// mmap_lock.
+    SubscribedMm = 3,
+    /// The waiter is a process named with -p.
+    Watched = 4,
+}
+
 /// What kind of lock a contention was on, as far as the kernel side can tell at once.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -122,8 +163,8 @@ pub enum LockClass {
 pub struct InvalidationKey {
     /// The invalidating task's process and thread name.
     pub tgid: u32,
-    /// The process whose memory it was (the mm's first tgid seen with a subscription; 0 when not
-    /// known yet).
+    /// The process whose memory it was: the mm's owner task (mm->owner, CONFIG_MEMCG), else the
+    /// first tgid seen with the mm as its own; 0 when not known.
     pub owner_tgid: u32,
     /// A [`Source`].
     pub source: u32,
@@ -137,7 +178,10 @@ pub struct InvalidationKey {
 #[derive(Clone, Copy, Debug)]
 pub struct InvalidationStats {
     pub count: u64,
+    /// Bytes of the sized ones: a whole address space's invalidation at exit (end ULONG_MAX)
+    /// is counted in `whole_mm`, not here.
     pub bytes: u64,
+    pub whole_mm: u64,
     /// log2 of each invalidation's size in bytes.
     pub sizes: [u64; SIZE_BUCKETS],
     /// invalidate_range_start → _end, log2 ns (function probes only).
@@ -158,7 +202,10 @@ pub struct WaitKey {
     pub tgid: u32,
     /// A [`LockClass`].
     pub class: u32,
-    pub _pad: u32,
+    /// A [`Relation`]. Unrelated waits keep no stack, thread or name (tgid 0, comm zero), and
+    /// other processes' mmap_locks fold into lock 0, so that their keys are bounded by the
+    /// machine's locks, not by its processes.
+    pub relation: u32,
     pub comm: [u8; 16],
 }
 

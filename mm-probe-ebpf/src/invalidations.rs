@@ -13,7 +13,16 @@
 //!   callbacks per function (bpf_get_func_ip) and per size class, for the amplification fit.
 //!
 //! All of it is aggregated here (per-CPU hash maps, allocated on first use): contention can
-//! fire millions of times a second, and no event is streamed.
+//! fire millions of times a second, and no event is streamed. The tables whose keys grow with
+//! the machine's activity come in two generations (INV_GENERATION says which one is written);
+//! user space drains the other once a second, so a table holds one second's keys however long
+//! the run. Contention that has nothing to do with invalidations is kept too, folded: no stack,
+//! no thread, other processes' mmap_locks as one lock, so that thousands of short-lived
+//! processes cannot crowd the waits that matter out of the table.
+//!
+//! Whose memory an invalidation is comes from the memory: the range's mm (function probes) or
+//! the mm of the task inside KVM's callback, and its owner task (mm->owner), never from the
+//! invalidating task alone: kcompactd, kdamond and khugepaged work on other processes' memory.
 //!
 //! The KVM subscription is found by walking mm->notifier_subscriptions->list (an hlist of
 //! `struct mmu_notifier`, include/linux/mmu_notifier.h, unchanged 5.10 → 7.2) for the entry
@@ -29,8 +38,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::invalidations::{
-    CallbackKey, CallbackStash, CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, InvalidationKey, InvalidationStats,
-    KvmLock, LockClass, SIZE_BUCKETS, Source, TIME_BUCKETS, WaitKey, WaitStash, WaitStats,
+    CallbackKey, CallbackStash, CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, INVALIDATIONS_ENTRIES, InvalidationKey,
+    InvalidationStats, KvmLock, LockClass, Relation, SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN,
+    STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
 };
 
 use crate::kernel::{
@@ -63,13 +73,25 @@ static INV_KVM_END_OFFSET: Global<u32> = Global::new(16);
 
 #[map]
 static INV_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+/// Slot 0: the generation (0 or 1) of the drained tables below that the programs write now.
 #[map]
-static INV_INVALIDATIONS: PerCpuHashMap<InvalidationKey, InvalidationStats> =
-    PerCpuHashMap::with_max_entries(1024, BPF_F_NO_PREALLOC);
+static INV_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
-static INV_WAITS: PerCpuHashMap<WaitKey, WaitStats> = PerCpuHashMap::with_max_entries(4096, BPF_F_NO_PREALLOC);
+static INV_INVALIDATIONS_0: PerCpuHashMap<InvalidationKey, InvalidationStats> =
+    PerCpuHashMap::with_max_entries(INVALIDATIONS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
-static INV_STACKS: StackTrace = StackTrace::with_max_entries(8192, 0);
+static INV_INVALIDATIONS_1: PerCpuHashMap<InvalidationKey, InvalidationStats> =
+    PerCpuHashMap::with_max_entries(INVALIDATIONS_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static INV_WAITS_0: PerCpuHashMap<WaitKey, WaitStats> =
+    PerCpuHashMap::with_max_entries(WAITS_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static INV_WAITS_1: PerCpuHashMap<WaitKey, WaitStats> =
+    PerCpuHashMap::with_max_entries(WAITS_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static INV_STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
+#[map]
+static INV_STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
 #[map]
 static INV_KVM_LOCKS: HashMap<u64, KvmLock> = HashMap::with_max_entries(1024, 0);
 #[map]
@@ -87,6 +109,10 @@ static INV_WAIT_STASH: LruHashMap<u32, WaitStash> = LruHashMap::with_max_entries
 static INV_RANGE_STASH: LruHashMap<u32, RangeStash> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
 static INV_CALLBACK_STASH: LruHashMap<u32, CallbackStash> = LruHashMap::with_max_entries(THREADS, 0);
+/// The mm of the aging a thread is in (__mmu_notifier_clear_young's argument), for KVM's
+/// kvm_age_hva that follows: kdamond and kswapd age other processes' memory.
+#[map]
+static INV_AGING_MM: LruHashMap<u32, u64> = LruHashMap::with_max_entries(THREADS, 0);
 /// All-zero values to insert from: the stats are larger than the 512-byte BPF stack.
 #[map]
 static INV_ZERO_INVALIDATION: Array<InvalidationStats> = Array::with_max_entries(1, 0);
@@ -95,9 +121,9 @@ static INV_ZERO_WAIT: Array<WaitStats> = Array::with_max_entries(1, 0);
 #[map]
 static INV_ZERO_CALLBACK: Array<CallbackStats> = Array::with_max_entries(1, 0);
 
-/// Whose memory an mm is: the process first seen invalidating it as its own mm, or KVM's
-/// tracepoints' invalidator. -p selects invalidations of a process's memory by anyone
-/// (kcompactd, khugepaged, the OOM reaper), so the owner must be known before they come.
+/// Whose memory an mm with subscribers is: its owner task's process (mm->owner), else the
+/// process first seen with it as its own mm. -p selects invalidations of a process's memory by
+/// anyone (kcompactd, khugepaged, the OOM reaper), so the owner must be known when they come.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct MmOwner {
@@ -112,6 +138,7 @@ struct MmOwner {
 struct RangeStash {
     key: InvalidationKey,
     range: u64,
+    mm: u64,
     ts_ns: u64,
 }
 
@@ -154,14 +181,43 @@ macro_rules! stats_for {
     };
 }
 
-/// Records `tgid` as the owner of `mm` unless one is known; returns the owner.
+/// The owner of `mm`, an mm with subscribers, learned once: mm->owner's process where the
+/// kernel keeps it (CONFIG_MEMCG), else `own_tgid`, the process whose own mm it is (0 from a
+/// kernel thread, which then learns nothing). Returns 0 when it stays unknown.
 #[inline(always)]
-fn learn_owner(mm: u64, tgid: u32) -> u32 {
-    if let Some(known) = unsafe { INV_KNOWN_MMS.get(mm) } {
+fn learn_owner(mm: u64, own_tgid: u32) -> u32 {
+    if mm == 0 {
+        return 0;
+    }
+    let known = unsafe { INV_KNOWN_MMS.get(mm) }.copied();
+    if let Some(known) = known
+        && known.tgid != 0
+    {
         return known.tgid;
     }
-    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched: 0 }, 0);
+    let task: u64 = read_at(mm, OFF_MM_OWNER.load()).unwrap_or(0);
+    let tgid = read_at::<u32>(task, OFF_TASK_STRUCT_TGID.load()).filter(|&t| t != 0).unwrap_or(own_tgid);
+    if tgid != 0 {
+        let kvm_searched = known.map_or(0, |k| k.kvm_searched);
+        let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched }, 0);
+    }
     tgid
+}
+
+/// The generation of the drained tables to write now.
+#[inline(always)]
+fn generation() -> u32 {
+    INV_GENERATION.get(0).copied().unwrap_or(0) & 1
+}
+
+#[inline(always)]
+fn invalidations_table() -> &'static PerCpuHashMap<InvalidationKey, InvalidationStats> {
+    if generation() == 0 { &INV_INVALIDATIONS_0 } else { &INV_INVALIDATIONS_1 }
+}
+
+#[inline(always)]
+fn waits_table() -> &'static PerCpuHashMap<WaitKey, WaitStats> {
+    if generation() == 0 { &INV_WAITS_0 } else { &INV_WAITS_1 }
 }
 
 /// Walks `mm`'s subscriptions once and records each VM's mmu_lock under `tgid`. Called from
@@ -173,7 +229,8 @@ fn learn_kvm(mm: u64, tgid: u32) {
     if kvm_start == 0 || mm == 0 || unsafe { INV_KNOWN_MMS.get(mm) }.is_some_and(|known| known.kvm_searched != 0) {
         return;
     }
-    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched: 1 }, 0);
+    let owner = learn_owner(mm, tgid);
+    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid: owner, kvm_searched: 1 }, 0);
     let subscriptions: u64 = read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0);
     let mut node: u64 = read_at(subscriptions, OFF_SUBSCRIPTIONS_LIST.load()).unwrap_or(0);
     let hlist = OFF_MMU_NOTIFIER_HLIST.load() as u64;
@@ -188,25 +245,37 @@ fn learn_kvm(mm: u64, tgid: u32) {
         if start == kvm_start && in_kvm != u32::MAX && lock_in_kvm != u32::MAX {
             let kvm = subscription.wrapping_sub(in_kvm as u64);
             let lock = kvm + lock_in_kvm as u64;
-            let _ = INV_KVM_LOCKS.insert(lock, KvmLock { tgid, _pad: 0, kvm }, 0);
-            count(Counter::KvmLocksLearned);
+            if INV_KVM_LOCKS.insert(lock, KvmLock { tgid: owner, _pad: 0, kvm }, 0).is_ok() {
+                count(Counter::KvmLocksLearned);
+            } else {
+                count(Counter::KvmLocksMapFull);
+            }
         }
         // hlist_node.next is its first member.
         node = read_at(node, 0).unwrap_or(0);
     }
 }
 
-/// Adds one invalidation of `bytes` to its group; returns the group's key.
+/// Adds one invalidation of [start, end) to its group. An end of ULONG_MAX is a whole address
+/// space (exit_mmap): counted apart, in the last size slot, and not added to the bytes.
 #[inline(always)]
-fn count_invalidation(key: &InvalidationKey, bytes: u64) {
-    let Some(stats) = stats_for!(INV_INVALIDATIONS, key, INV_ZERO_INVALIDATION) else {
+fn count_invalidation(key: &InvalidationKey, start: u64, end: u64) {
+    let table = invalidations_table();
+    let Some(stats) = stats_for!(table, key, INV_ZERO_INVALIDATION) else {
         count(Counter::InvalidationsMapFull);
         return;
     };
     let stats = unsafe { &mut *stats };
     stats.count += 1;
-    stats.bytes += bytes;
-    if let Some(slot) = stats.sizes.get_mut(log2_bucket(bytes, SIZE_BUCKETS as u32) as usize) {
+    let slot = if end == u64::MAX {
+        stats.whole_mm += 1;
+        SIZE_BUCKETS as u32 - 1
+    } else {
+        let bytes = end.saturating_sub(start);
+        stats.bytes += bytes;
+        log2_bucket(bytes, SIZE_BUCKETS as u32)
+    };
+    if let Some(slot) = stats.sizes.get_mut(slot as usize) {
         *slot += 1;
     }
 }
@@ -216,13 +285,29 @@ fn owner_of(mm: u64) -> u32 {
     unsafe { INV_KNOWN_MMS.get(mm) }.map_or(0, |known| known.tgid)
 }
 
+/// The mm a KVM tracepoint's invalidation is of: the range's (an invalidation the function
+/// probes opened on this thread), the aging's (clear_young's argument), else the thread's own —
+/// which a kernel thread does not have.
+#[inline(always)]
+fn kvm_event_mm(pid: u32, source: Source) -> u64 {
+    let from_probe = match source {
+        Source::KvmAge => unsafe { INV_AGING_MM.get(pid) }.copied(),
+        _ => unsafe { INV_RANGE_STASH.get(pid) }.map(|open| open.mm),
+    };
+    from_probe.filter(|&mm| mm != 0).unwrap_or_else(current_mm)
+}
+
 /// kvm_unmap_hva_range / kvm_age_hva: one invalidation of a VM's memory, in the invalidator.
 #[inline(always)]
 fn kvm_range(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
-    let tgid = current_tgid();
-    let mm = current_mm();
-    learn_kvm(mm, tgid);
-    let owner = owner_of(mm);
+    let (tgid, pid) = (current_tgid(), current_pid());
+    let mm = kvm_event_mm(pid, source);
+    let own_tgid = if mm == current_mm() { tgid } else { 0 };
+    learn_kvm(mm, own_tgid);
+    let owner = learn_owner(mm, own_tgid);
+    if owner == 0 {
+        count(Counter::OwnerUnresolved);
+    }
     if !watched(tgid) && !watched(owner) {
         return 0;
     }
@@ -230,9 +315,20 @@ fn kvm_range(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
     let start: u64 = tp_field(ctx, &INV_KVM_START_OFFSET).unwrap_or(0);
     let end: u64 = tp_field(ctx, &INV_KVM_END_OFFSET).unwrap_or(0);
     let key = InvalidationKey { tgid, owner_tgid: owner, source: source as u32, event: EVENT_UNKNOWN, comm: comm() };
-    count_invalidation(&key, end.saturating_sub(start));
+    count_invalidation(&key, start, end);
     0
 }
+
+/// __mmu_notifier_clear_young / __mmu_notifier_clear_flush_young(struct mm_struct *mm, …):
+/// the mm that KVM's kvm_age_hva, fired inside, ages.
+#[inline(always)]
+fn aging(mm: u64) -> u32 {
+    let _ = INV_AGING_MM.insert(current_pid(), mm, 0);
+    0
+}
+
+entry_programs!(inv_clear_young_fentry, inv_clear_young_kprobe => aging);
+entry_programs!(inv_clear_flush_young_fentry, inv_clear_flush_young_kprobe => aging);
 
 #[tracepoint]
 pub fn inv_kvm_unmap(ctx: TracePointContext) -> u32 {
@@ -258,44 +354,74 @@ fn inside_watched_invalidation(pid: u32) -> bool {
     unsafe { INV_RANGE_STASH.get(pid).is_some() || INV_CALLBACK_STASH.get(pid).is_some() }
 }
 
+/// How a wait on `lock` by the current thread relates to invalidations; `None` when -p leaves
+/// it out. In order: a VM's lock, a wait inside an invalidation, a waiter (or an mmap_lock)
+/// of an mm with subscribers, a watched waiter; system-wide, everything else is unrelated.
+#[inline(always)]
+fn relation_of(lock: u64, mm: u64, tgid: u32, pid: u32) -> Option<Relation> {
+    if let Some(kvm) = unsafe { INV_KVM_LOCKS.get(lock) }
+        && watched(kvm.tgid)
+    {
+        return Some(Relation::VmLock);
+    }
+    if inside_watched_invalidation(pid) {
+        return Some(Relation::InInvalidation);
+    }
+    let mmap_lock = OFF_MM_MMAP_LOCK.load();
+    let locked_mm = if mmap_lock == u32::MAX { 0 } else { lock.wrapping_sub(mmap_lock as u64) };
+    let subscribed = |mm: u64| {
+        let owner = if mm == 0 { 0 } else { owner_of(mm) };
+        owner != 0 && watched(owner)
+    };
+    if subscribed(mm) || subscribed(locked_mm) {
+        return Some(Relation::SubscribedMm);
+    }
+    if INV_FILTER_TGIDS.load() != 0 {
+        return watched(tgid).then_some(Relation::Watched);
+    }
+    Some(Relation::Unrelated)
+}
+
+/// The waiter's kernel stack in this generation's stack map, its generation in bit 32.
+#[inline(always)]
+fn wait_stack(ctx: &TracePointContext) -> i64 {
+    let generation = generation();
+    let taken = if generation == 0 { ctx.get_stackid(&INV_STACKS_0, 0) } else { ctx.get_stackid(&INV_STACKS_1, 0) };
+    match taken {
+        Ok(id) => id | ((generation as i64) << STACK_GENERATION_SHIFT),
+        Err(error) => {
+            count(Counter::StackMisses);
+            i64::from(error)
+        }
+    }
+}
+
 /// lock:contention_begin(void *lock_addr, unsigned int flags)
 #[tracepoint]
 pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     let Some(lock) = tp_field::<u64>(&ctx, &INV_BEGIN_LOCK_OFFSET) else { return 0 };
-    let tgid = current_tgid();
     let pid = current_pid();
-    let lock_watched = unsafe { INV_KVM_LOCKS.get(lock) }.is_some_and(|kvm| watched(kvm.tgid));
-    if !lock_watched && !watched(tgid) && !inside_watched_invalidation(pid) {
-        return 0;
-    }
     // contention_begin may fire twice for one acquisition (a mutex spins, then sleeps): the
     // first opens the wait, the second is ignored.
     if unsafe { INV_WAIT_STASH.get(pid) }.is_some_and(|open| open.key.lock == lock) {
         return 0;
     }
-    count(Counter::ContentionBegins);
+    let tgid = current_tgid();
     let mm = current_mm();
+    let Some(relation) = relation_of(lock, mm, tgid, pid) else { return 0 };
+    count(Counter::ContentionBegins);
     let mmap_lock = OFF_MM_MMAP_LOCK.load();
-    let class = if mm != 0 && mmap_lock != u32::MAX && lock == mm + mmap_lock as u64 {
-        LockClass::MmapLock
+    let own_mmap_lock = mm != 0 && mmap_lock != u32::MAX && lock == mm + mmap_lock as u64;
+    let class = if own_mmap_lock { LockClass::MmapLock } else { LockClass::Other };
+    let flags = tp_field(&ctx, &INV_BEGIN_FLAGS_OFFSET).unwrap_or(0);
+    let key = if relation == Relation::Unrelated {
+        // Every process's own mmap_lock is one lock here: their number is the machine's
+        // process count, which churn makes unbounded.
+        let lock = if own_mmap_lock { 0 } else { lock };
+        WaitKey { lock, stack_id: STACK_NOT_TAKEN, flags, tgid: 0, class: class as u32, relation: 0, comm: [0; 16] }
     } else {
-        LockClass::Other
-    };
-    let stack_id = match ctx.get_stackid(&INV_STACKS, 0) {
-        Ok(id) => id,
-        Err(error) => {
-            count(Counter::StackMisses);
-            i64::from(error)
-        }
-    };
-    let key = WaitKey {
-        lock,
-        stack_id,
-        flags: tp_field(&ctx, &INV_BEGIN_FLAGS_OFFSET).unwrap_or(0),
-        tgid,
-        class: class as u32,
-        _pad: 0,
-        comm: comm(),
+        let stack_id = wait_stack(&ctx);
+        WaitKey { lock, stack_id, flags, tgid, class: class as u32, relation: relation as u32, comm: comm() }
     };
     // Timed after the stack is taken, so that taking it is not counted as waiting.
     let _ = INV_WAIT_STASH.insert(pid, WaitStash { key, ts_ns: unsafe { bpf_ktime_get_ns() } }, 0);
@@ -317,7 +443,8 @@ pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
     if let Some(callback) = INV_CALLBACK_STASH.get_ptr_mut(pid) {
         unsafe { (*callback).waited_ns += waited };
     }
-    let Some(stats) = stats_for!(INV_WAITS, &open.key, INV_ZERO_WAIT) else {
+    let table = waits_table();
+    let Some(stats) = stats_for!(table, &open.key, INV_ZERO_WAIT) else {
         count(Counter::WaitsMapFull);
         return 0;
     };
@@ -338,9 +465,9 @@ pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
 fn range_start(range: u64) -> u32 {
     let tgid = current_tgid();
     let mm: u64 = read_at(range, OFF_NOTIFIER_RANGE_MM.load()).unwrap_or(0);
-    // A process invalidating its own memory names its mm's owner (a kernel thread has no mm).
-    let own = mm != 0 && mm == current_mm() && watched(tgid);
-    let owner = if own { learn_owner(mm, tgid) } else { owner_of(mm) };
+    // The range's mm has subscribers (the kernel calls this only then): its owner is learned
+    // from the mm, or from a process invalidating its own memory (a kernel thread has no mm).
+    let owner = learn_owner(mm, if mm == current_mm() { tgid } else { 0 });
     if !watched(tgid) && !watched(owner) {
         return 0;
     }
@@ -349,8 +476,8 @@ fn range_start(range: u64) -> u32 {
     let end: u64 = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
     let event = read_at::<u32>(range, OFF_NOTIFIER_RANGE_EVENT.load()).unwrap_or(EVENT_UNKNOWN);
     let key = InvalidationKey { tgid, owner_tgid: owner, source: Source::RangeStart as u32, event, comm: comm() };
-    count_invalidation(&key, end.saturating_sub(start));
-    let stash = RangeStash { key, range, ts_ns: unsafe { bpf_ktime_get_ns() } };
+    count_invalidation(&key, start, end);
+    let stash = RangeStash { key, range, mm, ts_ns: unsafe { bpf_ktime_get_ns() } };
     let _ = INV_RANGE_STASH.insert(current_pid(), stash, 0);
     0
 }
@@ -366,7 +493,12 @@ fn range_end(range: u64) -> u32 {
     let _ = INV_RANGE_STASH.remove(pid);
     count(Counter::RangeEnds);
     let held = unsafe { bpf_ktime_get_ns() }.saturating_sub(open.ts_ns);
-    let Some(stats) = INV_INVALIDATIONS.get_ptr_mut(open.key) else { return 0 };
+    // Into this generation's table, which a drain may have emptied since the start.
+    let table = invalidations_table();
+    let Some(stats) = stats_for!(table, &open.key, INV_ZERO_INVALIDATION) else {
+        count(Counter::InvalidationsMapFull);
+        return 0;
+    };
     let stats = unsafe { &mut *stats };
     stats.ended += 1;
     stats.duration_ns += held;

@@ -268,7 +268,7 @@ fn the_intervals_add_up_to_the_summary() {
     let sum: u64 = intervals.iter().map(|i| u(&i["invalidations"])).sum();
     assert_eq!(sum, u(&summary["invalidations"]["count"]), "the last, partial interval is printed too");
     assert!(sum >= u(&counts["madvise_calls"]));
-    let ends: Vec<f64> = intervals.iter().map(|i| i["end_s"].as_f64().unwrap()).collect();
+    let ends: Vec<u64> = intervals.iter().map(|i| i["end_ns"].as_u64().unwrap()).collect();
     assert!(ends.windows(2).all(|w| w[0] <= w[1]), "{ends:?}");
 }
 

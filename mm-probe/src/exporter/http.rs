@@ -4,9 +4,19 @@
 //! The exporter may listen on every interface, so a client is not trusted to behave: a
 //! connection that sends no complete request head within [`header_timeout`] is closed (also
 //! between the requests of a kept-alive connection), and at most [`MAX_CONNECTIONS`] are served
-//! at once.
+//! at once. A connection arriving at the cap takes the place of the one idle longest, preferring
+//! those that never sent a request: a neighbour holding connections open (and reconnecting as
+//! each times out) cannot keep Prometheus out.
 
-use std::{cell::Cell, convert::Infallible, io, net::SocketAddr, rc::Rc, time::Duration};
+use std::{
+    cell::{Cell, RefCell},
+    collections::BTreeMap,
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    rc::Rc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use http_body_util::Full;
@@ -32,9 +42,8 @@ pub trait Exposition {
     fn render(&self, format: Format) -> Result<String, String>;
 }
 
-/// At most this many connections are served at once. A connection over the cap is closed at
-/// once, unanswered, rather than told 503: answering needs its request read, which is what a
-/// client holding connections open withholds, and a scraper refused retries at its next scrape.
+/// At most this many connections are served at once. At the cap, the connection idle longest is
+/// closed to make room (one that never sent a request first), rather than the new one refused.
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// How long a connection may take to send a complete request head (Prometheus sends its in one
@@ -81,7 +90,7 @@ fn bind_error(address: SocketAddr, e: io::Error) -> anyhow::Error {
 /// (a `LocalSet` must be running), so scrapes never run at the same time.
 pub async fn serve(listener: TcpListener, exposition: Rc<dyn Exposition>) -> Result<()> {
     let timeout = header_timeout();
-    let open = Rc::new(Cell::new(0usize));
+    let open = Rc::new(Connections::default());
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -92,15 +101,17 @@ pub async fn serve(listener: TcpListener, exposition: Rc<dyn Exposition>) -> Res
                 continue;
             }
         };
-        if open.get() >= MAX_CONNECTIONS {
+        if open.len() >= MAX_CONNECTIONS && !open.close_longest_idle() {
             drop(stream);
             continue;
         }
-        let counted = Counted::new(&open);
         let exposition = exposition.clone();
-        tokio::task::spawn_local(async move {
-            let _counted = counted;
+        let id = open.next_id();
+        let connection = open.clone();
+        let task = tokio::task::spawn_local(async move {
+            let _registered = Registered(connection.clone(), id);
             let service = service_fn(move |request| {
+                connection.touched(id);
                 let response = respond(&request, exposition.as_ref());
                 async move { Ok::<_, Infallible>(response) }
             });
@@ -111,22 +122,74 @@ pub async fn serve(listener: TcpListener, exposition: Rc<dyn Exposition>) -> Res
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+        open.register(id, task.abort_handle());
     }
 }
 
-/// One open connection, counted while it lives.
-struct Counted(Rc<Cell<usize>>);
+/// The open connections: when each last finished a request (never, for a new one), and how to
+/// close it.
+#[derive(Default)]
+struct Connections {
+    next: Cell<u64>,
+    open: RefCell<BTreeMap<u64, Open>>,
+}
 
-impl Counted {
-    fn new(open: &Rc<Cell<usize>>) -> Self {
-        open.set(open.get() + 1);
-        Self(open.clone())
+struct Open {
+    abort: Option<tokio::task::AbortHandle>,
+    /// When it last sent a request; `None` until its first.
+    last_request: Option<Instant>,
+}
+
+impl Connections {
+    fn len(&self) -> usize {
+        self.open.borrow().len()
+    }
+
+    fn next_id(&self) -> u64 {
+        let id = self.next.get();
+        self.next.set(id + 1);
+        self.open.borrow_mut().insert(id, Open { abort: None, last_request: None });
+        id
+    }
+
+    fn register(&self, id: u64, abort: tokio::task::AbortHandle) {
+        if let Some(open) = self.open.borrow_mut().get_mut(&id) {
+            open.abort = Some(abort);
+        }
+    }
+
+    fn touched(&self, id: u64) {
+        if let Some(open) = self.open.borrow_mut().get_mut(&id) {
+            open.last_request = Some(Instant::now());
+        }
+    }
+
+    /// Closes the connection that never sent a request and is oldest (ids grow with time), else
+    /// the one whose last request is oldest. False when none can be closed.
+    fn close_longest_idle(&self) -> bool {
+        let victim = {
+            let open = self.open.borrow();
+            open.iter()
+                .filter(|(_, o)| o.abort.is_some())
+                .min_by_key(|(id, o)| (o.last_request.is_some(), o.last_request, **id))
+                .map(|(id, _)| *id)
+        };
+        let Some(id) = victim else { return false };
+        if let Some(open) = self.open.borrow_mut().remove(&id)
+            && let Some(abort) = open.abort
+        {
+            abort.abort();
+        }
+        true
     }
 }
 
-impl Drop for Counted {
+/// One open connection, listed while it lives.
+struct Registered(Rc<Connections>, u64);
+
+impl Drop for Registered {
     fn drop(&mut self) {
-        self.0.set(self.0.get() - 1);
+        self.0.open.borrow_mut().remove(&self.1);
     }
 }
 

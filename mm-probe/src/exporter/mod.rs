@@ -29,7 +29,7 @@ use self::{
 };
 use crate::{
     cli::{Capability, ExporterArgs, LatencySelection},
-    collect::run::{Limits, Stopper},
+    collect::run::{Limits, Stopper, Ticker},
     error::UserError,
     invalidations,
     kernel::{Kallsyms, Kernel, layout::ThpDisableBits, privileges, process::running_process},
@@ -137,7 +137,8 @@ async fn export(
     let exporter = Rc::new(Exporter { sources, object: object.clone() });
     let served = tokio::select! {
         _ = stopper.wait() => Ok(()),
-        served = http::serve(listener, exporter) => served,
+        drained = drain_every_period(&exporter) => drained,
+        served = http::serve(listener, exporter.clone()) => served,
     };
     // Taken out, so that a connection still served during the detach's grace period answers
     // 503 instead of reading maps whose programs are going.
@@ -201,8 +202,17 @@ fn attach(
         }
         None => None,
     };
+    let invalidations_chosen = capabilities.contains(&Capability::Invalidations);
     let retry_storm = retry_storm.then(|| {
-        let plan = planner.attach_all(ebpf, retry_storm::probes::PROBES);
+        // One attach per tracepoint: with invalidations chosen, KVM's tracepoints are its own
+        // (it learns each VM's lock there) and serve the one KVM family.
+        let kvm = [retry_storm::probes::KVM_UNMAP_PROBE, retry_storm::probes::KVM_AGE_PROBE];
+        let probes: Vec<LogicalProbe> = retry_storm::probes::PROBES
+            .iter()
+            .filter(|p| !(invalidations_chosen && kvm.contains(&p.name)))
+            .copied()
+            .collect();
+        let plan = planner.attach_all(ebpf, &probes);
         let seen = retry_storm::observability(kernel, &plan);
         RetryStormSource { plan, seen, programs: programs(retry_storm::probes::PROBES) }
     });
@@ -212,7 +222,7 @@ fn attach(
         let plan = planner.attach_all(ebpf, &probes);
         ThpSource { plan, allow_check, bits, programs: programs(&probes) }
     });
-    let invalidations = capabilities.contains(&Capability::Invalidations).then(|| {
+    let invalidations = invalidations_chosen.then(|| {
         let plan = planner.attach_all(ebpf, invalidations::probes::PROBES);
         let callbacks = invalidations::probes::attach_callbacks(kernel, ebpf);
         let seen = invalidations::probes::observability(&plan, &callbacks, invalidations::kvm_locks_nameable(kernel));
@@ -222,6 +232,7 @@ fn attach(
             seen,
             kallsyms: Kallsyms::read().ok(),
             kvm_members: invalidations::kvm_members(kernel),
+            drain: Default::default(),
         }
     });
     Ok(Sources { kernel_release: kernel.release.text.clone(), latency, retry_storm, thp, invalidations })
@@ -239,8 +250,30 @@ struct Exporter {
     object: Rc<RefCell<Option<Ebpf>>>,
 }
 
+/// Drains the kernel's tables once a period whether or not anyone scrapes: a table must never
+/// hold more than one period's keys. Returns only on an error.
+async fn drain_every_period(exporter: &Exporter) -> Result<()> {
+    let mut tick = Ticker::every(Some(invalidations::decoder::DRAIN_PERIOD));
+    loop {
+        tick.tick().await;
+        exporter.drain().map_err(anyhow::Error::msg)?;
+    }
+}
+
+impl Exporter {
+    /// Moves the kernel's drained tables into the totals (nothing once shutting down).
+    fn drain(&self) -> Result<(), String> {
+        let mut object = self.object.borrow_mut();
+        match object.as_mut() {
+            Some(ebpf) => self.sources.drain(ebpf).map_err(|e| format!("draining the kernel maps: {e:#}")),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Exposition for Exporter {
     fn render(&self, format: Format) -> Result<String, String> {
+        self.drain()?;
         let object = self.object.borrow();
         let ebpf = object.as_ref().ok_or_else(|| "mm-probe exporter is shutting down".to_string())?;
         let snapshot = self.sources.read(ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;

@@ -49,6 +49,9 @@ pub struct InvalidationsSource {
     pub seen: invalidations::probes::Observability,
     pub kallsyms: Option<Kallsyms>,
     pub kvm_members: invalidations::locks::KvmMembers,
+    /// The totals since attach: the kernel's tables are drained into them every second and at
+    /// each scrape, so that weeks of a busy node never fill a table.
+    pub drain: std::cell::RefCell<decoder::Drain>,
 }
 
 /// Everything attached, and the facts every scrape repeats.
@@ -109,6 +112,14 @@ impl Sources {
         let thp = self.thp.as_ref().map(|s| (Capability::Thp, &s.plan));
         let invalidations = self.invalidations.as_ref().map(|s| (Capability::Invalidations, &s.plan));
         [latency, retry_storm, thp, invalidations].into_iter().flatten().collect()
+    }
+
+    /// Moves what the kernel's drained tables hold into the totals.
+    pub fn drain(&self, ebpf: &mut Ebpf) -> Result<()> {
+        if let Some(source) = &self.invalidations {
+            source.drain.borrow_mut().drain(ebpf, source.kallsyms.as_ref())?;
+        }
+        Ok(())
     }
 
     /// Reads every attached capability's kernel totals.
@@ -252,33 +263,56 @@ fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<
     Ok(())
 }
 
-fn read_invalidations(ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut Snapshot) -> Result<()> {
+fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut Snapshot) -> Result<()> {
     use std::collections::BTreeMap;
 
-    use mm_probe_common::invalidations::Counter;
+    use mm_probe_common::invalidations as names;
 
     let name = Capability::Invalidations.name();
     snapshot.probe_attached.extend(probe_series(Capability::Invalidations, &source.plan));
-    let tables = decoder::read_tables(ebpf)?;
-    snapshot
-        .lost_events
-        .push(Series::new(&[("capability", name), ("kind", "waiter_stacks")], tables.counter(Counter::StackMisses)));
-    let full = tables.counter(Counter::WaitsMapFull)
-        + tables.counter(Counter::InvalidationsMapFull)
-        + tables.counter(Counter::CallbacksMapFull);
-    snapshot.map_update_failures.push(Series::new(&[("capability", name)], full));
+    let drain = source.drain.borrow();
+    let tables = &drain.totals;
+    let lost = aggregator::lost_events(tables);
+    snapshot.lost_events.extend([
+        Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
+        Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),
+        Series::new(&[("capability", name), ("kind", "folded_waits")], lost.folded_waits),
+    ]);
+    snapshot.map_update_failures.extend([
+        Series::new(&[("capability", name), ("map", "INV_WAITS")], lost.waits),
+        Series::new(&[("capability", name), ("map", "INV_INVALIDATIONS")], lost.invalidations),
+        Series::new(&[("capability", name), ("map", names::CALLBACKS_MAP)], lost.callback_calls),
+        Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.vm_locks),
+    ]);
     let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    for row in aggregator::invalidations(&tables, 0.0).by_invalidator {
-        *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
+    let scope =
+        aggregator::Scope { range_starts: source.seen.range_starts, kvm_unmaps: source.seen.kvm_unmaps, pids: &[] };
+    // KVM's tracepoints are served once, in the KVM family below; this family is the notifier's.
+    for row in aggregator::invalidations(tables, 0.0, scope).by_invalidator {
+        if row.source == "invalidate_range_start" {
+            *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
+        }
     }
+    let kvm = [
+        (source.seen.kvm_unmaps, "unmap_hva_range", names::Counter::KvmUnmaps),
+        (source.seen.kvm_ages, "age_hva", names::Counter::KvmAges),
+    ];
+    snapshot.kvm_notifier_events = kvm
+        .into_iter()
+        .filter(|(seen, ..)| *seen)
+        .map(|(_, event, counter)| Series::new(&[("event", event)], tables.counter(counter)))
+        .collect();
     snapshot.notifier_invalidations = by_event
         .into_iter()
         .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))
         .collect();
     if source.seen.lock_waits {
-        let kallsyms = source.kallsyms.as_ref();
-        let locks = aggregator::locks(&tables, &source.kvm_members, &|id| decoder::stack_functions(ebpf, id, kallsyms));
+        let (locks, other) = aggregator::locks(tables, &source.kvm_members);
         let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+        if other.locks > 0 {
+            // The rest of the machine's contention, one series: its locks are not bounded.
+            by_path.insert(("unrelated", "other"), (other.contended, other.wait_ns));
+        }
         for lock in &locks {
             for path in &lock.paths {
                 let sums = by_path.entry((lock.class, path.path.label())).or_default();
@@ -295,7 +329,7 @@ fn read_invalidations(ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut 
         }
     }
     if source.seen.callbacks {
-        for row in aggregator::subscribers(&tables, source.kallsyms.as_ref(), source.seen.lock_waits) {
+        for row in aggregator::subscribers(tables, source.kallsyms.as_ref(), source.seen.lock_waits) {
             let labels = [("subscriber", row.subscriber), ("callback", row.callback.as_str())];
             snapshot.callback_calls.push(Series::new(&labels, row.calls));
             let seconds = row.mean_ns * row.calls as f64 / 1e9;

@@ -6,15 +6,18 @@ use std::collections::BTreeMap;
 
 use mm_probe_common::{
     hmm::NotifierEvent,
-    invalidations::{CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, LockClass, Source, WaitKey, WaitStats},
+    invalidations::{CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, LockClass, Relation, Source, WaitKey, WaitStats},
 };
 
 use super::{
     decoder::Tables,
     judge::{Amplified, Evidence},
     locks::{KvmMembers, WaitPath, caller, lock_kind, wait_path},
-    probes::subscriber_of,
-    report::{Fit, Interval, Invalidations, InvalidatorRow, LockRow, PathRow, SubscriberRow},
+    probes::{Observability, subscriber_of},
+    report::{
+        Busiest, Fit, Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, OtherContention, PathRow, Peak,
+        SubscriberRow,
+    },
 };
 use crate::{
     kernel::{Kallsyms, process::comm_text},
@@ -24,7 +27,20 @@ use crate::{
 /// Frames of a path's stack kept in the report.
 const STACK_FRAMES: usize = 8;
 
-pub fn invalidations(tables: &Tables, duration_s: f64) -> Invalidations {
+/// What the invalidation counts may cover here, and the processes -p named.
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    /// __mmu_notifier_invalidate_range_start is probed: every mm with subscribers.
+    pub range_starts: bool,
+    /// KVM's tracepoints are attached: VMs' memory.
+    pub kvm_unmaps: bool,
+    pub pids: &'a [u32],
+}
+
+const SCOPE_EVERY_MM: &str = "every mm with subscribers";
+const SCOPE_VMS: &str = "VMs' memory (KVM's tracepoints)";
+
+pub fn invalidations(tables: &Tables, duration_s: f64, scope: Scope<'_>) -> Invalidations {
     let mut rows: Vec<InvalidatorRow> = tables
         .invalidations
         .iter()
@@ -36,19 +52,17 @@ pub fn invalidations(tables: &Tables, duration_s: f64) -> Invalidations {
             event: event_name(key.event),
             count: stats.count,
             bytes: stats.bytes,
-            mean_bytes: ratio(stats.bytes as f64, stats.count),
+            mean_bytes: mean(stats.bytes, stats.count - stats.whole_mm),
+            whole_address_space: stats.whole_mm,
             mean_duration_ns: (stats.ended > 0).then(|| stats.duration_ns as f64 / stats.ended as f64),
         })
         .collect();
     rows.sort_by(|a, b| b.count.cmp(&a.count).then(a.comm.cmp(&b.comm)));
-    // Where function probes see every invalidation, KVM's tracepoints see some of them again.
-    let primary = if rows.iter().any(|r| r.source == "invalidate_range_start") {
-        "invalidate_range_start"
-    } else {
-        "kvm_unmap_hva_range"
-    };
-    let (count, bytes) =
-        rows.iter().filter(|r| r.source == primary).fold((0, 0), |(c, b), r| (c + r.count, b + r.bytes));
+    let primary = primary_source(&rows);
+    let (count, bytes, whole) = rows
+        .iter()
+        .filter(|r| r.source == primary)
+        .fold((0, 0, 0), |(c, b, w), r| (c + r.count, b + r.bytes, w + r.whole_address_space));
     let mut sizes = vec![0u64; mm_probe_common::invalidations::SIZE_BUCKETS];
     let (mut ended, mut duration_ns) = (0u64, 0u64);
     for (key, stats) in &tables.invalidations {
@@ -60,14 +74,114 @@ pub fn invalidations(tables: &Tables, duration_s: f64) -> Invalidations {
             duration_ns += stats.duration_ns;
         }
     }
+    let not_observable = not_observable(tables, scope);
+    let count = not_observable.is_none().then_some(count);
     Invalidations {
         count,
-        per_second: if duration_s > 0.0 { count as f64 / duration_s } else { 0.0 },
+        per_second: count.filter(|_| duration_s > 0.0).map(|c| c as f64 / duration_s),
+        scope: if scope.range_starts { SCOPE_EVERY_MM } else { SCOPE_VMS },
+        not_observable,
         bytes,
+        whole_address_space: whole,
+        busiest: busiest(&rows, primary),
+        peak: None,
         sizes,
         mean_duration_ns: (ended > 0).then(|| duration_ns as f64 / ended as f64),
         by_invalidator: rows,
     }
+}
+
+/// Where function probes see every invalidation, KVM's tracepoints see some of them again.
+fn primary_source(rows: &[InvalidatorRow]) -> &'static str {
+    if rows.iter().any(|r| r.source == "invalidate_range_start") {
+        "invalidate_range_start"
+    } else {
+        "kvm_unmap_hva_range"
+    }
+}
+
+/// Why the invalidations asked about cannot be counted here, if they cannot: without the
+/// notifier's function probes only VMs' memory is seen, so a -p of processes that are not VMs
+/// would read 0 for what was not observed.
+fn not_observable(tables: &Tables, scope: Scope<'_>) -> Option<String> {
+    if scope.range_starts {
+        return None;
+    }
+    if !scope.kvm_unmaps {
+        return Some("neither __mmu_notifier_invalidate_range_start nor KVM's tracepoints can be attached".into());
+    }
+    let vms: Vec<u32> = tables.kvm_locks.iter().map(|(_, vm)| vm.tgid).collect();
+    let not_vms: Vec<String> = scope.pids.iter().filter(|p| !vms.contains(p)).map(u32::to_string).collect();
+    (!not_vms.is_empty()).then(|| {
+        format!(
+            "pid {} is not a VM here, and only VMs' invalidations are visible without function probes on \
+             __mmu_notifier_invalidate_range_start",
+            not_vms.join(", ")
+        )
+    })
+}
+
+/// The mm invalidated most (by the primary source; aging is not an invalidation of mappings).
+fn busiest(rows: &[InvalidatorRow], primary: &str) -> Option<Busiest> {
+    let mut per_owner: BTreeMap<Option<u32>, (u64, u64, u64, String)> = BTreeMap::new();
+    for row in rows.iter().filter(|r| r.source == primary) {
+        let entry = per_owner.entry(row.owner_tgid).or_insert_with(|| (0, 0, 0, String::new()));
+        entry.0 += row.count;
+        entry.1 += row.bytes;
+        entry.2 += row.whole_address_space;
+        if row.owner_tgid == Some(row.tgid) || entry.3.is_empty() {
+            entry.3 = row.comm.clone();
+        }
+    }
+    let (owner, (count, bytes, whole, comm)) = per_owner.into_iter().max_by_key(|(_, v)| v.0)?;
+    let comm = owner.and_then(process_comm).unwrap_or(comm);
+    Some(Busiest { owner_tgid: owner, comm, count, mean_bytes: mean(bytes, count - whole) })
+}
+
+fn process_comm(tgid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{tgid}/comm")).ok().map(|c| c.trim_end().to_string())
+}
+
+/// The busiest mm's most invalidations within one drain period, kept across the run.
+#[derive(Clone, Debug, Default)]
+pub struct PeakRate {
+    pub peak: Option<Peak>,
+}
+
+impl PeakRate {
+    /// Takes in the period between two readings of the totals, ending at `end_ns`.
+    pub fn observe(&mut self, before: &Tables, now: &Tables, seconds: f64, end_ns: u64) {
+        if seconds <= 0.0 {
+            return;
+        }
+        let per_owner = |t: &Tables| {
+            let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
+            for (key, stats) in &t.invalidations {
+                if key.source != Source::KvmAge as u32 {
+                    *counts.entry(if key.owner_tgid != 0 { key.owner_tgid } else { key.tgid }).or_default() +=
+                        stats.count;
+                }
+            }
+            counts
+        };
+        let (then, now) = (per_owner(before), per_owner(now));
+        let Some((owner, delta)) = now
+            .iter()
+            .map(|(owner, count)| (*owner, count.saturating_sub(then.get(owner).copied().unwrap_or(0))))
+            .max_by_key(|(_, delta)| *delta)
+        else {
+            return;
+        };
+        let rate = delta as f64 / seconds;
+        if self.peak.as_ref().is_none_or(|p| rate > p.per_second) {
+            self.peak = Some(Peak { per_second: rate, owner_tgid: Some(owner), end_ns });
+        }
+    }
+}
+
+/// `total / count`, null for no count.
+fn mean(total: u64, count: u64) -> Option<f64> {
+    (count > 0).then(|| total as f64 / count as f64)
 }
 
 fn ratio(value: f64, count: u64) -> f64 {
@@ -87,90 +201,145 @@ fn event_name(event: u32) -> Option<&'static str> {
 }
 
 /// One kernel table row of waits on a lock: its path, key, stats and stack.
-type Wait<'a> = (WaitPath, &'a WaitKey, &'a WaitStats, Vec<String>);
+type Wait<'a> = (WaitPath, &'a WaitKey, &'a WaitStats, &'a [String]);
 
-/// Contended locks, most waited-on first, each split by waiting path.
-pub fn locks(tables: &Tables, kvm_members: &KvmMembers, stack_of: &dyn Fn(i64) -> Vec<String>) -> Vec<LockRow> {
-    let mut by_lock: BTreeMap<u64, Vec<Wait<'_>>> = BTreeMap::new();
+/// Contended locks: those related to invalidations ranked (a VM's lock first, then waits inside
+/// invalidations, then subscribed mms' and watched processes'), each by wait; the rest folded.
+pub fn locks(tables: &Tables, kvm_members: &KvmMembers) -> (Vec<LockRow>, OtherContention) {
+    let mut by_lock: BTreeMap<(u64, u32), Vec<Wait<'_>>> = BTreeMap::new();
     for (key, stats) in &tables.waits {
-        let stack = stack_of(key.stack_id);
+        let stack = tables.stack(key.stack_id);
         let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
-        by_lock.entry(key.lock).or_default().push((wait_path(&functions), key, stats, stack));
+        by_lock.entry((key.lock, key.relation)).or_default().push((wait_path(&functions), key, stats, stack));
     }
-    let mut rows: Vec<LockRow> = by_lock
+    let (mut related, mut unrelated): (Vec<LockRow>, Vec<LockRow>) = by_lock
         .into_iter()
-        .map(|(lock, waits)| {
-            let mut paths: BTreeMap<WaitPath, PathRow> = BTreeMap::new();
-            let mut heaviest: BTreeMap<WaitPath, u64> = BTreeMap::new();
-            let mut buckets = vec![0u64; mm_probe_common::invalidations::TIME_BUCKETS];
-            let mut mmap_owner = None;
-            for (path, key, stats, stack) in &waits {
-                for (into, from) in buckets.iter_mut().zip(stats.buckets.iter()) {
-                    *into += from;
-                }
-                if key.class == LockClass::MmapLock as u32 {
-                    mmap_owner = Some(key.tgid);
-                }
-                let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
-                let row = paths.entry(*path).or_insert_with(|| PathRow {
-                    path: *path,
-                    name: path.name(),
-                    in_notifier: path.in_notifier(),
-                    kind: lock_kind(key.flags),
-                    contended: 0,
-                    wait_ns: 0,
-                    max_ns: 0,
-                    waiters: Vec::new(),
-                    caller: None,
-                    stack: Vec::new(),
-                });
-                row.contended += stats.count;
-                row.wait_ns += stats.wait_ns;
-                row.max_ns = row.max_ns.max(stats.max_ns);
-                let waiter = comm_text(&key.comm);
-                if !row.waiters.contains(&waiter) {
-                    row.waiters.push(waiter);
-                }
-                let most = heaviest.entry(*path).or_default();
-                if stats.wait_ns >= *most {
-                    *most = stats.wait_ns;
-                    row.kind = lock_kind(key.flags);
-                    row.caller = caller(&functions).map(str::to_string);
-                    row.stack = stack.iter().take(STACK_FRAMES).cloned().collect();
-                }
-            }
-            let mut paths: Vec<PathRow> = paths.into_values().collect();
-            paths.sort_by_key(|p| std::cmp::Reverse(p.wait_ns));
-            let kvm = tables.kvm_lock(lock);
-            let inside_kvm = tables.kvm_locks.iter().find_map(|(_, vm)| {
-                let member = kvm_members.name_at(lock.checked_sub(vm.kvm)?)?;
-                Some((format!("kvm->{member} of VM pid {}", vm.tgid), vm.tgid))
-            });
-            let (name, class, owner) = match (kvm, mmap_owner, inside_kvm) {
-                (Some(kvm), _, _) => (format!("kvm->mmu_lock of VM pid {}", kvm.tgid), "kvm_mmu_lock", Some(kvm.tgid)),
-                (None, Some(tgid), _) => (format!("mmap_lock of pid {tgid}"), "mmap_lock", Some(tgid)),
-                (None, None, Some((name, tgid))) => (name, "kvm_lock", Some(tgid)),
-                (None, None, None) => {
-                    let from = paths.first().and_then(|p| p.caller.clone()).unwrap_or_else(|| "unknown caller".into());
-                    (format!("lock {lock:#x} (taken in {from})"), "unknown", None)
-                }
-            };
-            LockRow {
-                address: format!("{lock:#x}"),
-                name,
-                class,
-                owner_tgid: owner,
-                kind: paths.first().map_or("unknown", |p| p.kind),
-                contended: paths.iter().map(|p| p.contended).sum(),
-                wait_ns: paths.iter().map(|p| p.wait_ns).sum(),
-                max_ns: paths.iter().map(|p| p.max_ns).max().unwrap_or(0),
-                buckets,
-                paths,
-            }
-        })
-        .collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.wait_ns));
-    rows
+        .map(|((lock, relation), waits)| lock_row(tables, kvm_members, lock, relation, &waits))
+        .partition(|row| row.relation != relation_name(Relation::Unrelated));
+    related.sort_by_key(|r| (relation_rank(r.relation), std::cmp::Reverse(r.wait_ns)));
+    unrelated.sort_by_key(|r| std::cmp::Reverse(r.wait_ns));
+    let other = OtherContention {
+        locks: unrelated.len(),
+        contended: unrelated.iter().map(|l| l.contended).sum(),
+        wait_ns: unrelated.iter().map(|l| l.wait_ns).sum(),
+        top: unrelated.into_iter().take(OTHER_LOCKS_SHOWN).collect(),
+    };
+    (related, other)
+}
+
+/// Unrelated locks named in the folded section.
+const OTHER_LOCKS_SHOWN: usize = 3;
+
+const RELATIONS: [Relation; 5] =
+    [Relation::VmLock, Relation::InInvalidation, Relation::SubscribedMm, Relation::Watched, Relation::Unrelated];
+
+pub fn relation_name(relation: Relation) -> &'static str {
+    match relation {
+        Relation::VmLock => "vm_lock",
+        Relation::InInvalidation => "in_invalidation",
+        Relation::SubscribedMm => "subscribed_mm",
+        Relation::Watched => "watched",
+        Relation::Unrelated => "unrelated",
+    }
+}
+
+fn relation_rank(name: &str) -> usize {
+    RELATIONS.iter().position(|r| relation_name(*r) == name).unwrap_or(RELATIONS.len())
+}
+
+fn lock_row(tables: &Tables, kvm_members: &KvmMembers, lock: u64, relation: u32, waits: &[Wait<'_>]) -> LockRow {
+    let mut paths: BTreeMap<WaitPath, PathRow> = BTreeMap::new();
+    let mut heaviest: BTreeMap<WaitPath, u64> = BTreeMap::new();
+    let mut buckets = vec![0u64; mm_probe_common::invalidations::TIME_BUCKETS];
+    let mut mmap_owner = None;
+    let mut mmap_lock = false;
+    for (path, key, stats, stack) in waits {
+        for (into, from) in buckets.iter_mut().zip(stats.buckets.iter()) {
+            *into += from;
+        }
+        if key.class == LockClass::MmapLock as u32 {
+            mmap_lock = true;
+            mmap_owner = (key.tgid != 0).then_some(key.tgid);
+        }
+        let functions: Vec<&str> = stack.iter().map(String::as_str).collect();
+        let row = paths.entry(*path).or_insert_with(|| PathRow {
+            path: *path,
+            name: path.name(),
+            in_notifier: path.in_notifier(),
+            kind: lock_kind(key.flags),
+            contended: 0,
+            wait_ns: 0,
+            max_ns: 0,
+            waiters: Vec::new(),
+            caller: None,
+            stack: Vec::new(),
+        });
+        row.contended += stats.count;
+        row.wait_ns += stats.wait_ns;
+        row.max_ns = row.max_ns.max(stats.max_ns);
+        let waiter = comm_text(&key.comm);
+        if !waiter.is_empty() && !row.waiters.contains(&waiter) {
+            row.waiters.push(waiter);
+        }
+        let most = heaviest.entry(*path).or_default();
+        if stats.wait_ns >= *most {
+            *most = stats.wait_ns;
+            row.kind = lock_kind(key.flags);
+            row.caller = caller(&functions).map(str::to_string);
+            row.stack = stack.iter().take(STACK_FRAMES).cloned().collect();
+        }
+    }
+    let mut paths: Vec<PathRow> = paths.into_values().collect();
+    paths.sort_by_key(|p| std::cmp::Reverse(p.wait_ns));
+    let (name, class, owner) = lock_name(tables, kvm_members, lock, mmap_lock, mmap_owner, &paths);
+    let relation = RELATIONS.iter().copied().find(|r| *r as u32 == relation).unwrap_or(Relation::Unrelated);
+    LockRow {
+        address: format!("{lock:#x}"),
+        name,
+        class,
+        relation: relation_name(relation),
+        owner_tgid: owner,
+        kind: paths.first().map_or("unknown", |p| p.kind),
+        contended: paths.iter().map(|p| p.contended).sum(),
+        wait_ns: paths.iter().map(|p| p.wait_ns).sum(),
+        max_ns: paths.iter().map(|p| p.max_ns).max().unwrap_or(0),
+        buckets,
+        paths,
+    }
+}
+
+/// A lock's name, class and owner: a VM's mmu_lock or another member of its `struct kvm`, an
+/// mm's mmap_lock, or its address and the function that took it.
+fn lock_name(
+    tables: &Tables,
+    kvm_members: &KvmMembers,
+    lock: u64,
+    mmap_lock: bool,
+    mmap_owner: Option<u32>,
+    paths: &[PathRow],
+) -> (String, &'static str, Option<u32>) {
+    if let Some(kvm) = tables.kvm_lock(lock) {
+        return (format!("kvm->mmu_lock of VM pid {}", kvm.tgid), "kvm_mmu_lock", Some(kvm.tgid));
+    }
+    match (mmap_lock, mmap_owner) {
+        (true, Some(tgid)) => return (format!("mmap_lock of pid {tgid}"), "mmap_lock", Some(tgid)),
+        (true, None) => return ("mmap_lock of other processes (their own)".into(), "mmap_lock", None),
+        _ => {}
+    }
+    let inside_kvm = tables.kvm_locks.iter().find_map(|(_, vm)| {
+        let member = kvm_members.name_at(lock.checked_sub(vm.kvm)?)?;
+        Some((format!("kvm->{member} of VM pid {}", vm.tgid), vm.tgid))
+    });
+    if let Some((name, tgid)) = inside_kvm {
+        return (name, "kvm_lock", Some(tgid));
+    }
+    let from = paths.first().and_then(|p| p.caller.clone());
+    let name = match (lock, from) {
+        (u64::MAX, _) => "other locks (past the tool's bound)".to_string(),
+        (_, Some(from)) => format!("lock {lock:#x} (taken in {from})"),
+        (_, None) => format!("lock {lock:#x}"),
+    };
+    (name, "unknown", None)
 }
 
 /// The subscribers' callbacks, slowest mean first; their lock waits where the lock tracepoints
@@ -254,17 +423,11 @@ pub fn evidence(
     inv: &Invalidations,
     locks: &[LockRow],
     subscribers: &[SubscriberRow],
-    duration_s: f64,
-    seen_waits: bool,
+    seen: &Observability,
+    lost: &LostEvents,
 ) -> Evidence {
-    let mut per_owner: BTreeMap<Option<u32>, u64> = BTreeMap::new();
-    let primary = inv.by_invalidator.iter().any(|r| r.source == "invalidate_range_start");
-    for row in &inv.by_invalidator {
-        if (row.source == "invalidate_range_start") == primary && row.source != "kvm_age_hva" {
-            *per_owner.entry(row.owner_tgid.or(Some(row.tgid))).or_default() += row.count;
-        }
-    }
-    let busiest = per_owner.values().copied().max();
+    let seen_waits = seen.lock_waits;
+    let count = inv.count.filter(|_| !lost.invalidations_incomplete());
     let notifier_wait: u64 = locks.iter().flat_map(|l| &l.paths).filter(|p| p.in_notifier).map(|p| p.wait_ns).sum();
     let notifier_lock = locks
         .iter()
@@ -276,14 +439,65 @@ pub fn evidence(
         .iter()
         .filter_map(|s| s.fit.map(|fit| Amplified { subscriber: s.subscriber.to_string(), fit }))
         .max_by(|a, b| a.fit.amplification.total_cmp(&b.fit.amplification));
+    let waits_known = seen_waits && !lost.waits_incomplete();
     Evidence {
-        invalidate_freq: (duration_s > 0.0 && inv.count > 0).then(|| busiest.unwrap_or(0) as f64 / duration_s),
-        wait_per_invalidation_ns: (seen_waits && inv.count > 0).then(|| notifier_wait as f64 / inv.count as f64),
+        invalidate_freq: count.and(inv.peak.as_ref()).map(|p| p.per_second),
+        invalidate_freq_mean: count.and(inv.per_second),
+        busiest: count.and(inv.busiest.clone()),
+        wait_per_invalidation_ns: count.filter(|&c| waits_known && c > 0).map(|c| notifier_wait as f64 / c as f64),
         slowest_callback: subscribers.first().map(|s| (s.subscriber.to_string(), s.mean_ns)),
         amplification,
-        mean_invalidation_bytes: (inv.count > 0).then(|| inv.bytes as f64 / inv.count as f64),
+        mean_invalidation_bytes: count.filter(|_| inv.bytes > 0).and(inv.busiest.as_ref()).and_then(|b| b.mean_bytes),
         notifier_lock: notifier_lock.map(|(l, wait)| (l.name.clone(), wait)),
         vcpu_faults_wait,
+        unknown_because: unknown_reasons(inv, seen, lost),
+    }
+}
+
+/// Why each metric that reads UNKNOWN does, by metric name.
+fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents) -> BTreeMap<&'static str, String> {
+    let seen_waits = seen.lock_waits;
+    let mut reasons = BTreeMap::new();
+    if !seen.callbacks {
+        let why = "subscriber callbacks are not timed on this kernel (the plan says why)".to_string();
+        reasons.insert("callback_mean", why.clone());
+        reasons.insert("amplification", why);
+    }
+    if let Some(why) = &inv.not_observable {
+        reasons.insert("invalidate_freq", why.clone());
+        reasons.insert("wait_per_invalidation", why.clone());
+    }
+    if lost.invalidations_incomplete() {
+        let why = format!("{} invalidations were lost (the kernel's table was full)", lost.invalidations);
+        reasons.insert("invalidate_freq", why.clone());
+        reasons.insert("wait_per_invalidation", why);
+    }
+    if !seen_waits {
+        reasons.insert("wait_per_invalidation", "lock contention is not observable on this kernel".into());
+    } else if lost.waits_incomplete() {
+        reasons.insert(
+            "wait_per_invalidation",
+            format!("{} contended waits were lost (the kernel's table was full)", lost.waits),
+        );
+    }
+    if lost.callback_calls > 0 {
+        let why = format!("{} callback calls were lost (the kernel's table was full)", lost.callback_calls);
+        reasons.insert("callback_mean", why.clone());
+        reasons.insert("amplification", why);
+    }
+    reasons
+}
+
+/// The losses, from the kernel counters and user space's own bound.
+pub fn lost_events(tables: &Tables) -> LostEvents {
+    LostEvents {
+        waits: tables.counter(Counter::WaitsMapFull),
+        invalidations: tables.counter(Counter::InvalidationsMapFull),
+        callback_calls: tables.counter(Counter::CallbacksMapFull),
+        wait_stacks: tables.counter(Counter::StackMisses),
+        vm_locks: tables.counter(Counter::KvmLocksMapFull),
+        owner_unresolved: tables.counter(Counter::OwnerUnresolved),
+        folded_waits: tables.folded_waits,
     }
 }
 
@@ -293,19 +507,32 @@ pub fn counters(tables: &Tables) -> BTreeMap<&'static str, u64> {
 }
 
 /// One interval's deltas between two readings.
-pub fn interval(before: &Tables, now: &Tables, interval_s: f64, seen_waits: bool, seen_callbacks: bool) -> Interval {
-    let invalidations = |t: &Tables| invalidations(t, 0.0).count;
-    let waits = |t: &Tables| t.waits.iter().fold((0u64, 0u64), |(c, w), (_, s)| (c + s.count, w + s.wait_ns));
-    let calls = |t: &Tables| t.callbacks.iter().map(|(_, s)| s.calls).sum::<u64>();
+pub fn interval(before: &Tables, now: &Tables, interval_ns: u64, seen_waits: bool, seen_callbacks: bool) -> Interval {
+    let invalidations = |t: &Tables| {
+        let rows: Vec<(u32, u64)> = t.invalidations.iter().map(|(k, s)| (k.source, s.count)).collect();
+        let primary = if rows.iter().any(|(source, _)| *source == Source::RangeStart as u32) {
+            Source::RangeStart
+        } else {
+            Source::KvmUnmap
+        };
+        rows.iter().filter(|(source, _)| *source == primary as u32).map(|(_, c)| c).sum::<u64>()
+    };
+    let waits = |t: &Tables| t.waits.values().fold((0u64, 0u64), |(c, w), s| (c + s.count, w + s.wait_ns));
+    let calls = |t: &Tables| t.callbacks.values().map(|s| s.calls).sum::<u64>();
+    let lost = |t: &Tables| {
+        let l = lost_events(t);
+        l.waits + l.invalidations + l.callback_calls
+    };
     let (contended_now, wait_now) = waits(now);
     let (contended_before, wait_before) = waits(before);
     Interval {
-        end_s: 0.0,
-        interval_s,
+        end_ns: 0,
+        interval_ns,
         invalidations: invalidations(now).saturating_sub(invalidations(before)),
         contended: seen_waits.then(|| contended_now.saturating_sub(contended_before)),
         wait_ns: seen_waits.then(|| wait_now.saturating_sub(wait_before)),
         callback_calls: seen_callbacks.then(|| calls(now).saturating_sub(calls(before))),
+        lost: lost(now).saturating_sub(lost(before)),
     }
 }
 

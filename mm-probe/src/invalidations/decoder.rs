@@ -1,24 +1,49 @@
-//! Reading the kernel side's tables: per-CPU values summed, stacks symbolized, comms decoded.
+//! Reading the kernel side's tables into user space's totals: per-CPU values summed, stacks
+//! symbolized, comms decoded.
+//!
+//! The invalidations, waits and stacks tables come in two generations. [`Drain::drain`]
+//! switches the programs to the other generation, waits until no program can still be writing
+//! the one it left (synchronize_rcu, through membarrier: every tracing program runs inside an
+//! RCU read-side section), then adds that generation to the totals and empties it. So the
+//! kernel tables hold at most one drain period's keys, however long the run, and the totals
+//! lose nothing between two readings.
+
+use std::{collections::HashMap, hash::Hash, time::Duration};
 
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, StackTraceMap},
 };
 use mm_probe_common::invalidations::{
-    self as names, CallbackKey, CallbackStats, Counter, InvalidationKey, InvalidationStats, KvmLock, WaitKey, WaitStats,
+    self as names, CallbackKey, CallbackStats, Counter, InvalidationKey, InvalidationStats, KvmLock, Relation,
+    STACK_GENERATION_SHIFT, WaitKey, WaitStats,
 };
 
 use crate::{collect::counters::percpu_sums, kernel::Kallsyms};
 
-/// Everything the kernel side counted so far (cumulative since attach).
+/// How often the run loop drains: each kernel table then needs to hold one second's keys.
+pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+
+/// Distinct wait groups user space keeps. Past it, a new group's waits are still counted, under
+/// its lock and relation with no thread, name or stack (`folded_waits` says how many): the
+/// totals of a run of weeks stay bounded by the machine's locks.
+const MAX_WAIT_GROUPS: usize = 16384;
+
+/// Everything counted since the probes attached.
 #[derive(Clone, Debug, Default)]
 pub struct Tables {
-    pub invalidations: Vec<(InvalidationKey, InvalidationStats)>,
-    pub waits: Vec<(WaitKey, WaitStats)>,
+    pub invalidations: HashMap<InvalidationKey, InvalidationStats>,
+    /// Each key's `stack_id` is an index into `stacks`, or negative: not taken (unrelated
+    /// contention), or the kernel's error when it could not be.
+    pub waits: HashMap<WaitKey, WaitStats>,
+    /// Waiters' stacks, symbolized, innermost first.
+    pub stacks: Vec<Vec<String>>,
     pub kvm_locks: Vec<(u64, KvmLock)>,
-    pub callbacks: Vec<(u64, CallbackStats)>,
+    pub callbacks: HashMap<u64, CallbackStats>,
     pub counters: Vec<u64>,
+    /// Waits counted without their thread, name and stack (user space's bound on groups).
+    pub folded_waits: u64,
 }
 
 impl Tables {
@@ -29,40 +54,170 @@ impl Tables {
     pub fn kvm_lock(&self, lock: u64) -> Option<&KvmLock> {
         self.kvm_locks.iter().find(|(address, _)| *address == lock).map(|(_, kvm)| kvm)
     }
+
+    /// The functions of a wait's stack (`WaitKey::stack_id`); empty when none was kept.
+    pub fn stack(&self, stack_id: i64) -> &[String] {
+        usize::try_from(stack_id).ok().and_then(|i| self.stacks.get(i)).map_or(&[], Vec::as_slice)
+    }
+
+    fn add_waits(&mut self, drained: Vec<(WaitKey, WaitStats)>) {
+        for (key, stats) in drained {
+            let key = if self.waits.len() >= MAX_WAIT_GROUPS && !self.waits.contains_key(&key) {
+                self.folded_waits += stats.count;
+                WaitKey { stack_id: -1, tgid: 0, comm: [0; 16], ..key }
+            } else {
+                key
+            };
+            merge(&mut self.waits, key, stats, add_wait);
+        }
+    }
 }
 
-pub fn read_tables(ebpf: &Ebpf) -> Result<Tables> {
-    Ok(Tables {
-        invalidations: read_percpu(ebpf, names::INVALIDATIONS_MAP, add_invalidation)?,
-        waits: read_percpu(ebpf, names::WAITS_MAP, add_wait)?,
-        kvm_locks: {
-            let map: BpfHashMap<&MapData, u64, KvmLock> =
-                BpfHashMap::try_from(ebpf.map(names::KVM_LOCKS_MAP).context("kvm lock map missing")?)?;
-            map.iter().filter_map(Result::ok).collect()
-        },
-        callbacks: read_percpu(ebpf, names::CALLBACKS_MAP, add_callback)?
+fn merge<K: Eq + Hash, V>(into: &mut HashMap<K, V>, key: K, value: V, add: fn(&mut V, &V)) {
+    match into.get_mut(&key) {
+        Some(total) => add(total, &value),
+        None => {
+            into.insert(key, value);
+        }
+    }
+}
+
+/// The kernel tables' reader: the totals, the generation the programs write, and the stacks
+/// symbolized so far.
+#[derive(Default)]
+pub struct Drain {
+    pub totals: Tables,
+    generation: u32,
+    /// (generation << 32 | stack id) → index into `totals.stacks`.
+    stack_index: HashMap<i64, usize>,
+    interned: HashMap<Vec<String>, usize>,
+}
+
+impl Drain {
+    /// Adds what the kernel counted since the last drain to the totals.
+    pub fn drain(&mut self, ebpf: &mut Ebpf, kallsyms: Option<&Kallsyms>) -> Result<()> {
+        let left = self.generation;
+        self.generation ^= 1;
+        let mut generation: Array<&mut MapData, u32> =
+            Array::try_from(ebpf.map_mut(names::GENERATION_MAP).context("generation map missing")?)?;
+        generation.set(0, self.generation, 0)?;
+        wait_for_programs_in_flight();
+        let slot = left as usize;
+        let invalidations = take_percpu(ebpf, names::INVALIDATIONS_MAPS[slot], add_invalidation)?;
+        for (key, stats) in invalidations {
+            merge(&mut self.totals.invalidations, key, stats, add_invalidation);
+        }
+        self.take_stacks(ebpf, left, kallsyms)?;
+        let waits = take_percpu::<WaitKey, WaitStats>(ebpf, names::WAITS_MAPS[slot], add_wait)?
+            .into_iter()
+            .map(|(key, stats)| (WaitKey { stack_id: self.stack_of(key.stack_id), ..key }, stats))
+            .collect();
+        self.totals.add_waits(waits);
+        self.read_cumulative(ebpf)
+    }
+
+    /// The tables the kernel keeps cumulative (bounded by VMs and callbacks, not by time).
+    fn read_cumulative(&mut self, ebpf: &Ebpf) -> Result<()> {
+        let kvm_locks: BpfHashMap<&MapData, u64, KvmLock> =
+            BpfHashMap::try_from(ebpf.map(names::KVM_LOCKS_MAP).context("kvm lock map missing")?)?;
+        self.totals.kvm_locks = kvm_locks.iter().filter_map(Result::ok).collect();
+        self.totals.callbacks = read_percpu(ebpf, names::CALLBACKS_MAP, add_callback)?
             .into_iter()
             .map(|(key, stats): (CallbackKey, CallbackStats)| (key.ip, stats))
-            .collect(),
-        counters: percpu_sums(ebpf, names::COUNTERS_MAP)?,
-    })
+            .collect();
+        self.totals.counters = percpu_sums(ebpf, names::COUNTERS_MAP)?;
+        Ok(())
+    }
+
+    /// Symbolizes and interns every stack of generation `left`, then empties its map. A wait
+    /// that began before a drain and ends after it refers to a stack taken out earlier, so the
+    /// index keeps every id seen (ids are the stack's hash bucket: bounded by the map's size).
+    fn take_stacks(&mut self, ebpf: &mut Ebpf, left: u32, kallsyms: Option<&Kallsyms>) -> Result<()> {
+        let name = names::STACKS_MAPS[left as usize];
+        let mut stacks = StackTraceMap::try_from(ebpf.map_mut(name).with_context(|| format!("{name} missing"))?)?;
+        let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+        for id in ids {
+            if let Ok(trace) = stacks.get(&id, 0) {
+                let functions = trace
+                    .frames()
+                    .iter()
+                    .map(|f| {
+                        kallsyms
+                            .and_then(|k| k.symbolize(f.ip))
+                            .map_or_else(|| format!("{:#x}", f.ip), |s| s.symbol.name.clone())
+                    })
+                    .collect();
+                let index = self.intern(functions);
+                self.stack_index.insert(i64::from(id) | (i64::from(left) << STACK_GENERATION_SHIFT), index);
+            }
+            let _ = stacks.remove(&id);
+        }
+        Ok(())
+    }
+
+    fn intern(&mut self, functions: Vec<String>) -> usize {
+        if let Some(&index) = self.interned.get(&functions) {
+            return index;
+        }
+        let index = self.totals.stacks.len();
+        self.totals.stacks.push(functions.clone());
+        self.interned.insert(functions, index);
+        index
+    }
+
+    /// A kernel stack id (generation in bit 32) as an index into the totals' stacks; negative
+    /// ids (not taken, or the kernel's error) stay as they are.
+    fn stack_of(&self, kernel_id: i64) -> i64 {
+        if kernel_id < 0 {
+            return kernel_id;
+        }
+        self.stack_index.get(&kernel_id).map_or(-1, |&i| i as i64)
+    }
+}
+
+/// Waits until every program that may have read the old generation has returned: they run in
+/// RCU read-side sections, and membarrier(MEMBARRIER_CMD_GLOBAL) is a synchronize_rcu(). It is
+/// refused with nohz_full CPUs; a pause far longer than any program run stands in then.
+fn wait_for_programs_in_flight() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: membarrier takes no pointers.
+    let synchronized = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) } == 0;
+    if !synchronized {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Every entry of a per-CPU hash map, its CPUs' values folded into one with `add`.
 fn read_percpu<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str, add: fn(&mut V, &V)) -> Result<Vec<(K, V)>> {
     let map: PerCpuHashMap<&MapData, K, V> =
         PerCpuHashMap::try_from(ebpf.map(name).with_context(|| format!("{name} missing from the object"))?)?;
-    let mut entries = Vec::new();
-    for (key, per_cpu) in map.iter().filter_map(Result::ok) {
-        let mut values = per_cpu.iter();
-        let Some(first) = values.next() else { continue };
-        let mut sum = *first;
-        for value in values {
-            add(&mut sum, value);
+    Ok(map.iter().filter_map(Result::ok).filter_map(|(key, per_cpu)| Some((key, fold(&per_cpu, add)?))).collect())
+}
+
+/// [`read_percpu`], emptying the map: for a generation no program writes any more.
+fn take_percpu<K: aya::Pod, V: aya::Pod>(ebpf: &mut Ebpf, name: &str, add: fn(&mut V, &V)) -> Result<Vec<(K, V)>> {
+    let mut map: PerCpuHashMap<&mut MapData, K, V> =
+        PerCpuHashMap::try_from(ebpf.map_mut(name).with_context(|| format!("{name} missing from the object"))?)?;
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).collect();
+    let mut entries = Vec::with_capacity(keys.len());
+    for key in keys {
+        if let Ok(per_cpu) = map.get(&key, 0)
+            && let Some(sum) = fold(&per_cpu, add)
+        {
+            entries.push((key, sum));
         }
-        entries.push((key, sum));
+        let _ = map.remove(&key);
     }
     Ok(entries)
+}
+
+fn fold<V: aya::Pod>(per_cpu: &[V], add: fn(&mut V, &V)) -> Option<V> {
+    let (first, rest) = per_cpu.split_first()?;
+    let mut sum = *first;
+    for value in rest {
+        add(&mut sum, value);
+    }
+    Some(sum)
 }
 
 fn add_all(into: &mut [u64], from: &[u64]) {
@@ -71,16 +226,17 @@ fn add_all(into: &mut [u64], from: &[u64]) {
     }
 }
 
-fn add_invalidation(into: &mut InvalidationStats, from: &InvalidationStats) {
+pub fn add_invalidation(into: &mut InvalidationStats, from: &InvalidationStats) {
     into.count += from.count;
     into.bytes += from.bytes;
+    into.whole_mm += from.whole_mm;
     add_all(&mut into.sizes, &from.sizes);
     add_all(&mut into.durations, &from.durations);
     into.duration_ns += from.duration_ns;
     into.ended += from.ended;
 }
 
-fn add_wait(into: &mut WaitStats, from: &WaitStats) {
+pub fn add_wait(into: &mut WaitStats, from: &WaitStats) {
     into.count += from.count;
     into.wait_ns += from.wait_ns;
     into.max_ns = into.max_ns.max(from.max_ns);
@@ -101,15 +257,69 @@ fn add_callback(into: &mut CallbackStats, from: &CallbackStats) {
     }
 }
 
-/// The function names of a waiter's stack, innermost first; empty when it was not taken.
-pub fn stack_functions(ebpf: &Ebpf, stack_id: i64, kallsyms: Option<&Kallsyms>) -> Vec<String> {
-    let (Ok(id), Some(kallsyms)) = (u32::try_from(stack_id), kallsyms) else { return Vec::new() };
-    let Some(map) = ebpf.map(names::STACKS_MAP) else { return Vec::new() };
-    let Ok(stacks) = StackTraceMap::try_from(map) else { return Vec::new() };
-    let Ok(trace) = stacks.get(&id, 0) else { return Vec::new() };
-    trace
-        .frames()
-        .iter()
-        .map(|frame| kallsyms.symbolize(frame.ip).map_or_else(|| format!("{:#x}", frame.ip), |s| s.symbol.name.clone()))
-        .collect()
+/// A wait's relation to invalidations, from its key.
+pub fn relation_of(key: &WaitKey) -> Relation {
+    match key.relation {
+        1 => Relation::VmLock,
+        2 => Relation::InInvalidation,
+        3 => Relation::SubscribedMm,
+        4 => Relation::Watched,
+        _ => Relation::Unrelated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mm_probe_common::invalidations::TIME_BUCKETS;
+
+    use super::*;
+
+    fn wait(lock: u64, tgid: u32, count: u64) -> (WaitKey, WaitStats) {
+        let key = WaitKey {
+            lock,
+            stack_id: 3,
+            flags: 0,
+            tgid,
+            class: 0,
+            relation: Relation::VmLock as u32,
+            comm: [b'a'; 16],
+        };
+        (key, WaitStats { count, wait_ns: count * 10, max_ns: 10, buckets: [0; TIME_BUCKETS] })
+    }
+
+    #[test]
+    fn drained_waits_add_up_across_drains() {
+        let mut tables = Tables::default();
+        tables.add_waits(vec![wait(1, 7, 2)]);
+        tables.add_waits(vec![wait(1, 7, 3), wait(2, 7, 1)]);
+        let total: u64 = tables.waits.values().map(|s| s.count).sum();
+        assert_eq!((tables.waits.len(), total), (2, 6));
+        assert_eq!(tables.folded_waits, 0);
+    }
+
+    #[test]
+    fn past_the_bound_new_groups_fold_but_every_wait_is_counted() {
+        let mut tables = Tables::default();
+        tables.add_waits((0..MAX_WAIT_GROUPS as u32).map(|tgid| wait(1, tgid, 1)).collect());
+        // Thousands of new processes waiting on the same lock: one folded group more.
+        tables.add_waits((0..1000).map(|tgid| wait(1, 1_000_000 + tgid, 2)).collect());
+        let total: u64 = tables.waits.values().map(|s| s.count).sum();
+        assert_eq!(total, MAX_WAIT_GROUPS as u64 + 2000);
+        assert_eq!(tables.waits.len(), MAX_WAIT_GROUPS + 1);
+        assert_eq!(tables.folded_waits, 2000);
+        // A group already known keeps its own row.
+        tables.add_waits(vec![wait(1, 5, 1)]);
+        assert_eq!(tables.folded_waits, 2000);
+    }
+
+    #[test]
+    fn a_stack_is_found_whichever_generation_took_it() {
+        let mut drain = Drain::default();
+        let index = drain.intern(vec!["kvm_mmu_notifier_invalidate_range_start".into()]);
+        drain.stack_index.insert(5 | (1 << STACK_GENERATION_SHIFT), index);
+        assert_eq!(drain.stack_of(5 | (1 << STACK_GENERATION_SHIFT)), index as i64);
+        assert_eq!(drain.stack_of(5), -1, "generation 0's id 5 was never seen");
+        assert_eq!(drain.stack_of(mm_probe_common::invalidations::STACK_NOT_TAKEN), i64::MIN);
+        assert_eq!(drain.intern(vec!["kvm_mmu_notifier_invalidate_range_start".into()]), index);
+    }
 }

@@ -1,9 +1,11 @@
 //! Judging invalidations against the thresholds (docs/thresholds.md, "invalidations"; every band
 //! can be overridden on the command line) and tying advice to the evidence.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
-use super::report::Fit;
+use super::report::{Busiest, Fit};
 use crate::{
     report::verdict::{Band, Level},
     units::{format_bytes, format_nanos},
@@ -24,7 +26,13 @@ pub struct Thresholds {
 /// The measured values the verdict judges; `None` = not observable or nothing to judge.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Evidence {
+    /// The busiest mm's invalidations per second in its busiest second: a storm of a few
+    /// seconds inside a long run is what matters, and the run's mean would hide it.
     pub invalidate_freq: Option<f64>,
+    /// The same over the whole run, for the evidence.
+    pub invalidate_freq_mean: Option<f64>,
+    /// The mm invalidated most: whose memory, and its sizes.
+    pub busiest: Option<Busiest>,
     pub wait_per_invalidation_ns: Option<f64>,
     /// (subscriber, mean ns) of the slowest.
     pub slowest_callback: Option<(String, f64)>,
@@ -35,6 +43,8 @@ pub struct Evidence {
     pub notifier_lock: Option<(String, u64)>,
     /// vCPU faults waited on the same lock the notifier waited on.
     pub vcpu_faults_wait: bool,
+    /// Why a metric cannot be judged (not observable, or computed from lost data), by name.
+    pub unknown_because: BTreeMap<&'static str, String>,
 }
 
 /// A subscriber and its callback's time-against-size fit.
@@ -47,11 +57,29 @@ pub struct Amplified {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct MetricVerdict {
     pub metric: &'static str,
+    /// What it measures, in words.
+    pub definition: &'static str,
+    /// What `value`, `warn` and `crit` are counted in.
+    pub unit: &'static str,
     pub value: Option<f64>,
     pub level: Level,
     pub warn: f64,
     pub crit: f64,
+    /// Why `value` is null and the level UNKNOWN, when it is.
+    pub unknown_because: Option<String>,
 }
+
+/// Each metric: name, definition, unit.
+const METRICS: [(&str, &str, &str); 4] = [
+    ("invalidate_freq", "invalidations of the busiest mm in its busiest second (about one drain period)", "per_second"),
+    ("wait_per_invalidation", "lock wait inside invalidations' callbacks ÷ invalidations", "ns"),
+    ("callback_mean", "mean time of the slowest subscriber's callback", "ns"),
+    (
+        "amplification",
+        "what a page costs in the smallest invalidations ÷ what it costs in the largest, judged where the smallest take a quarter of the callback's time",
+        "ratio",
+    ),
+];
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Advice {
@@ -77,18 +105,33 @@ const BATCH_BYTES: f64 = (2 << 20) as f64;
 pub const AMPLIFIED_TIME_SHARE: f64 = 0.25;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
-    let metric = |metric: &'static str, value: Option<f64>, band: Band| MetricVerdict {
-        metric,
-        value,
-        level: band.classify(value),
-        warn: band.warn,
-        crit: band.crit,
+    let metric = |metric: &'static str, value: Option<f64>, band: Band| {
+        let (_, definition, unit) = METRICS.iter().copied().find(|m| m.0 == metric).unwrap_or((metric, "", ""));
+        let unknown_because = e.unknown_because.get(metric).cloned();
+        // A figure computed from lost data is no figure.
+        let value = if unknown_because.is_some() { None } else { value };
+        MetricVerdict {
+            metric,
+            definition,
+            unit,
+            value,
+            level: band.classify(value),
+            warn: band.warn,
+            crit: band.crit,
+            unknown_because: unknown_because.or_else(|| value.is_none().then(|| "nothing to judge was seen".into())),
+        }
     };
+    let amplified = e.amplification.as_ref();
+    let mut amplification = metric("amplification", amplified.map(|a| a.fit.amplification), t.amplification);
+    let matters = amplified.is_some_and(|a| a.fit.smallest_time_share >= AMPLIFIED_TIME_SHARE);
+    if amplification.value.is_some() && !matters {
+        amplification.level = Level::Ok;
+    }
     let metrics = vec![
         metric("invalidate_freq", e.invalidate_freq, t.invalidate_freq),
         metric("wait_per_invalidation", e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
         metric("callback_mean", e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
-        amplification_metric(e.amplification.as_ref(), t.amplification),
+        amplification,
     ];
     let verdict = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // Unknown only when nothing could be judged: one OK metric and three unobservable is OK.
@@ -97,21 +140,15 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     Verdict { verdict, metrics, advice }
 }
 
-/// The amplification measured, judged only where the small invalidations take a real share of
-/// the callback's time (else OK whatever its value).
-fn amplification_metric(amplified: Option<&Amplified>, band: Band) -> MetricVerdict {
-    let value = amplified.map(|a| a.fit.amplification);
-    let matters = amplified.is_some_and(|a| a.fit.smallest_time_share >= AMPLIFIED_TIME_SHARE);
-    let level = if matters || value.is_none() { band.classify(value) } else { Level::Ok };
-    MetricVerdict { metric: "amplification", value, level, warn: band.warn, crit: band.crit }
-}
-
 fn level(metrics: &[MetricVerdict], name: &str) -> Level {
     metrics.iter().find(|m| m.metric == name).map_or(Level::Unknown, |m| m.level)
 }
 
 fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     let mut advice = Vec::new();
+    if level(metrics, "invalidate_freq") >= Level::Warn {
+        advice.push(frequent_invalidations(e));
+    }
     let waits = level(metrics, "wait_per_invalidation") >= Level::Warn;
     if let (true, Some((lock, wait_ns)), Some(bytes)) = (waits, &e.notifier_lock, e.mean_invalidation_bytes)
         && bytes < BATCH_BYTES
@@ -161,6 +198,30 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     advice
 }
 
+/// Advice for a high rate: whose memory, how large, and batching when the pieces are small.
+fn frequent_invalidations(e: &Evidence) -> Advice {
+    let whose = e.busiest.as_ref().map_or_else(
+        || "one mm".to_string(),
+        |b| match b.owner_tgid {
+            Some(tgid) => format!("pid {tgid} ({})", b.comm),
+            None => format!("memory not named (invalidated by {})", b.comm),
+        },
+    );
+    let bytes = e.busiest.as_ref().and_then(|b| b.mean_bytes);
+    let size = bytes.map_or_else(|| "of unknown size".into(), |b| format!("of {} on average", format_bytes(b as u64)));
+    let evidence = format!(
+        "{whose}'s memory was invalidated {:.0} times in its busiest second ({:.0}/s over the run), {size}",
+        e.invalidate_freq.unwrap_or(0.0),
+        e.invalidate_freq_mean.unwrap_or(0.0),
+    );
+    let advice = if bytes.is_some_and(|b| b < BATCH_BYTES) {
+        "batch them: madvise/munmap in 2 MiB (or larger) ranges; every invalidation calls every subscriber once, whatever its size"
+    } else {
+        "find who invalidates it (the invalidators below) and make that less frequent: reclaim, compaction, NUMA balancing and khugepaged each have their knob"
+    };
+    Advice { cause: "frequent invalidations", evidence, advice: advice.into() }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -196,7 +257,7 @@ pub(crate) mod tests {
         let verdict = judge(&e, &thresholds());
         assert_eq!(verdict.verdict, Level::Crit);
         let causes: Vec<&str> = verdict.advice.iter().map(|a| a.cause).collect();
-        assert_eq!(causes, ["fine-grained invalidations", "notifier against vCPU faults"]);
+        assert_eq!(causes, ["frequent invalidations", "fine-grained invalidations", "notifier against vCPU faults"]);
         // Already 2 MiB: batching is not the advice.
         let big = Evidence { mean_invalidation_bytes: Some((2 << 20) as f64), ..e };
         assert!(judge(&big, &thresholds()).advice.iter().all(|a| a.cause != "fine-grained invalidations"));
@@ -255,5 +316,45 @@ pub(crate) mod tests {
         let mattering = Fit { smallest_time_share: AMPLIFIED_TIME_SHARE, ..fit };
         let e = Evidence { amplification: Some(Amplified { subscriber: "kvm".into(), fit: mattering }), ..e };
         assert_eq!(judge(&e, &thresholds()).verdict, Level::Crit);
+    }
+
+    #[test]
+    fn a_storm_inside_a_long_run_is_judged_by_its_peak_and_advised_with_whose_memory_and_size() {
+        // 2.7 s at ~30k/s inside 150 s: 545/s over the run.
+        let e = Evidence {
+            invalidate_freq: Some(30_000.0),
+            invalidate_freq_mean: Some(545.0),
+            busiest: Some(Busiest {
+                owner_tgid: Some(4242),
+                comm: "qemu-kvm".into(),
+                count: 81_000,
+                mean_bytes: Some(4096.0),
+            }),
+            ..Evidence::default()
+        };
+        let verdict = judge(&e, &thresholds());
+        assert_eq!(verdict.verdict, Level::Crit);
+        let advice = &verdict.advice[0];
+        assert_eq!(advice.cause, "frequent invalidations");
+        assert!(
+            advice.evidence.contains("pid 4242 (qemu-kvm)") && advice.evidence.contains("4 KiB"),
+            "{}",
+            advice.evidence
+        );
+        assert!(advice.advice.starts_with("batch them"), "{}", advice.advice);
+        let metric = &verdict.metrics[0];
+        assert_eq!((metric.unit, metric.warn, metric.crit), ("per_second", 1000.0, 10000.0));
+    }
+
+    #[test]
+    fn a_figure_from_lost_data_is_unknown_with_the_reason_never_ok() {
+        let mut unknown_because = BTreeMap::new();
+        unknown_because
+            .insert("wait_per_invalidation", "5241 contended waits were lost (the kernel's table was full)".into());
+        let e = Evidence { wait_per_invalidation_ns: Some(0.0), unknown_because, ..Evidence::default() };
+        let verdict = judge(&e, &thresholds());
+        let metric = verdict.metrics.iter().find(|m| m.metric == "wait_per_invalidation").unwrap();
+        assert_eq!((metric.value, metric.level), (None, Level::Unknown));
+        assert!(metric.unknown_because.as_deref().unwrap().contains("lost"));
     }
 }

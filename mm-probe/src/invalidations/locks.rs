@@ -53,10 +53,12 @@ pub fn lock_kind(flags: u32) -> &'static str {
 }
 
 /// The code path that waited, named by the first function on its stack that says what it was
-/// doing. Checked in this order: a notifier callback runs inside madvise or munmap, and a vCPU's
-/// fault inside its KVM_RUN ioctl.
+/// doing. Checked in this order: an interrupt or softirq runs on top of whatever task it
+/// interrupted (its wait is not that task's madvise), a notifier callback runs inside madvise
+/// or munmap, and a vCPU's fault inside its KVM_RUN ioctl.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum WaitPath {
+    Interrupt,
     NotifierStart,
     NotifierEnd,
     NotifierAging,
@@ -73,6 +75,7 @@ pub enum WaitPath {
 impl WaitPath {
     pub fn name(self) -> &'static str {
         match self {
+            Self::Interrupt => "interrupt or softirq",
             Self::NotifierStart => "notifier invalidate_range_start",
             Self::NotifierEnd => "notifier invalidate_range_end",
             Self::NotifierAging => "notifier aging (clear_young)",
@@ -90,6 +93,7 @@ impl WaitPath {
     /// The snake_case label the JSON and the exporter use.
     pub fn label(self) -> &'static str {
         match self {
+            Self::Interrupt => "interrupt",
             Self::NotifierStart => "notifier_start",
             Self::NotifierEnd => "notifier_end",
             Self::NotifierAging => "notifier_aging",
@@ -118,6 +122,18 @@ impl Serialize for WaitPath {
 
 /// (path, functions that mark it), in the order they are looked for.
 const PATHS: &[(WaitPath, &[&str])] = &[
+    (
+        WaitPath::Interrupt,
+        &[
+            "handle_softirqs",
+            "__do_softirq",
+            "do_softirq_own_stack",
+            "__irq_exit_rcu",
+            "irq_exit_rcu",
+            "common_interrupt",
+            "handle_irq_event",
+        ],
+    ),
     (
         WaitPath::NotifierStart,
         &[
@@ -284,6 +300,16 @@ mod tests {
             WaitPath::PageFault
         );
         assert_eq!(wait_path(&["queued_spin_lock_slowpath", "somewhere_else"]), WaitPath::Other);
+        // A softirq that interrupted a madvise waits for itself, not for the madvise.
+        let softirq = [
+            "queued_spin_lock_slowpath",
+            "tcp_v4_rcv",
+            "net_rx_action",
+            "handle_softirqs",
+            "irq_exit_rcu",
+            "do_madvise",
+        ];
+        assert_eq!(wait_path(&softirq), WaitPath::Interrupt);
         assert_eq!(caller(&["queued_spin_lock_slowpath", "_raw_spin_lock", "somewhere_else"]), Some("somewhere_else"));
     }
 }

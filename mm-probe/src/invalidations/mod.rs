@@ -23,7 +23,8 @@ use mm_probe_common::{
 };
 
 use self::{
-    decoder::{Tables, read_tables, stack_functions},
+    aggregator::{PeakRate, Scope},
+    decoder::{DRAIN_PERIOD, Drain, Tables},
     judge::Thresholds,
     locks::KvmMembers,
     probes::Observability,
@@ -33,7 +34,7 @@ use crate::{
     cli::InvalidationsArgs,
     collect::{Limits, Stop, Stopper, Ticker, monotonic_ns, run as skeleton},
     error::UserError,
-    kernel::{Kernel, layout::Layout, privileges, tracefs},
+    kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
@@ -70,22 +71,26 @@ async fn attach_and_collect(
         text::eprint(&render::plan_text(&kernel.release.text, &plan, &callbacks.timed, &seen));
     }
     let started_ns = monotonic_ns();
+    let kallsyms = kernel.kallsyms().ok();
+    let mut run =
+        Collection { drain: Drain::default(), peak: PeakRate::default(), kallsyms, started_ns, drained_ns: None };
     let mut intervals = Intervals::new(started_ns);
-    let stopped_by = collect(&ebpf, args, &seen, &mut intervals, stopper).await?;
+    let stopped_by = collect(&mut ebpf, args, &seen, &mut run, &mut intervals, stopper).await?;
     detach_all(&mut ebpf).await;
-    let tables = read_tables(&ebpf)?;
+    run.drain_now(&mut ebpf)?;
     let end_ns = monotonic_ns();
-    let duration_s = (end_ns - started_ns) as f64 / 1e9;
     // The partial last interval too, however short: the intervals then add up to the summary.
     if args.interval.is_some() {
-        intervals.print(tables.clone(), end_ns, args.json, &seen);
+        intervals.print(run.drain.totals.clone(), end_ns, args.json, &seen);
     }
     for pid in stopper.exited_targets() {
         text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
     }
-    let summary = summarize(&ebpf, &kernel, &tables, &seen, &thresholds, duration_s);
+    let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: &args.pids };
+    let summary = summarize(&kernel, &run.drain.totals, &seen, &thresholds, end_ns - started_ns, scope, &run.peak);
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
+        println!("{}", report::lost_events_json(&summary.lost_events));
     } else {
         text::print(&render::summary_text(&summary, stopped_by));
     }
@@ -97,7 +102,30 @@ async fn attach_and_collect(
     Ok(())
 }
 
-/// The `--interval` lines: each the tables' change since the previous one.
+/// What a run keeps between drains: the totals, the peak rate, the symbols.
+struct Collection<'k> {
+    drain: Drain,
+    peak: PeakRate,
+    kallsyms: Option<&'k Kallsyms>,
+    started_ns: u64,
+    drained_ns: Option<u64>,
+}
+
+impl Collection<'_> {
+    /// Adds the kernel's tables to the totals and takes the period in for the peak rate.
+    fn drain_now(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        let before = self.drain.totals.clone();
+        let before_ns = self.drained_ns.unwrap_or(self.started_ns);
+        self.drain.drain(ebpf, self.kallsyms)?;
+        let now_ns = monotonic_ns();
+        self.drained_ns = Some(now_ns);
+        let seconds = now_ns.saturating_sub(before_ns) as f64 / 1e9;
+        self.peak.observe(&before, &self.drain.totals, seconds, now_ns - self.started_ns);
+        Ok(())
+    }
+}
+
+/// The `--interval` lines: each the totals' change since the previous one.
 struct Intervals {
     previous: Tables,
     previous_ns: u64,
@@ -111,10 +139,14 @@ impl Intervals {
 
     /// Prints the interval that ends with `now` (read at `now_ns`).
     fn print(&mut self, now: Tables, now_ns: u64, json: bool, seen: &Observability) {
-        let seconds = |from: u64| now_ns.saturating_sub(from) as f64 / 1e9;
-        let mut line =
-            aggregator::interval(&self.previous, &now, seconds(self.previous_ns), seen.lock_waits, seen.callbacks);
-        line.end_s = seconds(self.started_ns);
+        let mut line = aggregator::interval(
+            &self.previous,
+            &now,
+            now_ns.saturating_sub(self.previous_ns),
+            seen.lock_waits,
+            seen.callbacks,
+        );
+        line.end_ns = now_ns.saturating_sub(self.started_ns);
         if json {
             println!("{}", report::interval_json(&line));
         } else {
@@ -124,44 +156,55 @@ impl Intervals {
     }
 }
 
-/// Waits for the end, printing a line per `--interval`.
+/// Drains once per [`DRAIN_PERIOD`] and prints a line per `--interval` until the end.
 async fn collect(
-    ebpf: &Ebpf,
+    ebpf: &mut Ebpf,
     args: &InvalidationsArgs,
     seen: &Observability,
+    run: &mut Collection<'_>,
     intervals: &mut Intervals,
     stopper: &mut Stopper,
 ) -> Result<Stop> {
+    let mut drain = Ticker::every(Some(DRAIN_PERIOD));
     let mut tick = Ticker::every(args.interval);
     loop {
         tokio::select! {
-            () = tick.tick() => intervals.print(read_tables(ebpf)?, monotonic_ns(), args.json, seen),
+            () = drain.tick() => run.drain_now(ebpf)?,
+            () = tick.tick() => {
+                run.drain_now(ebpf)?;
+                intervals.print(run.drain.totals.clone(), monotonic_ns(), args.json, seen);
+            }
             reason = stopper.wait() => return Ok(reason),
         }
     }
 }
 
 fn summarize(
-    ebpf: &Ebpf,
     kernel: &Kernel,
     tables: &Tables,
     seen: &Observability,
     thresholds: &Thresholds,
-    duration_s: f64,
+    duration_ns: u64,
+    scope: Scope<'_>,
+    peak: &PeakRate,
 ) -> Summary {
     let kallsyms = kernel.kallsyms().ok();
-    let invalidations = aggregator::invalidations(tables, duration_s);
-    let locks = aggregator::locks(tables, &kvm_members(kernel), &|id| stack_functions(ebpf, id, kallsyms));
+    let mut invalidations = aggregator::invalidations(tables, duration_ns as f64 / 1e9, scope);
+    invalidations.peak = peak.peak.clone();
+    let (locks, other_contention) = aggregator::locks(tables, &kvm_members(kernel));
     let subscribers = aggregator::subscribers(tables, kallsyms, seen.lock_waits);
-    let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, duration_s, seen.lock_waits);
+    let lost_events = aggregator::lost_events(tables);
+    let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, seen, &lost_events);
     Summary {
-        duration_s,
+        duration_ns,
         verdict: judge::judge(&evidence, thresholds),
         invalidations,
         locks,
+        other_contention,
         lock_waits_observable: seen.lock_waits,
         subscribers,
         callbacks_observable: seen.callbacks,
+        lost_events,
         counters: aggregator::counters(tables),
     }
 }

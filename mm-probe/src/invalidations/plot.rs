@@ -38,8 +38,8 @@ pub fn histogram_plot(kernel: &str, summary: &Summary, stopped_by: Stop, thresho
     HistogramPlot {
         title: format!(
             "mm-probe invalidations on Linux {kernel}: {:.1} s traced, {} invalidations{}",
-            summary.duration_s,
-            summary.invalidations.count,
+            summary.duration_ns as f64 / 1e9,
+            summary.invalidations.count.map_or_else(|| "an unknown number of".into(), |c| c.to_string()),
             if stopped_by == Stop::Interrupted { ", stopped by Ctrl-C" } else { "" }
         ),
         panels,
@@ -136,6 +136,7 @@ mod tests {
             address: "0xffff8880".into(),
             name: "kvm->mmu_lock of VM pid 4242".into(),
             class: "kvm_mmu_lock",
+            relation: "vm_lock",
             owner_tgid: Some(4242),
             kind: "rwlock write",
             contended: 9000,
@@ -148,7 +149,8 @@ mod tests {
 
     fn summary(subscribers: Vec<SubscriberRow>, locks: Vec<LockRow>) -> Summary {
         Summary {
-            duration_s: 12.34,
+            duration_ns: 12_340_000_000,
+            invalidations: crate::invalidations::report::Invalidations { count: Some(0), ..Default::default() },
             subscribers,
             locks,
             callbacks_observable: true,

@@ -66,9 +66,35 @@ pub const RANGE_ENDS: LogicalProbe = function_probe!(
     Fentry "inv_range_end_fentry" | Kprobe "inv_range_end_kprobe"
 );
 
+pub const CLEAR_YOUNG_PROBE: &str = "clear_young";
+pub const CLEAR_FLUSH_YOUNG_PROBE: &str = "clear_flush_young";
+
+const CLEAR_YOUNG: &[Target] = &[Target { name: "__mmu_notifier_clear_young", kernels: "all, CONFIG_MMU_NOTIFIER" }];
+const CLEAR_FLUSH_YOUNG: &[Target] =
+    &[Target { name: "__mmu_notifier_clear_flush_young", kernels: "all, CONFIG_MMU_NOTIFIER" }];
+
+pub const CLEAR_YOUNGS: LogicalProbe = function_probe!(
+    CLEAR_YOUNG_PROBE, "whose memory reclaim's aging (kdamond, kswapd) ages, for KVM's kvm_age_hva", CLEAR_YOUNG;
+    Fentry "inv_clear_young_fentry" | Kprobe "inv_clear_young_kprobe"
+);
+
+pub const CLEAR_FLUSH_YOUNGS: LogicalProbe = function_probe!(
+    CLEAR_FLUSH_YOUNG_PROBE, "whose memory the rmap walk ages, for KVM's kvm_age_hva", CLEAR_FLUSH_YOUNG;
+    Fentry "inv_clear_flush_young_fentry" | Kprobe "inv_clear_flush_young_kprobe"
+);
+
 /// In attach order: the KVM probes learn the locks the contention probes name.
-pub const PROBES: &[LogicalProbe] =
-    &[KVM_UNMAP, KVM_AGE, KVM_FAULT, RANGE_STARTS, RANGE_ENDS, CONTENTION_BEGIN, CONTENTION_END];
+pub const PROBES: &[LogicalProbe] = &[
+    KVM_UNMAP,
+    KVM_AGE,
+    KVM_FAULT,
+    RANGE_STARTS,
+    RANGE_ENDS,
+    CLEAR_YOUNGS,
+    CLEAR_FLUSH_YOUNGS,
+    CONTENTION_BEGIN,
+    CONTENTION_END,
+];
 
 /// The KVM callback whose address identifies a KVM subscription (the ops table itself is a
 /// data symbol, which kernels without CONFIG_KALLSYMS_ALL do not list).

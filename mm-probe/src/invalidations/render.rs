@@ -4,12 +4,12 @@ use std::fmt::Write as _;
 
 use super::{
     probes::Observability,
-    report::{Fit, Interval, LockRow, SubscriberRow, Summary},
+    report::{Fit, Interval, InvalidatorRow, LockRow, LostEvents, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
     probes::Plan,
-    report::{Log2Histogram, statement, text, verdict::Level},
+    report::{Log2Histogram, statement, text},
     units::{format_bytes, format_nanos},
 };
 
@@ -22,9 +22,10 @@ pub fn plan_text(kernel: &str, plan: &Plan, callbacks_timed: &[&str], seen: &Obs
 }
 
 pub fn interval_text(i: &Interval) -> String {
+    let lost = if i.lost > 0 { format!("  LOST {}", i.lost) } else { String::new() };
     format!(
-        "[{:>7.1}s] invalidations {:>8}  contended {:>8}  waited {:>10}  callbacks {:>8}",
-        i.end_s,
+        "[{:>7.1}s] invalidations {:>8}  contended {:>8}  waited {:>9}  callbacks {:>8}{lost}",
+        i.end_ns as f64 / 1e9,
         i.invalidations,
         or_dash(i.contended.map(|c| c.to_string())),
         or_dash(i.wait_ns.map(format_nanos)),
@@ -38,48 +39,101 @@ fn or_dash(value: Option<String>) -> String {
 
 pub fn summary_text(s: &Summary, stopped_by: Stop) -> String {
     let width = text::width();
+    let mut out = invalidations_text(s, stopped_by, width);
+    out += &locks_text(s, width);
+    out += &subscribers_text(s, width);
+    out += &lost_text(&s.lost_events);
+    out += &verdict_text(s);
+    out
+}
+
+fn invalidations_text(s: &Summary, stopped_by: Stop, width: usize) -> String {
     let mut out = String::new();
     let i = &s.invalidations;
-    let _ = writeln!(
-        out,
-        "Invalidations: {} in {:.1} s ({:.0}/s), {} ({})",
-        i.count,
-        s.duration_s,
-        i.per_second,
-        format_bytes(i.bytes),
-        stopped_by.name()
-    );
+    let seconds = s.duration_ns as f64 / 1e9;
+    match (i.count, &i.not_observable) {
+        (Some(count), _) => {
+            let _ = writeln!(
+                out,
+                "Invalidations of {}: {count} in {seconds:.1} s ({:.0}/s), {} ({})",
+                i.scope,
+                i.per_second.unwrap_or(0.0),
+                format_bytes(i.bytes),
+                stopped_by.name()
+            );
+        }
+        (None, why) => {
+            let why = why.as_deref().unwrap_or("not observable here");
+            let _ = writeln!(out, "Invalidations: UNKNOWN in {seconds:.1} s ({}): {why}", stopped_by.name());
+        }
+    }
+    if let Some(peak) = &i.peak {
+        let whose = peak.owner_tgid.map_or_else(String::new, |t| format!(" of pid {t}'s memory"));
+        let _ = writeln!(
+            out,
+            "  busiest second{whose}: {:.0}/s, ending at {:.1} s",
+            peak.per_second,
+            peak.end_ns as f64 / 1e9
+        );
+    }
+    if i.whole_address_space > 0 {
+        let _ = writeln!(out, "  whole address spaces (at exit, no size): {}", i.whole_address_space);
+    }
     if let Some(ns) = i.mean_duration_ns {
         let _ = writeln!(out, "  start to end: {} on average", format_nanos(ns as u64));
     }
-    if !i.by_invalidator.is_empty() {
-        let rows: Vec<Vec<String>> = i
-            .by_invalidator
+    out += &invalidators_text(s, width);
+    out
+}
+
+/// The invalidators grouped by whose memory they invalidated.
+fn invalidators_text(s: &Summary, width: usize) -> String {
+    let mut out = String::new();
+    let mut owners: Vec<Option<u32>> = Vec::new();
+    for row in &s.invalidations.by_invalidator {
+        if !owners.contains(&row.owner_tgid) {
+            owners.push(row.owner_tgid);
+        }
+    }
+    for owner in owners {
+        let rows: Vec<&InvalidatorRow> =
+            s.invalidations.by_invalidator.iter().filter(|r| r.owner_tgid == owner).collect();
+        let whose = owner.map_or_else(|| "memory not named".to_string(), |t| format!("memory of pid {t}"));
+        let _ = writeln!(out, "  {whose}:");
+        let cells: Vec<Vec<String>> = rows
             .iter()
+            .take(INVALIDATORS_SHOWN)
             .map(|r| {
                 vec![
                     r.comm.clone(),
                     r.tgid.to_string(),
-                    or_dash(r.owner_tgid.map(|t| t.to_string())),
-                    r.source.to_string(),
-                    r.event.unwrap_or("-").to_string(),
+                    r.event.map_or_else(|| hook_name(r.source).to_string(), str::to_string),
                     r.count.to_string(),
-                    format_bytes(r.mean_bytes as u64),
+                    or_dash(r.mean_bytes.map(|b| format_bytes(b as u64))),
                     or_dash(r.mean_duration_ns.map(|ns| format_nanos(ns as u64))),
                 ]
             })
             .collect();
-        out += &text::table(
-            &["INVALIDATOR", "PID", "MEMORY OF", "SEEN BY", "EVENT", "COUNT", "MEAN SIZE", "MEAN TIME"],
-            &rows,
-            width,
-            2,
-        );
+        out += &text::table(&["INVALIDATOR", "PID", "EVENT", "COUNT", "MEAN SIZE", "MEAN TIME"], &cells, width, 4);
+        if rows.len() > INVALIDATORS_SHOWN {
+            let more: u64 = rows[INVALIDATORS_SHOWN..].iter().map(|r| r.count).sum();
+            let _ =
+                writeln!(out, "    {} more invalidators: {more} (--json lists them)", rows.len() - INVALIDATORS_SHOWN);
+        }
     }
-    out += &locks_text(s, width);
-    out += &subscribers_text(s, width);
-    out += &verdict_text(s);
     out
+}
+
+/// Invalidators listed per memory owner in text.
+const INVALIDATORS_SHOWN: usize = 6;
+
+/// The hook that saw an invalidation, short, where no event says more.
+fn hook_name(source: &str) -> &str {
+    match source {
+        "kvm_unmap_hva_range" => "kvm unmap",
+        "kvm_age_hva" => "kvm age",
+        other => other,
+    }
 }
 
 fn locks_text(s: &Summary, width: usize) -> String {
@@ -88,23 +142,43 @@ fn locks_text(s: &Summary, width: usize) -> String {
         return out;
     }
     if s.locks.is_empty() {
-        let _ = writeln!(out, "\nLock contention: none seen");
-        return out;
+        let _ = writeln!(out, "\nLock contention related to invalidations: none seen");
+    } else {
+        let _ = writeln!(out, "\nLock contention related to invalidations, VMs' locks first, then most waited-on");
+        for (rank, lock) in s.locks.iter().take(LOCKS_SHOWN).enumerate() {
+            out += &lock_text(lock, width, rank == 0);
+        }
+        let rest = &s.locks[s.locks.len().min(LOCKS_SHOWN)..];
+        if !rest.is_empty() {
+            let contended: u64 = rest.iter().map(|l| l.contended).sum();
+            let waited: u64 = rest.iter().map(|l| l.wait_ns).sum();
+            let _ = writeln!(
+                out,
+                "  {} more locks: {contended} contended, {} waited (--json lists them)",
+                rest.len(),
+                format_nanos(waited)
+            );
+        }
     }
-    let _ = writeln!(out, "\nLock contention (waits inside and against invalidations), most waited-on first");
-    for (rank, lock) in s.locks.iter().take(LOCKS_SHOWN).enumerate() {
-        out += &lock_text(lock, width, rank == 0);
+    out += &other_contention_text(s, width);
+    out
+}
+
+/// The rest of the machine's contention, folded into a few lines.
+fn other_contention_text(s: &Summary, width: usize) -> String {
+    let o = &s.other_contention;
+    if o.locks == 0 {
+        return String::new();
     }
-    let rest = &s.locks[s.locks.len().min(LOCKS_SHOWN)..];
-    if !rest.is_empty() {
-        let contended: u64 = rest.iter().map(|l| l.contended).sum();
-        let waited: u64 = rest.iter().map(|l| l.wait_ns).sum();
-        let _ = writeln!(
-            out,
-            "  {} more locks: {contended} contended, {} waited (--json lists them)",
-            rest.len(),
-            format_nanos(waited)
-        );
+    let mut out = format!(
+        "\nOther contention (unrelated to invalidations): {} locks, {} contended, {} waited\n",
+        o.locks,
+        o.contended,
+        format_nanos(o.wait_ns)
+    );
+    for lock in &o.top {
+        let line = format!("  {}: {} contended, {} waited", lock.name, lock.contended, format_nanos(lock.wait_ns));
+        out += &text::wrap(&line, width, 4);
     }
     out
 }
@@ -112,10 +186,12 @@ fn locks_text(s: &Summary, width: usize) -> String {
 /// Locks listed in text (JSON lists all); the histogram is drawn for the first only.
 const LOCKS_SHOWN: usize = 5;
 
+/// Waiter names shown per path before "+N more".
+const WAITERS_SHOWN: usize = 2;
+
 fn lock_text(lock: &LockRow, width: usize, histogram: bool) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
+    let header = format!(
         "  {} [{}]: {} contended, {} waited, max {}",
         lock.name,
         lock.kind,
@@ -123,25 +199,38 @@ fn lock_text(lock: &LockRow, width: usize, histogram: bool) -> String {
         format_nanos(lock.wait_ns),
         format_nanos(lock.max_ns)
     );
+    out += &text::wrap(&header, width, 4);
     let rows: Vec<Vec<String>> = lock
         .paths
         .iter()
-        .map(|p| {
-            vec![
-                p.name.to_string(),
-                p.contended.to_string(),
-                format_nanos(p.wait_ns),
-                format_nanos(p.max_ns),
-                p.waiters.join(","),
-                p.caller.clone().unwrap_or_else(|| "-".into()),
-            ]
-        })
+        .map(|p| vec![p.name.to_string(), p.contended.to_string(), format_nanos(p.wait_ns), format_nanos(p.max_ns)])
         .collect();
-    out += &text::table(&["PATH", "CONTENDED", "WAITED", "MAX", "WAITERS", "CALLER"], &rows, width, 4);
+    let columns = text::Columns::fit(&["PATH", "CONTENDED", "WAITED", "MAX"], &rows, 4);
+    out += &columns.line(&["PATH", "CONTENDED", "WAITED", "MAX"], width);
+    for (path, row) in lock.paths.iter().zip(&rows) {
+        out += &columns.line(row, width);
+        let by = waiters_text(&path.waiters);
+        let caller = path.caller.as_deref().map_or_else(String::new, |c| format!(" in {c}"));
+        if !by.is_empty() || !caller.is_empty() {
+            out += &text::wrap(&format!("      by {by}{caller}"), width, 8);
+        }
+    }
     if histogram {
         let _ = write!(out, "{}", Log2Histogram::new(lock.buckets.clone()).render("nsecs", None));
     }
     out
+}
+
+/// "kvm-madv, qemu-kvm +23 more"; "-" for none.
+fn waiters_text(waiters: &[String]) -> String {
+    if waiters.is_empty() {
+        return "-".into();
+    }
+    let shown = waiters.iter().take(WAITERS_SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    match waiters.len().saturating_sub(WAITERS_SHOWN) {
+        0 => shown,
+        more => format!("{shown} +{more} more"),
+    }
 }
 
 fn subscribers_text(s: &Summary, width: usize) -> String {
@@ -150,40 +239,53 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         return out;
     }
     if s.subscribers.is_empty() {
-        let _ = writeln!(out, "\nSubscriber callbacks: none called");
+        let _ = writeln!(out, "\nSubscriber callbacks: none called on the watched memory");
         return out;
     }
-    let _ = writeln!(out, "\nSubscriber callbacks");
-    let rows: Vec<Vec<String>> = s
-        .subscribers
-        .iter()
-        .map(|c| {
-            let fit = c.fit.as_ref().map_or_else(|| "one size only".into(), fit_text);
-            vec![
-                c.subscriber.to_string(),
-                c.callback.clone(),
-                c.calls.to_string(),
-                format_nanos(c.mean_ns as u64),
-                format_nanos(c.p99_le_ns),
-                format_nanos(c.max_ns),
-                format_bytes(c.bytes_per_call as u64),
-                waiting_share(c),
-                fit,
-            ]
-        })
-        .collect();
-    out += &text::table(
-        &["SUBSCRIBER", "CALLBACK", "CALLS", "MEAN", "P99<=", "MAX", "BYTES/CALL", "LOCK WAIT", "FIT (OWN TIME)"],
-        &rows,
-        width,
-        2,
-    );
+    let _ = writeln!(out, "\nSubscriber callbacks, slowest first");
+    for c in &s.subscribers {
+        let module = c.module.as_deref().map_or_else(String::new, |m| format!(" [{m}]"));
+        out += &text::wrap(&format!("  {}: {}{module}", c.subscriber, c.callback), width, 4);
+        let numbers = format!(
+            "    {} calls, mean {}, p99 <= {}, max {}, {}/call, lock wait {}",
+            c.calls,
+            format_nanos(c.mean_ns as u64),
+            format_nanos(c.p99_le_ns),
+            format_nanos(c.max_ns),
+            format_bytes(c.bytes_per_call as u64),
+            waiting_share(c),
+        );
+        out += &text::wrap(&numbers, width, 6);
+        let fit = c.fit.as_ref().map_or_else(|| "one size only".into(), fit_text);
+        out += &text::wrap(&format!("    fit (own time): {fit}"), width, 6);
+    }
     let refused: u64 = s.subscribers.iter().map(|c| c.refused).sum();
     let nonblocking: u64 = s.subscribers.iter().map(|c| c.nonblocking).sum();
     if nonblocking > 0 {
         let _ = writeln!(out, "  non-blockable calls (OOM reaper): {nonblocking}, refused: {refused}");
     }
     out
+}
+
+/// The losses, one line, only when there were any.
+fn lost_text(l: &LostEvents) -> String {
+    let parts: Vec<String> = [
+        (l.waits, "waits (table full)"),
+        (l.invalidations, "invalidations (table full)"),
+        (l.callback_calls, "callback calls (table full)"),
+        (l.wait_stacks, "waiters' stacks"),
+        (l.vm_locks, "VMs' locks (table full)"),
+        (l.owner_unresolved, "invalidations whose memory could not be named"),
+        (l.folded_waits, "waits folded without their thread"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("\nLost: {}\n", parts.join(", "))
 }
 
 /// The share of a callback's time spent waiting on contended locks ("-" where not traced).
@@ -209,25 +311,30 @@ pub fn fit_text(f: &Fit) -> String {
     )
 }
 
+/// A metric's value or threshold in its unit.
+fn in_unit(value: f64, unit: &str) -> String {
+    match unit {
+        "per_second" => format!("{value:.0}/s"),
+        "ratio" => format!("{value:.0}x"),
+        _ => format_nanos(value as u64),
+    }
+}
+
 fn verdict_text(s: &Summary) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\nVerdict: {}", s.verdict.verdict.name());
     for m in &s.verdict.metrics {
-        let value = match (m.value, m.metric) {
-            (None, _) => "not observable / no data".to_string(),
-            (Some(v), "invalidate_freq") => format!("{v:.0}/s"),
-            (Some(v), "amplification") => format!("{v:.0}x"),
-            (Some(v), _) => format_nanos(v as u64),
-        };
-        let _ = writeln!(out, "  {:<22} {:>24}  {}", m.metric, value, m.level.name());
-    }
-    if s.verdict.verdict == Level::Unknown {
-        let _ = writeln!(out, "  nothing to judge: no invalidation, contention or callback was observed");
+        let value = m.value.map_or_else(|| "-".to_string(), |v| in_unit(v, m.unit));
+        let band = format!("(warn {}, crit {})", in_unit(m.warn, m.unit), in_unit(m.crit, m.unit));
+        let _ = writeln!(out, "  {:<22} {:>10}  {:<7} {band}", m.metric, value, m.level.name());
+        if let (None, Some(why)) = (m.value, &m.unknown_because) {
+            let _ = writeln!(out, "    {why}");
+        }
     }
     if !s.verdict.advice.is_empty() {
         let _ = writeln!(out, "\nAdvice");
         for a in &s.verdict.advice {
-            let _ = writeln!(out, "  - {}: {}\n    → {}", a.cause, a.evidence, a.advice);
+            let _ = writeln!(out, "  - {}: {}\n    -> {}", a.cause, a.evidence, a.advice);
         }
     }
     out

@@ -10,35 +10,123 @@ use super::{
     locks::WaitPath,
     probes::Observability,
 };
-use crate::{collect::Stop, probes::Plan, report::json};
+use crate::{
+    collect::Stop,
+    probes::Plan,
+    report::{
+        json,
+        log2::{log2_bytes, log2_ns},
+    },
+};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
-    pub duration_s: f64,
+    pub duration_ns: u64,
     pub invalidations: Invalidations,
-    /// Contended locks, most waited-on first (empty and `lock_waits_observable` false when the
-    /// lock tracepoints are missing).
+    /// Contended locks related to invalidations, most related first, then most waited-on (empty
+    /// and `lock_waits_observable` false when the lock tracepoints are missing).
     pub locks: Vec<LockRow>,
+    /// Every other contended lock of the machine, folded.
+    pub other_contention: OtherContention,
     pub lock_waits_observable: bool,
     /// Subscriber callbacks timed, slowest first.
     pub subscribers: Vec<SubscriberRow>,
     pub callbacks_observable: bool,
     #[serde(flatten)]
     pub verdict: Verdict,
+    /// What was lost on the way: the figures built on it are null (UNKNOWN) with the reason.
+    pub lost_events: LostEvents,
     /// The kernel side's counters, lost and missed work included.
     pub counters: BTreeMap<&'static str, u64>,
 }
 
+/// Work the tool saw but could not count in full. Each figure that depends on a table that lost
+/// entries is UNKNOWN, never a smaller number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LostEvents {
+    /// Contended waits not counted: the kernel's waits table was full within one drain period.
+    pub waits: u64,
+    /// Invalidations not counted: the kernel's invalidations table was full.
+    pub invalidations: u64,
+    /// Callback calls not counted: the callbacks table was full.
+    pub callback_calls: u64,
+    /// Waits whose stack could not be kept: counted, their path "other".
+    pub wait_stacks: u64,
+    /// VMs whose mmu_lock could not be recorded (the table of VMs was full).
+    pub vm_locks: u64,
+    /// Invalidations of VM memory by kernel threads (kcompactd, kdamond, kswapd) whose memory
+    /// could not be named: KVM's tracepoints carry no mm and no function probe gave it. With -p
+    /// they may have been the watched process's.
+    pub owner_unresolved: u64,
+    /// Waits counted without their thread and stack (user space's bound on groups).
+    pub folded_waits: u64,
+}
+
+impl LostEvents {
+    /// Whether the wait figures are incomplete.
+    pub fn waits_incomplete(&self) -> bool {
+        self.waits > 0
+    }
+
+    pub fn invalidations_incomplete(&self) -> bool {
+        self.invalidations > 0
+    }
+}
+
+/// Contention with no relation to invalidations (the rest of the machine), folded.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OtherContention {
+    pub locks: usize,
+    pub contended: u64,
+    pub wait_ns: u64,
+    /// The most waited-on of them (a few).
+    pub top: Vec<LockRow>,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Invalidations {
-    pub count: u64,
-    pub per_second: f64,
+    /// Null where this kernel does not let the tool see the invalidations asked about.
+    pub count: Option<u64>,
+    pub per_second: Option<f64>,
+    /// Which invalidations `count` covers: every mm with subscribers (function probes), or
+    /// VMs' memory only (KVM's tracepoints).
+    pub scope: &'static str,
+    /// Why `count` is null.
+    pub not_observable: Option<String>,
+    /// Bytes of the sized invalidations (whole address spaces left out).
     pub bytes: u64,
-    /// log2 buckets of bytes per invalidation.
+    /// Whole address spaces invalidated at exit (end ULONG_MAX): no size.
+    pub whole_address_space: u64,
+    /// The mm invalidated most, and its sizes.
+    pub busiest: Option<Busiest>,
+    /// The busiest second of the busiest mm.
+    pub peak: Option<Peak>,
+    /// log2 buckets of bytes per invalidation; the last also holds whole address spaces.
+    #[serde(serialize_with = "log2_bytes")]
     pub sizes: Vec<u64>,
     /// Start → end, where the notifier's functions can be probed; null otherwise.
     pub mean_duration_ns: Option<f64>,
     pub by_invalidator: Vec<InvalidatorRow>,
+}
+
+/// The mm invalidated most: whose memory, how much, in what sizes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Busiest {
+    /// The process whose memory it is; null when no invalidation of it could be named.
+    pub owner_tgid: Option<u32>,
+    pub comm: String,
+    pub count: u64,
+    /// Mean size of its sized invalidations; null when all were whole address spaces.
+    pub mean_bytes: Option<f64>,
+}
+
+/// The most invalidations of one mm within one drain period (about a second).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Peak {
+    pub per_second: f64,
+    pub owner_tgid: Option<u32>,
+    /// When it ended, since the probes attached.
+    pub end_ns: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -53,7 +141,9 @@ pub struct InvalidatorRow {
     pub event: Option<&'static str>,
     pub count: u64,
     pub bytes: u64,
-    pub mean_bytes: f64,
+    /// Null when every one was a whole address space.
+    pub mean_bytes: Option<f64>,
+    pub whole_address_space: u64,
     pub mean_duration_ns: Option<f64>,
 }
 
@@ -62,8 +152,11 @@ pub struct LockRow {
     pub address: String,
     /// "kvm->mmu_lock of VM pid 4242", "mmap_lock of pid 4242", or the address and caller.
     pub name: String,
-    /// "kvm_mmu_lock", "mmap_lock" or "unknown".
+    /// "kvm_mmu_lock", "mmap_lock", "kvm_lock" or "unknown".
     pub class: &'static str,
+    /// How it relates to invalidations: "vm_lock", "in_invalidation", "subscribed_mm",
+    /// "watched" or "unrelated".
+    pub relation: &'static str,
     pub owner_tgid: Option<u32>,
     /// How it was taken, from contention_begin's flags of its most waited-on path.
     pub kind: &'static str,
@@ -71,6 +164,7 @@ pub struct LockRow {
     pub wait_ns: u64,
     pub max_ns: u64,
     /// log2 buckets of ns per wait.
+    #[serde(serialize_with = "log2_ns")]
     pub buckets: Vec<u64>,
     pub paths: Vec<PathRow>,
 }
@@ -112,6 +206,8 @@ pub struct SubscriberRow {
     /// Calls in a non-blockable context (the OOM reaper's), and how many refused.
     pub nonblocking: u64,
     pub refused: u64,
+    /// log2 buckets of ns per call.
+    #[serde(serialize_with = "log2_ns")]
     pub buckets: Vec<u64>,
     /// Callback time against size; null with fewer than two size classes to fit.
     pub fit: Option<Fit>,
@@ -138,13 +234,15 @@ pub struct Fit {
 /// One `--interval`'s deltas.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Interval {
-    /// Seconds since the probes attached, at the interval's end.
-    pub end_s: f64,
-    pub interval_s: f64,
+    /// Since the probes attached, at the interval's end.
+    pub end_ns: u64,
+    pub interval_ns: u64,
     pub invalidations: u64,
     pub contended: Option<u64>,
     pub wait_ns: Option<u64>,
     pub callback_calls: Option<u64>,
+    /// Waits, invalidations and callback calls lost in this interval (tables full).
+    pub lost: u64,
 }
 
 #[derive(Serialize)]
@@ -184,4 +282,8 @@ pub fn summary_json(summary: &Summary, stopped_by: Stop, seen: &Observability) -
         json::Line::InvalidationsSummary,
         &SummaryLine { summary, stopped_by: stopped_by.name(), observability: seen },
     )
+}
+
+pub fn lost_events_json(lost: &LostEvents) -> String {
+    json::line(json::Line::InvalidationsLostEvents, lost)
 }

@@ -79,6 +79,8 @@ pub const MEMBERS: &[Member] = &[
     member!(names::MM_NOTIFIER_SUBSCRIPTIONS => mm_struct["notifier_subscriptions"],
         "CONFIG_MMU_NOTIFIER; named mmu_notifier_mm before 5.7"),
     member!(names::MM_MMAP_LOCK => mm_struct["mmap_lock"], "an rw_semaphore; mmap_sem before 5.8"),
+    member!(names::MM_OWNER => mm_struct["owner"],
+        "CONFIG_MEMCG (the task whose memory cgroup charges the mm): whose memory an invalidation is"),
     member!(names::SUBSCRIPTIONS_LIST => mmu_notifier_subscriptions["list"],
         "hlist of struct mmu_notifier; stable since 5.7"),
     member!(names::MMU_NOTIFIER_HLIST => mmu_notifier["hlist"], "0 on every kernel read; resolved all the same"),

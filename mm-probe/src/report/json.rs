@@ -65,6 +65,7 @@ lines! {
     InvalidationsProbePlan => ("invalidations", "probe_plan"),
     InvalidationsInterval => ("invalidations", "interval"),
     InvalidationsSummary => ("invalidations", "summary"),
+    InvalidationsLostEvents => ("invalidations", "lost_events"),
     InvalidationsPlot => ("invalidations", "plot"),
     /// The hidden `bench-ring` subcommand's result, read by `cargo xtask bench`.
     BenchRingCheck => ("bench-ring", "ring_check"),

@@ -41,6 +41,7 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("invalidations", "probe_plan", include_str!("../../../schemas/invalidations/probe_plan.schema.json")),
     ("invalidations", "interval", include_str!("../../../schemas/invalidations/interval.schema.json")),
     ("invalidations", "summary", include_str!("../../../schemas/invalidations/summary.schema.json")),
+    ("invalidations", "lost_events", include_str!("../../../schemas/invalidations/lost_events.schema.json")),
     ("bench-ring", "ring_check", include_str!("../../../schemas/bench-ring/ring_check.schema.json")),
 ];
 

@@ -307,7 +307,7 @@ fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut
         .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))
         .collect();
     if source.seen.lock_waits {
-        let (locks, other) = aggregator::locks(tables, &source.kvm_members);
+        let (locks, other) = invalidations::contention::locks(tables, &source.kvm_members);
         let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
         if other.locks > 0 {
             // The rest of the machine's contention, one series: its locks are not bounded.

@@ -7,6 +7,7 @@
 //! (report.rs) or text (render.rs), and with `--plot` a figure of the distributions (plot.rs).
 
 pub mod aggregator;
+pub mod contention;
 pub mod decoder;
 pub mod judge;
 pub mod locks;
@@ -191,7 +192,7 @@ fn summarize(
     let kallsyms = kernel.kallsyms().ok();
     let mut invalidations = aggregator::invalidations(tables, duration_ns as f64 / 1e9, scope);
     invalidations.peak = peak.peak.clone();
-    let (locks, other_contention) = aggregator::locks(tables, &kvm_members(kernel));
+    let (locks, other_contention) = contention::locks(tables, &kvm_members(kernel));
     let subscribers = aggregator::subscribers(tables, kallsyms, seen.lock_waits);
     let lost_events = aggregator::lost_events(tables);
     let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, seen, &lost_events);

@@ -42,6 +42,15 @@ pub const FILTER_TGIDS: &str = "INV_FILTER_TGIDS";
 /// Global u64: the address of kvm_mmu_notifier_invalidate_range_start (kallsyms), which a KVM
 /// subscription's ops point to; 0 when KVM is absent.
 pub const KVM_RANGE_START_FN: &str = "INV_KVM_RANGE_START_FN";
+/// Globals u64: the kernel image's [_text, _end) (kallsyms). An unrelated contended lock outside
+/// it is a per-object lock (a page table's, an inode's, a socket's): all of them fold into
+/// [`DYNAMIC_LOCKS`], since short-lived processes bring new ones every second.
+pub const KERNEL_TEXT: &str = "INV_KERNEL_TEXT";
+pub const KERNEL_END: &str = "INV_KERNEL_END";
+/// The lock address that stands for every unrelated per-object lock.
+pub const DYNAMIC_LOCKS: u64 = 1;
+/// The lock address that stands for other processes' own mmap_locks (unrelated).
+pub const OTHER_MMAP_LOCKS: u64 = 0;
 /// Globals u32: the field offsets of the lock tracepoints' records (tracefs `format`).
 pub const BEGIN_LOCK_OFFSET: &str = "INV_BEGIN_LOCK_OFFSET";
 pub const BEGIN_FLAGS_OFFSET: &str = "INV_BEGIN_FLAGS_OFFSET";

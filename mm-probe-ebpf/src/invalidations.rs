@@ -38,9 +38,10 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::invalidations::{
-    CallbackKey, CallbackStash, CallbackStats, Counter, FIT_CLASSES, FIT_SHIFT, INVALIDATIONS_ENTRIES, InvalidationKey,
-    InvalidationStats, KvmLock, LockClass, Relation, SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN,
-    STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
+    CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, FIT_CLASSES, FIT_SHIFT, INVALIDATIONS_ENTRIES,
+    InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, Relation, SIZE_BUCKETS,
+    STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey, WaitStash,
+    WaitStats,
 };
 
 use crate::kernel::{
@@ -60,6 +61,10 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 static INV_FILTER_TGIDS: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static INV_KVM_RANGE_START_FN: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static INV_KERNEL_TEXT: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static INV_KERNEL_END: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static INV_BEGIN_LOCK_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
@@ -415,9 +420,17 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     let class = if own_mmap_lock { LockClass::MmapLock } else { LockClass::Other };
     let flags = tp_field(&ctx, &INV_BEGIN_FLAGS_OFFSET).unwrap_or(0);
     let key = if relation == Relation::Unrelated {
-        // Every process's own mmap_lock is one lock here: their number is the machine's
-        // process count, which churn makes unbounded.
-        let lock = if own_mmap_lock { 0 } else { lock };
+        // Every process's own mmap_lock is one lock here, and every per-object lock another:
+        // their number grows with the machine's processes, which churn makes unbounded. Locks in
+        // the kernel image (zone, LRU, global locks) are few and keep their address.
+        let in_image = lock >= INV_KERNEL_TEXT.load() && lock < INV_KERNEL_END.load();
+        let lock = if own_mmap_lock {
+            OTHER_MMAP_LOCKS
+        } else if in_image {
+            lock
+        } else {
+            DYNAMIC_LOCKS
+        };
         WaitKey { lock, stack_id: STACK_NOT_TAKEN, flags, tgid: 0, class: class as u32, relation: 0, comm: [0; 16] }
     } else {
         let stack_id = wait_stack(&ctx);

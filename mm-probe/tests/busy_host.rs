@@ -50,7 +50,7 @@ fn after_ten_minutes_of_short_lived_processes_the_vms_lock_is_still_named_and_no
     assert_eq!(plan["type"], "probe_plan", "{plan}");
 
     let churn = Command::new(workload("churn"))
-        .args(["--duration-ms", &CHURN.as_millis().to_string(), "--concurrency", "4"])
+        .args(["--duration-ms", &CHURN.as_millis().to_string(), "--concurrency", "4", "--processes", "100000000"])
         .output()
         .expect("running churn");
     assert!(churn.status.success(), "churn failed");

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use mm_probe_common::invalidations::{LockClass, Relation, WaitKey, WaitStats};
+use mm_probe_common::invalidations::{DYNAMIC_LOCKS, LockClass, Relation, WaitKey, WaitStats};
 
 use super::{
     decoder::Tables,
@@ -138,7 +138,8 @@ fn lock_name(
     }
     match (mmap_lock, mmap_owner) {
         (true, Some(tgid)) => return (format!("mmap_lock of pid {tgid}"), "mmap_lock", Some(tgid)),
-        (true, None) => return ("mmap_lock of other processes (their own)".into(), "mmap_lock", None),
+        (true, None) => return ("other processes' own mmap_locks".into(), "mmap_lock", None),
+        _ if lock == DYNAMIC_LOCKS => return ("per-object locks (page tables, inodes, …)".into(), "unknown", None),
         _ => {}
     }
     let inside_kvm = tables.kvm_locks.iter().find_map(|(_, vm)| {

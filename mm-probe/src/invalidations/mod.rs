@@ -230,6 +230,11 @@ pub fn kvm_members(kernel: &Kernel) -> KvmMembers {
         .unwrap_or_default()
 }
 
+/// The kernel image's [_text, _end), where static locks live.
+fn kernel_image(kernel: &Kernel) -> Option<(u64, u64)> {
+    kernel.kallsyms().ok()?.kernel_image()
+}
+
 fn kvm_range_start(kernel: &Kernel) -> Option<u64> {
     kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START))
 }
@@ -237,6 +242,7 @@ fn kvm_range_start(kernel: &Kernel) -> Option<u64> {
 /// Globals: the -p filter, KVM's callback address, this kernel's tracepoint field offsets.
 pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
     let kvm_start = kvm_range_start(kernel);
+    let image = kernel_image(kernel);
     let root = tracefs::root().ok();
     let offset = |category, event, field, default| {
         let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
@@ -245,6 +251,8 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
     vec![
         (names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty()))),
         (names::KVM_RANGE_START_FN, GlobalValue::U64(kvm_start.unwrap_or(0))),
+        (names::KERNEL_TEXT, GlobalValue::U64(image.map_or(0, |i| i.0))),
+        (names::KERNEL_END, GlobalValue::U64(image.map_or(0, |i| i.1))),
         (names::BEGIN_LOCK_OFFSET, offset("lock", "contention_begin", "lock_addr", 8)),
         (names::BEGIN_FLAGS_OFFSET, offset("lock", "contention_begin", "flags", 16)),
         (names::END_LOCK_OFFSET, offset("lock", "contention_end", "lock_addr", 8)),

@@ -18,6 +18,9 @@ pub struct Kallsyms {
     by_address: Vec<Symbol>,
 }
 
+/// Room left for vmlinux's data and bss after its last function, where `_end` is not listed.
+const IMAGE_DATA_ROOM: u64 = 256 << 20;
+
 /// A function symbol with its address and, for module symbols, the module.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Symbol {
@@ -107,6 +110,18 @@ impl Kallsyms {
     /// functions of different files). `None` when absent or addresses are unreadable.
     pub fn address_of(&self, function: &str) -> Option<u64> {
         self.by_address.iter().find(|s| s.name == function).map(|s| s.address)
+    }
+
+    /// Where the kernel image (vmlinux's text, data and bss) lies: [_text, _end). Without data
+    /// symbols in kallsyms (no CONFIG_KALLSYMS_ALL) `_end` is absent, and the image is taken to
+    /// end [`IMAGE_DATA_ROOM`] past vmlinux's last function: data and bss follow the text.
+    pub fn kernel_image(&self) -> Option<(u64, u64)> {
+        let text = self.address_of("_text")?;
+        let end = self.address_of("_end").or_else(|| {
+            let last = self.by_address.iter().filter(|s| s.module.is_none()).map(|s| s.address).max()?;
+            Some(last.saturating_add(IMAGE_DATA_ROOM))
+        })?;
+        (end > text).then_some((text, end))
     }
 
     pub fn len(&self) -> usize {

@@ -215,18 +215,20 @@ fn read_retry_storm(ebpf: &Ebpf, source: &RetryStormSource, snapshot: &mut Snaps
         snapshot.mmu_invalidation_callback =
             Some(log2_ns_histogram(&totals.callback_ns, c.get(hmm::Counter::CallbackNs)));
     }
-    // KVM's own tracepoints (the secondary MMU's side of the same invalidations), each only
-    // where it attached.
-    let kvm = [
-        (source.seen.kvm_unmap, "unmap_hva_range", hmm::Counter::KvmUnmap),
-        (source.seen.kvm_age, "age_hva", hmm::Counter::KvmAge),
-    ];
-    snapshot.kvm_notifier_events = kvm
-        .into_iter()
-        .filter(|(seen, ..)| *seen)
-        .map(|(_, event, counter)| Series::new(&[("event", event)], c.get(counter)))
-        .collect();
+    // KVM's own tracepoints (the secondary MMU's side of the same invalidations).
+    snapshot.kvm_notifier_events = kvm_events(
+        source.seen.kvm_unmap.then(|| c.get(hmm::Counter::KvmUnmap)),
+        source.seen.kvm_age.then(|| c.get(hmm::Counter::KvmAge)),
+    );
     Ok(())
+}
+
+/// The one KVM family: each of KVM's tracepoints only where it attached (`None` otherwise).
+fn kvm_events(unmaps: Option<u64>, ages: Option<u64>) -> Vec<Series> {
+    [("unmap_hva_range", unmaps), ("age_hva", ages)]
+        .into_iter()
+        .filter_map(|(event, count)| Some(Series::new(&[("event", event)], count?)))
+        .collect()
 }
 
 fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<()> {
@@ -293,15 +295,10 @@ fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut
             *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
         }
     }
-    let kvm = [
-        (source.seen.kvm_unmaps, "unmap_hva_range", names::Counter::KvmUnmaps),
-        (source.seen.kvm_ages, "age_hva", names::Counter::KvmAges),
-    ];
-    snapshot.kvm_notifier_events = kvm
-        .into_iter()
-        .filter(|(seen, ..)| *seen)
-        .map(|(_, event, counter)| Series::new(&[("event", event)], tables.counter(counter)))
-        .collect();
+    snapshot.kvm_notifier_events = kvm_events(
+        source.seen.kvm_unmaps.then(|| tables.counter(names::Counter::KvmUnmaps)),
+        source.seen.kvm_ages.then(|| tables.counter(names::Counter::KvmAges)),
+    );
     snapshot.notifier_invalidations = by_event
         .into_iter()
         .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))

@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 
 use mm_probe_common::thp::{Counter, ScanOrigin, ScanPath, collapse_slot_parts};
 
-use super::words::counted;
 use super::{
     judge::{Inputs, LiveInput},
     probes,
     reasons::{DisableMode, ReasonCode},
     report::{CollapseFacts, CollapseResult, VmaClass, VmaEntry},
     scan_result::{Outcome, meaning},
+    words::counted,
 };
 use crate::units::{format_bytes, format_nanos};
 

@@ -180,7 +180,6 @@ fn at_80_columns_no_table_row_wraps() {
             }
         }
         let table = raw.split("\nVMAs (").nth(1).unwrap().split("\n\n").next().unwrap();
-        eprintln!("{raw}");
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[1].contains("ELIG the kernel's own THPeligible"), "{}", lines[1]);
         for row in &lines[2..] {

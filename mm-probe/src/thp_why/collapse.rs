@@ -9,9 +9,10 @@ use mm_probe_common::thp::{Counter, ScanOrigin, ScanPath, collapse_slot_parts};
 use super::{
     judge::{Inputs, LiveInput},
     probes,
-    reasons::ReasonCode,
+    reasons::{DisableMode, ReasonCode},
     report::{CollapseFacts, CollapseResult, VmaClass, VmaEntry},
     scan_result::{Outcome, meaning},
+    words::counted,
 };
 use crate::units::{format_bytes, format_nanos};
 
@@ -37,6 +38,7 @@ pub fn judge(input: &Inputs, vmas: &[VmaEntry]) -> CollapseFacts {
         registered: input.disable.mm_flags.map(|flags| flags & MMF_VM_HUGEPAGE != 0),
         reached: None,
         not_reached: None,
+        kept_away: kept_away(input),
         candidate_regions,
         candidate_small_bytes,
         full_scans_delta: khugepaged_delta(input, "full_scans"),
@@ -74,12 +76,83 @@ pub fn judge(input: &Inputs, vmas: &[VmaEntry]) -> CollapseFacts {
     facts
 }
 
+/// The run's failed collapse scans of the target, led by the most frequent result: what kept its
+/// eligible memory small once khugepaged (or its own MADV_COLLAPSE) came. The scan tracepoint
+/// names the mm, not the address, so the failures are the process's, not one region's.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    pub failed: u64,
+    pub top: CollapseResult,
+}
+
+impl Refusal {
+    pub fn of(facts: &CollapseFacts) -> Option<Self> {
+        let failed = facts.failed.filter(|&n| n > 0)?;
+        // Results are most frequent first.
+        let top = facts.results.iter().find(|r| r.outcome == Outcome::Failed)?.clone();
+        Some(Self { failed, top })
+    }
+
+    /// ` (khugepaged/max_ptes_none is 32)`, where the result is a knob's limit.
+    fn limit(&self) -> String {
+        match (self.top.knob, self.top.knob_value) {
+            (Some(knob), Some(value)) => format!(" (khugepaged/{knob} is {value})"),
+            (Some(knob), None) => format!(" (khugepaged/{knob})"),
+            _ => String::new(),
+        }
+    }
+
+    /// For the verdict: "48 failed scans, most with exceed_none_pte (khugepaged/max_ptes_none is 32)".
+    pub fn summary(&self) -> String {
+        let most = if self.top.count == self.failed { "all" } else { "most" };
+        format!(
+            "{}, {most} with {}{}",
+            counted(self.failed, "failed scan", "failed scans"),
+            self.top.result,
+            self.limit()
+        )
+    }
+
+    pub fn detail(&self) -> String {
+        let most = if self.top.count == self.failed { "all" } else { "most" };
+        format!(
+            "eligible, but collapsing it failed: {} of this process during the run, {most} with {}: {}{}; scans \
+             are counted per process, not per region",
+            counted(self.failed, "failed scan", "failed scans"),
+            self.top.result,
+            self.top.why,
+            self.limit()
+        )
+    }
+
+    pub fn fix(&self) -> String {
+        let own = if self.top.fix.is_empty() { String::new() } else { format!("{}; or ", self.top.fix) };
+        format!(
+            "{own}collapse it from the application with madvise(MADV_COLLAPSE) (6.1+), which ignores khugepaged's \
+             max_ptes_* limits"
+        )
+    }
+}
+
+/// Gives the refusal to each eligible region that still holds small pages where a 2 MiB page
+/// fits: what the scans failed on is what keeps them small.
+pub fn mark_refused(vmas: &mut [VmaEntry], refusal: &Refusal) {
+    for v in vmas.iter_mut().filter(|v| is_candidate(v) && v.small_anonymous_bytes() > 0) {
+        v.reason = ReasonCode::CollapseRefused;
+        v.reasons.push(ReasonCode::CollapseRefused);
+        v.detail = refusal.detail();
+        v.details.push(v.detail.clone());
+        v.fix = refusal.fix();
+    }
+}
+
+fn is_candidate(v: &VmaEntry) -> bool {
+    v.kind == VmaClass::Anon && v.reason == ReasonCode::None && v.aligned_2m_window
+}
+
 /// Eligible regions with at least one aligned 2 MiB range, and their resident small pages.
 fn candidates(vmas: &[VmaEntry]) -> (usize, u64) {
-    let eligible: Vec<&VmaEntry> = vmas
-        .iter()
-        .filter(|v| v.kind == VmaClass::Anon && v.reason == ReasonCode::None && v.aligned_2m_window)
-        .collect();
+    let eligible: Vec<&VmaEntry> = vmas.iter().filter(|v| is_candidate(v)).collect();
     (eligible.len(), eligible.iter().map(|v| v.small_anonymous_bytes()).sum())
 }
 
@@ -135,8 +208,45 @@ fn results(input: &Inputs, live: &LiveInput) -> Vec<CollapseResult> {
     results
 }
 
+/// A process-wide refusal that keeps khugepaged from the whole process: the prctl (no region
+/// of an MMF_DISABLE_THP mm registers it, khugepaged_enter_vma runs the same allow-check, and a
+/// scan of an mm that has it drops the mm), or the 2 MiB size off system-wide (khugepaged only
+/// runs while some PMD-size policy is on: start_stop_khugepaged).
+fn kept_away(input: &Inputs) -> Option<String> {
+    if !input.policy.thp_built_in {
+        return Some("this kernel has no transparent huge pages, so no khugepaged".into());
+    }
+    if input.disable.mode == Some(DisableMode::Completely) {
+        let from = match &input.set_by {
+            Some(s) if s.is_target => " (the process set it itself)".to_string(),
+            Some(s) => format!(
+                ", inherited from ancestor {} ({})",
+                s.pid,
+                if s.cmdline.is_empty() { &s.comm } else { &s.cmdline }
+            ),
+            None => String::new(),
+        };
+        return Some(format!(
+            "prctl(PR_SET_THP_DISABLE) keeps khugepaged away from this process{from}: no region of it can \
+             register with khugepaged, madvise(MADV_HUGEPAGE) included, and MADV_COLLAPSE is refused too"
+        ));
+    }
+    let pmd = input.policy.pmd_order();
+    if !input.policy.anon_orders_allowed(true).contains(&pmd) {
+        return Some(
+            "the 2 MiB size is off system-wide (enabled=never, or its hugepages-2048kB control is never): \
+             khugepaged does not run for anonymous memory"
+                .into(),
+        );
+    }
+    None
+}
+
 /// Why khugepaged did not scan the target during the run, from its list membership and pace.
 fn not_reached(input: &Inputs, live: &LiveInput, facts: &CollapseFacts) -> String {
+    if let Some(why) = &facts.kept_away {
+        return why.clone();
+    }
     if facts.registered == Some(false) {
         return "khugepaged does not have this process on its list (MMF_VM_HUGEPAGE is clear): no region has \
                 registered it (a region registers when it becomes eligible: madvise(MADV_HUGEPAGE), or a new \
@@ -154,14 +264,14 @@ fn not_reached(input: &Inputs, live: &LiveInput, facts: &CollapseFacts) -> Strin
     };
     let passes = match facts.full_scans_delta {
         Some(0) => "; it finished no full pass over its list".to_string(),
-        Some(n) => format!("; it finished {n} full pass(es) over its list"),
+        Some(n) => format!("; it finished {} over its list", counted(n.unsigned_abs(), "full pass", "full passes")),
         None => String::new(),
     };
     format!(
         "khugepaged did not scan this process's memory during the {} run{pace}{passes}; it scanned other processes' \
-         ranges {} times",
+         ranges {}",
         format_nanos(live.duration_ns),
-        facts.other_mm_scans.unwrap_or(0)
+        counted(facts.other_mm_scans.unwrap_or(0), "time", "times")
     )
 }
 
@@ -184,7 +294,7 @@ fn advice(facts: &CollapseFacts) -> Vec<String> {
             (Some(knob), Some(value)) => format!(" ({knob} is {value})"),
             _ => String::new(),
         };
-        advice.push(format!("{count} scan(s) failed with {name}{limit}: {}", r.fix));
+        advice.push(format!("{} failed with {name}{limit}: {}", counted(count, "scan", "scans"), r.fix));
     }
     if facts.failed.unwrap_or(0) > 0 && facts.by_khugepaged.unwrap_or(0) > 0 {
         advice.push(
@@ -193,12 +303,13 @@ fn advice(facts: &CollapseFacts) -> Vec<String> {
                 .into(),
         );
     }
-    if facts.reached == Some(false) && facts.candidate_small_bytes > PMD_BYTES {
+    if facts.reached == Some(false) && facts.kept_away.is_none() && facts.candidate_small_bytes > PMD_BYTES {
         advice.push(format!(
-            "{} in {} eligible region(s) wait(s) for khugepaged: lower khugepaged/scan_sleep_millisecs or raise \
-             pages_to_scan for it to come sooner, or collapse from the application with madvise(MADV_COLLAPSE)",
+            "{} in {} {} for khugepaged: lower khugepaged/scan_sleep_millisecs or raise pages_to_scan for it to \
+             come sooner, or collapse from the application with madvise(MADV_COLLAPSE)",
             format_bytes(facts.candidate_small_bytes),
-            facts.candidate_regions
+            counted(facts.candidate_regions as u64, "eligible region", "eligible regions"),
+            if facts.candidate_regions == 1 { "waits" } else { "wait" }
         ));
     }
     advice
@@ -255,7 +366,7 @@ mod tests {
         assert_eq!((facts.scans, facts.collapsed, facts.failed), (Some(226), Some(2), Some(224)));
         let first = &facts.results[0];
         assert_eq!((first.result.as_str(), first.count, first.knob_value), ("exceed_none_pte", 224, Some(32)));
-        assert!(facts.advice[0].starts_with("224 scan(s) failed with exceed_none_pte"), "{:?}", facts.advice);
+        assert!(facts.advice[0].starts_with("224 scans failed with exceed_none_pte"), "{:?}", facts.advice);
         assert!(facts.advice[0].contains("max_ptes_none is 32"), "{}", facts.advice[0]);
         assert!(facts.advice.iter().any(|a| a.contains("MADV_COLLAPSE")), "{:?}", facts.advice);
         assert_eq!(facts.reached, Some(true));
@@ -266,12 +377,12 @@ mod tests {
     #[test]
     fn the_collapse_section_explains_each_result_once() {
         let report = scanned_report(&[(5, 224), (1, 2)], &[("max_ptes_none", 32)]);
-        let text = crate::thp_why::render::text(&report, false);
+        let text = crate::thp_why::render::text(&report, false, 100);
         let section = text.split("Collapse (khugepaged)").nth(1).unwrap().split("\n\n").next().unwrap();
         assert!(section.contains("226 of this process's ranges (226 by khugepaged): 2 collapsed, 224 stayed small"));
-        assert!(section.contains("exceed_none_pte") && section.contains("(max_ptes_none 32)"), "{section}");
+        assert!(section.contains("exceed_none_pte") && section.contains("max_ptes_none 32"), "{section}");
         assert_eq!(section.matches("sparsely touched").count(), 1, "{section}");
-        assert!(section.contains("224 scan(s) failed with exceed_none_pte (max_ptes_none is 32): touch"), "{section}");
+        assert!(section.contains("224 scans failed with exceed_none_pte (max_ptes_none is 32): touch"), "{section}");
     }
 
     #[test]

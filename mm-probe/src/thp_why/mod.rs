@@ -6,9 +6,11 @@
 //! `checks` + `reasons` hold the kernel's order of checks per version and judge those facts,
 //! `decoder` turns the live keys into per-VMA counts, `judge` decides the mode, every VMA and
 //! the verdict, `rank` orders the reasons and their fixes, `scan_result` + `collapse` explain
-//! khugepaged's scans of the target, `per_size` the per-size (mTHP) policy, `report` is the JSON
-//! model, `render` prints it.
+//! khugepaged's scans of the target, `verdict` says it in one line, `per_size` the per-size (mTHP)
+//! policy, `report` is the JSON model, `render` (and `vma_table`) print it; `access` says why a
+//! process's memory map may not be read.
 
+pub mod access;
 pub mod ancestry;
 pub mod checks;
 pub mod collapse;
@@ -25,6 +27,9 @@ pub mod render;
 pub mod report;
 pub mod scan_result;
 pub mod sysfs;
+pub mod verdict;
+pub mod vma_table;
+pub mod words;
 
 use std::time::{Duration, Instant};
 
@@ -65,7 +70,7 @@ pub fn run(args: &ThpWhyArgs) -> Result<()> {
     if args.json {
         println!("{}", render::json(&report));
     } else {
-        text::print(&render::text(&report, args.all_vmas));
+        text::print(&render::text(&report, args.all_vmas, text::width()));
     }
     Ok(())
 }

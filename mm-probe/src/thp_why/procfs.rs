@@ -14,8 +14,9 @@ const PF_KTHREAD: u64 = 0x0020_0000;
 pub enum ProcError {
     #[error("process {pid} does not exist (or has exited)")]
     Gone { pid: u32 },
-    #[error("cannot read {path}: permission denied (run as root, or as the owner of process {pid})")]
-    Denied { pid: u32, path: String },
+    /// `hint` says what would help (see `access`): "run as root" only where that is the answer.
+    #[error("cannot read {path}: permission denied ({hint})")]
+    Denied { pid: u32, path: String, hint: String },
     #[error("cannot read {path}: {source}")]
     Io { path: String, source: io::Error },
     #[error("cannot parse {path}: {what}")]
@@ -48,7 +49,10 @@ impl Proc {
         let path = self.root.join(file).display().to_string();
         match e.kind() {
             io::ErrorKind::NotFound => ProcError::Gone { pid: self.pid },
-            io::ErrorKind::PermissionDenied => ProcError::Denied { pid: self.pid, path },
+            io::ErrorKind::PermissionDenied => {
+                let hint = super::access::denied_hint(self.pid, &super::access::AccessFacts::read(self.pid));
+                ProcError::Denied { pid: self.pid, path, hint }
+            }
             // ESRCH: the task died between open and read.
             _ if e.raw_os_error() == Some(libc::ESRCH) => ProcError::Gone { pid: self.pid },
             _ => ProcError::Io { path, source: e },

@@ -1,16 +1,29 @@
-//! The reasons, ranked: every VMA's refusals gathered per reason code (VMAs, bytes, faults, live
-//! denials), each with its detail and fix, process-wide causes first; and the fix of one region.
+//! The reasons, ranked: every VMA's refusals gathered per reason code (live denials, and the
+//! VMAs whose judgement includes each), and each anonymous VMA counted once more under the reason
+//! that decides it, in resident anonymous bytes (the verdict's measure), so the table adds up to
+//! the verdict; each reason with its detail and fix, process-wide causes first; the fixes of the
+//! causes present; and the fix of one region.
 
 use std::collections::BTreeMap;
 
 use super::{
+    collapse::Refusal,
     judge::Inputs,
     reasons::{DisableMode, ModeSource, ReasonCode},
-    report::{LiveFacts, ReasonEntry, VmaClass, VmaEntry},
+    report::{LiveFacts, NonAnonymous, ReasonEntry, VmaClass, VmaEntry},
 };
 use crate::{kernel::layout::ThpDisableBits, units::format_bytes};
 
-pub fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) -> Vec<ReasonEntry> {
+/// Below one 2 MiB page of memory in small pages a cause costs nothing a huge page could win
+/// back: its fix is not offered.
+const HUGE_BYTES: u64 = 2 << 20;
+
+pub fn aggregate_reasons(
+    input: &Inputs,
+    vmas: &[VmaEntry],
+    live: &LiveFacts,
+    refusal: Option<&Refusal>,
+) -> Vec<ReasonEntry> {
     let observed = live.allow_check_observed;
     let mut by_code: BTreeMap<ReasonCode, ReasonEntry> = BTreeMap::new();
     for v in vmas {
@@ -20,6 +33,13 @@ pub fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) ->
             e.vmas += 1;
             e.bytes += v.size_bytes;
             e.faults += v.live.faults;
+        }
+        if v.kind == VmaClass::Anon {
+            let code = v.blocking_reason();
+            let e = reason_entry(&mut by_code, code, v.detail_of(code), observed);
+            e.deciding_vmas += 1;
+            e.resident_bytes += v.anonymous_bytes;
+            e.small_bytes += v.small_anonymous_bytes();
         }
         for (code, n) in &v.live.denied_by {
             if code.is_public() {
@@ -34,7 +54,11 @@ pub fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) ->
         }
     }
     if let Some(eligible) = by_code.get_mut(&ReasonCode::None) {
-        eligible.detail = eligible_detail(vmas);
+        eligible.detail = eligible_detail(eligible);
+    }
+    if let (Some(refused), Some(refusal)) = (by_code.get_mut(&ReasonCode::CollapseRefused), refusal) {
+        // Counted by the scan tracepoint, whether or not the allow-check was traced.
+        refused.count = Some(refusal.failed);
     }
     let mode = input.disable.mode.unwrap_or(DisableMode::None);
     let prctl_code = match mode {
@@ -50,22 +74,45 @@ pub fn aggregate_reasons(input: &Inputs, vmas: &[VmaEntry], live: &LiveFacts) ->
     }
     let mut reasons: Vec<ReasonEntry> = by_code.into_values().collect();
     for r in &mut reasons {
-        r.fix = fix_for(r.code, input);
+        r.fix = match (r.code, refusal) {
+            (ReasonCode::CollapseRefused, Some(refusal)) => refusal.fix(),
+            (code, _) => fix_for(code, input),
+        };
     }
-    // Process-wide first, then what the kernel refused live most often, then the most memory.
-    reasons.sort_by(|a, b| {
-        (b.code.is_process_wide(), a.code == ReasonCode::None, b.count, b.bytes).cmp(&(
-            a.code.is_process_wide(),
-            b.code == ReasonCode::None,
-            a.count,
-            a.bytes,
-        ))
-    });
+    // Process-wide first, then what the kernel refused live most often, then the most memory in
+    // small pages (the verdict's measure), then the most memory at all.
+    let rank = |r: &ReasonEntry| {
+        (r.code.is_process_wide(), r.code != ReasonCode::None, r.count, r.small_bytes, r.resident_bytes, r.bytes)
+    };
+    reasons.sort_by_key(|r| std::cmp::Reverse(rank(r)));
     if !input.policy.thp_built_in {
         // Nothing else matters on a kernel without THP.
         reasons.sort_by_key(|r| r.code != ReasonCode::SysfsNever);
     }
     reasons
+}
+
+/// The fixes of the causes present, in the reasons' order: a process-wide cause, or one that
+/// keeps at least one 2 MiB page's worth of resident anonymous memory in small pages. Nothing
+/// when all of it is huge (or what is not could not fill a huge page).
+pub fn present_fixes(reasons: &[ReasonEntry]) -> Vec<String> {
+    // The prctl holds for memory the process has yet to map as well.
+    let prctl = |code| matches!(code, ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised);
+    reasons
+        .iter()
+        .filter(|r| r.code != ReasonCode::None && !r.fix.is_empty())
+        .filter(|r| prctl(r.code) || (r.code.is_process_wide() && r.deciding_vmas > 0) || r.small_bytes >= HUGE_BYTES)
+        .map(|r| r.fix.clone())
+        .collect()
+}
+
+/// The VMAs the deciding counts leave out, as the table's footnote says.
+pub fn non_anonymous(vmas: &[VmaEntry]) -> NonAnonymous {
+    let others = vmas.iter().filter(|v| v.kind != VmaClass::Anon);
+    others.fold(NonAnonymous::default(), |acc, v| NonAnonymous {
+        vmas: acc.vmas + 1,
+        rss_bytes: acc.rss_bytes + v.rss_bytes,
+    })
 }
 
 /// A sysfs refusal: of an opted-out region it is not what keeps it small (the opt-out stays when
@@ -88,21 +135,21 @@ fn reason_entry<'a>(
         vmas: 0,
         bytes: 0,
         faults: 0,
+        deciding_vmas: 0,
+        resident_bytes: 0,
+        small_bytes: 0,
         fix: String::new(),
     })
 }
 
-/// The eligible VMAs together: how much of their resident anonymous memory is huge.
-fn eligible_detail(vmas: &[VmaEntry]) -> String {
-    let eligible: Vec<&VmaEntry> = vmas.iter().filter(|v| v.reasons.is_empty()).collect();
-    let anon: Vec<&&VmaEntry> = eligible.iter().filter(|v| v.kind == VmaClass::Anon).collect();
-    let resident: u64 = anon.iter().map(|v| v.anonymous_bytes).sum();
-    let huge: u64 = anon.iter().map(|v| v.anon_huge_bytes).sum();
+/// The anonymous VMAs nothing refuses, together: how much of their resident memory is huge.
+fn eligible_detail(row: &ReasonEntry) -> String {
+    let these =
+        if row.deciding_vmas == 1 { "this VMA".to_string() } else { format!("these {} VMAs", row.deciding_vmas) };
     format!(
-        "eligible: {} of the {} resident anonymous memory of these {} VMAs is in huge pages",
-        format_bytes(huge),
-        format_bytes(resident),
-        eligible.len()
+        "eligible: {} of the {} resident anonymous memory of {these} is in huge pages",
+        format_bytes(row.resident_bytes - row.small_bytes),
+        format_bytes(row.resident_bytes),
     )
 }
 
@@ -185,6 +232,9 @@ pub fn fix_for(code: ReasonCode, input: &Inputs) -> String {
         ReasonCode::AllocFallback => "the kernel found no free 2 MiB block (or the cgroup limit refused it, \
              thp_fault_fallback_charge): compact memory (echo 1 > /proc/sys/vm/compact_memory), use \
              defrag=defer+madvise with MADV_HUGEPAGE, or raise the memory.max of the cgroup"
+            .into(),
+        ReasonCode::CollapseRefused => "let khugepaged collapse it (see the Collapse section), or collapse it from \
+             the application with madvise(MADV_COLLAPSE) (6.1+)"
             .into(),
         ReasonCode::None | ReasonCode::NoAnonVma => String::new(),
     }

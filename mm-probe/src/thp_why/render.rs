@@ -3,14 +3,13 @@
 use std::fmt::Write as _;
 
 use super::{
-    reasons::{DisableMode, ReasonCode},
-    report::{LiveFacts, LostEvents, Report, StoppedBy, VmaEntry},
+    reasons::DisableMode,
+    report::{LiveFacts, LostEvents, ReasonEntry, Report, StoppedBy},
     sysfs::SizeMode,
+    vma_table,
+    words::{count_of, counted},
 };
 use crate::{report::json, units::format_bytes};
-
-/// VMAs listed without `--all-vmas`.
-pub const DEFAULT_VMA_ROWS: usize = 12;
 
 /// Two JSON lines, as every command of the family ends: the report (`type` summary), then its
 /// lost events. The JSON always carries every VMA; `--all-vmas` only widens the text table.
@@ -19,21 +18,17 @@ pub fn json(report: &Report) -> String {
     format!("{summary}\n{}", json::line(json::Line::ThpWhyLostEvents, &LostEvents::of(&report.live)))
 }
 
-pub fn text(report: &Report, all_vmas: bool) -> String {
+/// The text for a terminal `width` columns wide: prose wraps (`report::text::fit`), table rows
+/// are made to fit.
+pub fn text(report: &Report, all_vmas: bool, width: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}\n", report.verdict);
     evidence(&mut out, report);
     reasons(&mut out, report);
-    if !report.fix.is_empty() {
-        let _ = writeln!(out, "Fix");
-        for fix in &report.fix {
-            let _ = writeln!(out, "  - {fix}");
-        }
-        out.push('\n');
-    }
+    fix(&mut out, report);
     collapse(&mut out, report);
     per_size(&mut out, report);
-    table(&mut out, report, all_vmas);
+    vma_table::table(&mut out, report, all_vmas, width);
     if !report.notes.is_empty() {
         let _ = writeln!(out, "\nNotes");
         for note in &report.notes {
@@ -171,9 +166,13 @@ fn evidence(out: &mut String, r: &Report) {
     if f.observed {
         let _ = writeln!(
             out,
-            "  faults    {} page faults in {} 2 MiB ranges, ~{} got a huge page; system-wide (every process): \
+            "  faults    {} page faults in {} of 2 MiB, ~{} got a huge page; system-wide (every process): \
              thp_fault_alloc {:+}, thp_fault_fallback {:+}",
-            f.total, f.ranges, f.in_huge_pages, f.thp_fault_alloc, f.thp_fault_fallback
+            f.total,
+            count_of(f.ranges as u64, "range"),
+            f.in_huge_pages,
+            f.thp_fault_alloc,
+            f.thp_fault_fallback
         );
     } else {
         let _ = writeln!(
@@ -191,19 +190,72 @@ fn evidence(out: &mut String, r: &Report) {
     out.push('\n');
 }
 
+/// Rows of the reasons table: a reason that decides an anonymous VMA, a process-wide one, or one
+/// the kernel was seen refusing live.
+fn shown(reason: &ReasonEntry) -> bool {
+    reason.deciding_vmas > 0 || reason.code.is_process_wide() || reason.count > Some(0)
+}
+
+/// Each anonymous VMA once, under the reason that decides it, in the verdict's measure; the detail
+/// of each reason on the line below its row.
 fn reasons(out: &mut String, r: &Report) {
+    let rows: Vec<&ReasonEntry> = r.reasons.iter().filter(|reason| shown(reason)).collect();
     let _ = writeln!(out, "Reasons");
-    for reason in &r.reasons {
-        let set_by = reason.set_by.as_ref().map(|s| format!(" [set by {} {}]", s.pid, s.comm)).unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  each anonymous VMA under the reason that decides it; RESIDENT: its resident anonymous memory, SMALL: \
+         the part in small pages; LIVE: refusals counted during the run (–: not traced)"
+    );
+    let code_width = rows.iter().map(|reason| reason.code.as_str().len()).fold("REASON".len(), usize::max);
+    let _ =
+        writeln!(out, "  {:<code_width$}  {:>4}  {:>9}  {:>9}  {:>6}", "REASON", "VMAS", "RESIDENT", "SMALL", "LIVE");
+    for reason in rows {
         let _ = writeln!(
             out,
-            "  {:<34} {:>6} live  {:>3} VMAs {:>10}  {}{set_by}",
+            "  {:<code_width$}  {:>4}  {:>9}  {:>9}  {:>6}",
             reason.code.as_str(),
+            reason.deciding_vmas,
+            format_bytes(reason.resident_bytes),
+            format_bytes(reason.small_bytes),
             measured(reason.count),
-            reason.vmas,
-            format_bytes(reason.bytes),
-            reason.detail
         );
+        let set_by = reason.set_by.as_ref().map(|s| format!(" [set by {} {}]", s.pid, s.comm)).unwrap_or_default();
+        let _ = writeln!(out, "      {}{set_by}", reason.detail);
+    }
+    let other = &r.non_anonymous;
+    if other.vmas > 0 {
+        let _ = writeln!(
+            out,
+            "  not counted above: {} ({} resident) that are not anonymous memory (file-backed, shmem, special); \
+             their reasons are in the VMA list",
+            count_of(other.vmas as u64, "VMA"),
+            format_bytes(other.rss_bytes)
+        );
+    }
+    out.push('\n');
+}
+
+/// The fixes of the causes present, or why nothing needs fixing.
+fn fix(out: &mut String, r: &Report) {
+    let _ = writeln!(out, "Fix");
+    if r.fix.is_empty() {
+        let resident: u64 = r.reasons.iter().map(|reason| reason.resident_bytes).sum();
+        let small: u64 = r.reasons.iter().map(|reason| reason.small_bytes).sum();
+        let why = if resident == 0 {
+            "there is no resident anonymous memory yet".to_string()
+        } else if small == 0 {
+            format!("all {} of resident anonymous memory is in huge pages", format_bytes(resident))
+        } else {
+            format!(
+                "no cause keeps 2 MiB or more of resident anonymous memory in small pages ({} of {} is small in all)",
+                format_bytes(small),
+                format_bytes(resident)
+            )
+        };
+        let _ = writeln!(out, "  nothing to fix: {why}");
+    }
+    for fix in &r.fix {
+        let _ = writeln!(out, "  - {fix}");
     }
     out.push('\n');
 }
@@ -212,6 +264,9 @@ fn reasons(out: &mut String, r: &Report) {
 fn collapse(out: &mut String, r: &Report) {
     let c = &r.collapse;
     let _ = writeln!(out, "Collapse (khugepaged)");
+    if let Some(why) = &c.kept_away {
+        let _ = writeln!(out, "  kept away: {why}");
+    }
     if !c.observed {
         let _ =
             writeln!(out, "  not observed, counts are – (not measured): {}", c.why_not.as_deref().unwrap_or("unknown"));
@@ -233,14 +288,19 @@ fn collapse(out: &mut String, r: &Report) {
         if c.anon_huge_bytes_delta < 0 { "-" } else { "+" },
         format_bytes(c.anon_huge_bytes_delta.unsigned_abs())
     );
+    let result_width = c.results.iter().map(|r| r.result.len()).fold("RESULT".len(), usize::max);
+    if !c.results.is_empty() {
+        let _ = writeln!(out, "  {:<result_width$}  {:>6}  LIMIT", "RESULT", "SCANS");
+    }
     for result in &c.results {
         let knob = match (result.knob, result.knob_value) {
-            (Some(knob), Some(value)) => format!(" ({knob} {value})"),
-            _ => String::new(),
+            (Some(knob), Some(value)) => format!("{knob} {value}"),
+            _ => "-".into(),
         };
-        let _ = writeln!(out, "  {:<24} {:>6}  {}{knob}", result.result, result.count, result.why);
+        let _ = writeln!(out, "  {:<result_width$}  {:>6}  {knob}", result.result, result.count);
+        let _ = writeln!(out, "      {}", result.why);
     }
-    if let Some(why) = &c.not_reached {
+    if let Some(why) = c.not_reached.as_ref().filter(|why| Some(*why) != c.kept_away.as_ref()) {
         let _ = writeln!(out, "  not reached: {why}");
     }
     for advice in &c.advice {
@@ -270,65 +330,17 @@ fn per_size(out: &mut String, r: &Report) {
         };
         let _ = writeln!(
             out,
-            "  {:>8}  {:<7}  {} region(s), {}{counters}",
+            "  {:>8}  {:<7}  {}, {}",
             format_bytes(size.size_bytes),
             size.effective,
-            size.regions,
+            counted(size.regions as u64, "region", "regions"),
             format_bytes(size.bytes)
         );
+        if !counters.is_empty() {
+            let _ = writeln!(out, "            {}", counters.trim_start_matches("; "));
+        }
     }
     out.push('\n');
-}
-
-fn row(v: &VmaEntry) -> String {
-    let mark = |b: bool| if b { "y" } else { "-" };
-    let elig = v.thp_eligible.map(|e| if e { "1" } else { "0" }).unwrap_or("?");
-    format!(
-        "  {:>14}-{:<14} {:>10} {:>3} {:>2} {:>2} {:<7} {:>4} {:>10} {:>6} {:>6} {:<26} {}",
-        v.start.trim_start_matches("0x"),
-        v.end.trim_start_matches("0x"),
-        format_bytes(v.size_bytes),
-        mark(v.aligned_2m_window),
-        mark(v.hg),
-        mark(v.nh),
-        if v.stack { "stack" } else { v.kind.as_str() },
-        elig,
-        format_bytes(v.anon_huge_bytes),
-        measured(v.live.checks),
-        measured(v.live.denied),
-        reason_cell(v),
-        v.name
-    )
-}
-
-/// The table's reason: what blocks the region, the application's own opt-out named as such.
-fn reason_cell(v: &VmaEntry) -> &'static str {
-    match v.blocking_reason() {
-        ReasonCode::VmaNohugepage => "opt-out (MADV_NOHUGEPAGE)",
-        code => code.as_str(),
-    }
-}
-
-fn table(out: &mut String, r: &Report, all: bool) {
-    let shown = if all { r.vmas.len() } else { r.vmas.len().min(DEFAULT_VMA_ROWS) };
-    let more = if shown < r.vmas.len() {
-        format!("; {} of {}, --all-vmas for all", shown, r.vmas.len())
-    } else {
-        String::new()
-    };
-    let _ = writeln!(out, "VMAs (largest first{more})");
-    let _ = writeln!(
-        out,
-        "  {:>14}-{:<14} {:>10} {:>3} {:>2} {:>2} {:<7} {:>4} {:>10} {:>6} {:>6} {:<26} NAME",
-        "START", "END", "SIZE", "2M", "hg", "nh", "KIND", "ELIG", "AnonHuge", "CHECKS", "DENIED", "REASON"
-    );
-    for v in r.vmas.iter().take(shown) {
-        let _ = writeln!(out, "{}", row(v));
-    }
-    let hidden_denials: u64 = r.vmas.iter().skip(shown).filter_map(|v| v.live.denied).sum();
-    if hidden_denials > 0 {
-        let _ = writeln!(out, "  ({hidden_denials} live denials on VMAs not shown)");
-    }
 }
 
 #[cfg(test)]
@@ -365,7 +377,7 @@ mod tests {
     #[test]
     fn text_starts_with_the_verdict_and_marks_the_table() {
         let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
-        let text = text(&report, false);
+        let text = text(&report, false, 100);
         assert_eq!(text.lines().next(), Some(report.verdict.as_str()));
         let order: Vec<usize> =
             ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
@@ -384,12 +396,12 @@ mod tests {
         input.live_skipped = None;
         input.live = Some(live(Vec::new()));
         let mut report = build(input);
-        let text = text(&report, false);
+        let text = text(&report, false, 100);
         assert!(text.contains("window    watched 5.0s\n"), "{text}");
         assert!(text.contains("system-wide (every process): thp_fault_alloc +0"), "{text}");
         report.live.stopped_by = StoppedBy::Interrupted;
         report.live.duration_ns = 1_200_000_000;
-        assert!(super::text(&report, false).contains("window    interrupted after 1.2s\n"));
+        assert!(super::text(&report, false, 100).contains("window    interrupted after 1.2s\n"));
     }
 
     /// Unmeasured counts are `–` in the text; an opted-out region's row says so.
@@ -398,12 +410,16 @@ mod tests {
         let smaps =
             smaps_entry(0x7f00_0000_0000, 8192, 8192, 8192, "hg") + &smaps_entry(0x7f10_0000_0000, 4096, 4096, 0, "nh");
         let report = build(inputs_with(&smaps, DisableMode::None, "6.18.44", "always [madvise] never"));
-        let text = text(&report, false);
-        let row = text.lines().find(|l| l.contains("7f1000000000-")).unwrap();
+        let text = text(&report, false, 100);
+        let row = text.lines().find(|l| l.trim_start().starts_with("7f1000000000")).unwrap();
         assert!(row.contains("opt-out (MADV_NOHUGEPAGE)"), "{row}");
-        assert!(row.contains("     –      –"), "{row}");
+        assert!(row.split_whitespace().any(|cell| cell == "–"), "LIVE is not measured: {row}");
         let reason = text.lines().find(|l| l.trim_start().starts_with("vma_nohugepage")).unwrap();
         assert!(reason.contains("–"), "{reason}");
         assert!(!reason.contains(" 0 live"), "{reason}");
     }
 }
+
+#[cfg(test)]
+#[path = "render_tests.rs"]
+mod user_facing_tests;

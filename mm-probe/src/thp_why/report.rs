@@ -134,12 +134,28 @@ pub struct ReasonEntry {
     /// Who set the flag behind this reason; `null` for reasons no process sets (a stable key,
     /// present on every reason).
     pub set_by: Option<SetBy>,
-    /// VMAs whose judgement includes this reason, and their size.
+    /// VMAs whose judgement includes this reason, and their size (one VMA may be counted under
+    /// several reasons; file-backed VMAs included).
     pub vmas: usize,
     pub bytes: u64,
     /// Page faults of the target in those VMAs during the run.
     pub faults: u64,
+    /// Anonymous VMAs this reason decides (`VmaEntry::blocking_reason`): each anonymous VMA is
+    /// counted under exactly one reason, so these add up to the anonymous VMAs.
+    pub deciding_vmas: usize,
+    /// Their resident anonymous memory, and how much of it is in small pages: the measure of the
+    /// verdict, which these add up to.
+    pub resident_bytes: u64,
+    pub small_bytes: u64,
     pub fix: String,
+}
+
+/// What the reasons' deciding counts leave out: VMAs that are not anonymous memory (file-backed,
+/// shmem, special), whose reasons are in the VMA list.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NonAnonymous {
+    pub vmas: usize,
+    pub rss_bytes: u64,
 }
 
 /// What a prctl(PR_SET_THP_DISABLE) call did.
@@ -275,6 +291,10 @@ pub struct CollapseFacts {
     pub reached: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_reached: Option<String>,
+    /// A process-wide refusal that keeps khugepaged from the whole process (the prctl, the 2 MiB
+    /// size off system-wide, no THP in the kernel), whatever its regions' madvise says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_away: Option<String>,
     /// Regions khugepaged may collapse (eligible, with an aligned 2 MiB range) and their resident
     /// memory still in small pages, at the end of the run.
     pub candidate_regions: usize,
@@ -403,6 +423,9 @@ pub struct Report {
     pub cmdline: String,
     pub verdict: String,
     pub reasons: Vec<ReasonEntry>,
+    /// VMAs outside the reasons' deciding counts (not anonymous memory).
+    pub non_anonymous: NonAnonymous,
+    /// The fixes of the causes present (empty when nothing keeps memory from huge pages).
     pub fix: Vec<String>,
     pub process: ProcessFacts,
     pub vmas: Vec<VmaEntry>,

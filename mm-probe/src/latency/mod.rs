@@ -13,6 +13,8 @@
 pub mod aggregator;
 pub mod attribution;
 pub mod decoder;
+#[cfg(test)]
+mod fixtures;
 pub mod judge;
 pub mod options;
 pub mod plot;
@@ -20,6 +22,7 @@ pub mod probes;
 pub mod render;
 pub mod report;
 pub mod run;
+pub mod steal;
 pub mod syscalls;
 
 pub use self::{

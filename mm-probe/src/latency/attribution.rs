@@ -238,7 +238,10 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
     let departure = held_by.and_then(|holder| departure_of(wakeup, holder));
     let stack_of = held_by.filter(|_| departure.is_some()).map_or_else(|| wakeup.prev.task.clone(), Holder::task);
     let stolen_ns = stolen(&holders);
-    let facts = Facts { wakeup, shares: &shares, functions, departure, stolen_ns };
+    let mut facts = Facts { wakeup, shares: &shares, functions, departure, stolen_ns, unseen: false };
+    let held = held_by.map(|holder| held_cause(&facts, holder, own_tgid));
+    facts.unseen = held == Some(Cause::Preempted)
+        && held_by.is_some_and(|holder| unseen::lost_outside_view(wakeup, holder, departure, &shares));
     let wait_share = |ns: u64, share: f64| ns as f64 >= share * wakeup.latency_ns.max(1) as f64;
     let cause = match occupancy {
         _ if stolen_ns.is_some_and(|s| wait_share(s, STEAL_SHARE)) => Cause::StolenOrIrq,
@@ -247,15 +250,11 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         // ran the longest of the stays kept.
         Occupancy::Contention if wait_share(own_ns(&holders, own_tgid), CAUSE_SHARE) => Cause::OwnStartup,
         Occupancy::Contention => Cause::CpuContention,
-        Occupancy::Held(i) => match held_cause(&facts, &holders[i], own_tgid) {
-            Cause::Preempted if unseen::lost_outside_view(wakeup, &holders[i], departure, &shares) => {
-                Cause::OutsideKernelView
-            }
-            cause => cause,
-        },
+        Occupancy::Held(_) if facts.unseen => Cause::OutsideKernelView,
+        Occupancy::Held(_) => held.unwrap_or(Cause::Unknown),
     };
     let mut explanation = explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
-    if cause == Cause::StolenOrIrq {
+    if cause == Cause::StolenOrIrq && !facts.unseen {
         explanation += &steal_text(&holders, stolen_ns.unwrap_or(0));
     }
     explanation += &budget::unaccounted_clause(&holders, wakeup.latency_ns, wakeup.slices_truncated);
@@ -320,6 +319,9 @@ struct Facts<'a> {
     departure: Option<&'a Departure>,
     /// On-CPU time the scheduler did not charge, when every task's run time was read.
     stolen_ns: Option<u64>,
+    /// The holder was a fair task in user space that the woken real-time task preempts at once:
+    /// the wait is time outside the kernel's view, whatever the cause (steal or not).
+    unseen: bool,
 }
 
 /// Whether a task that left the CPU in `state` was still running (preempted, or yielded).
@@ -351,8 +353,13 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
         &w.slices
     };
     let mut holders: Vec<Holder> = Vec::new();
+    // The stays of one CPU follow each other: none began before the one kept before it ended.
+    // A stay whose switch-in the kernel did not see (start unknown: before tracing, or a switch
+    // it missed) is counted from there, never from the wakeup over the stays before it.
+    let mut earliest_start_ns = w.wakeup_ns;
     for (i, slice) in slices.iter().enumerate() {
-        let start = slice.start_ns.unwrap_or(0).max(w.wakeup_ns);
+        let start = slice.start_ns.unwrap_or(0).max(earliest_start_ns);
+        earliest_start_ns = earliest_start_ns.max(slice.end_ns);
         let on_cpu_ns = slice.end_ns.min(w.run_ns).saturating_sub(start);
         let is_prev = i + 1 == slices.len() && slice.task.pid == w.prev.task.pid;
         if on_cpu_ns == 0 && !is_prev {
@@ -526,7 +533,7 @@ fn explain(
         Occupancy::Contention => return text + &contention(holders, cause),
         Occupancy::Held(i) => &holders[i],
     };
-    if cause == Cause::OutsideKernelView {
+    if f.unseen {
         text += &unseen::explain(holder, f.stolen_ns);
         if !holder.is_prev {
             text += &format!("; {} ran last before it", w.prev.task);
@@ -1040,6 +1047,26 @@ mod tests {
              the last 8 stays the kernel kept",
         );
         assert!(!a.ran_during_wait_complete);
+    }
+
+    /// Seen on the host under load: a stay whose switch-in the kernel did not see, kept after
+    /// three others, was counted from the wakeup, over them, and the stays added up to more
+    /// than the wait. It begins where the stay before it ended.
+    #[test]
+    fn a_stay_whose_start_was_not_seen_begins_after_the_stay_before_it() {
+        let mut w = wakeup(3 * MS);
+        w.slices = vec![
+            slice(264, "stress-ng", 9 * MS, 11 * MS, 0x100),
+            Slice { start_ns: None, ..slice(77, "sleeper", 0, 12 * MS, 1) },
+            slice(264, "stress-ng", 12 * MS, 13 * MS, 0x100),
+        ];
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(
+            a.ran_during_wait.iter().map(|h| (h.pid, h.on_cpu_ns)).collect::<Vec<_>>(),
+            [(264, 2 * MS), (77, MS)]
+        );
+        assert_eq!(a.unaccounted_ns, 0);
+        assert_eq!(a.ran_during_wait.iter().map(|h| h.on_cpu_ns).sum::<u64>(), w.latency_ns);
     }
 
     #[test]

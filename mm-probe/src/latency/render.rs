@@ -215,7 +215,8 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
     // rtla-style: where the wait went, adding up to the whole wait.
     let _ = writeln!(
         out,
-        "      where the wait went, {}",
+        "      where the {} went: {}",
+        format_nanos(w.latency_ns),
         budget_text(&a.ran_during_wait, w.latency_ns, !a.ran_during_wait_complete)
     );
     for share in &a.functions {

@@ -16,7 +16,8 @@ pub fn unaccounted_ns(holders: &[Holder], wait_ns: u64) -> u64 {
     wait_ns.saturating_sub(holders.iter().map(|h| h.on_cpu_ns).sum())
 }
 
-/// "of the 1.76s wait: python3-301 1.2ms (0.1%), idle 1ms (0.1%), unaccounted 1.76s (99.8%)".
+/// "python3-301 1.2ms (0.1%), idle 1ms (0.1%), unaccounted 1.76s (99.8%)": each part of the wait
+/// with its share.
 /// `truncated`: the kernel's ring had already dropped the stays at the start of the wait.
 pub fn text(holders: &[Holder], wait_ns: u64, truncated: bool) -> String {
     let share = |ns: u64| format!("{} ({:.1}%)", format_nanos(ns), ns as f64 * 100.0 / wait_ns.max(1) as f64);
@@ -31,7 +32,7 @@ pub fn text(holders: &[Holder], wait_ns: u64, truncated: bool) -> String {
     if unaccounted > 0 {
         parts.push(format!("unaccounted {}{}", share(unaccounted), why_unaccounted(truncated)));
     }
-    format!("of the {} wait: {}", format_nanos(wait_ns), parts.join(", "))
+    parts.join(", ")
 }
 
 /// The clause an explanation ends with when part of the wait is unaccounted ("; unaccounted:
@@ -71,7 +72,7 @@ mod tests {
         assert_eq!(holders.iter().map(|h| h.on_cpu_ns).sum::<u64>() + unaccounted, wait_ns);
         assert_eq!(
             text(&holders, wait_ns, true),
-            "of the 1.76s wait: python3-301 1.5ms (0.1%), qemu-264 1.2ms (0.1%), idle 1ms (0.1%), \
+            "python3-301 1.5ms (0.1%), qemu-264 1.2ms (0.1%), idle 1ms (0.1%), \
              unaccounted 1.76s (99.8%), before the last 8 stays the kernel kept"
         );
         assert_eq!(
@@ -84,10 +85,7 @@ mod tests {
     fn a_wait_the_kept_stays_cover_has_nothing_unaccounted() {
         let holders = vec![holder(264, "stress-ng", 1980 * US), holder(77, "sleeper", 20 * US)];
         assert_eq!(unaccounted_ns(&holders, 2 * MS), 0);
-        assert_eq!(
-            text(&holders, 2 * MS, false),
-            "of the 2ms wait: stress-ng-264 1.98ms (99.0%), sleeper-77 20µs (1.0%)"
-        );
+        assert_eq!(text(&holders, 2 * MS, false), "stress-ng-264 1.98ms (99.0%), sleeper-77 20µs (1.0%)");
         assert_eq!(unaccounted_clause(&holders, 2 * MS, false), "");
     }
 }

@@ -23,6 +23,11 @@ use super::{
 };
 use crate::units::format_nanos;
 
+mod budget;
+mod unseen;
+
+pub use budget::text as budget_text;
+
 /// Time one traced function took out of a wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FunctionShare {
@@ -87,6 +92,9 @@ pub enum Cause {
     KernelThread,
     /// It held the CPU until preempted, in user space or in untraced kernel code.
     Preempted,
+    /// A real-time task waited behind a fair task in user space, which it preempts at once:
+    /// the time went to the hypervisor or to IRQ-off code the tool does not trace (`unseen`).
+    OutsideKernelView,
     /// Several tasks took turns on the CPU, none for most of the wait.
     CpuContention,
     /// The CPU was idle: the wait was waking it and interrupts.
@@ -115,6 +123,7 @@ impl Cause {
             Cause::Exception => "exception".into(),
             Cause::KernelThread => "kernel thread".into(),
             Cause::Preempted => "preempted".into(),
+            Cause::OutsideKernelView => "outside the kernel's view".into(),
             Cause::CpuContention => "cpu contention".into(),
             Cause::Idle => "idle".into(),
             Cause::OwnStartup => "mm-probe start-up".into(),
@@ -136,6 +145,10 @@ impl Cause {
             Cause::Exception => "the blocker was in an exception handler".into(),
             Cause::KernelThread => "a kernel thread held the CPU, outside the traced functions".into(),
             Cause::Preempted => "the blocker held the CPU until preempted (user space or untraced kernel code)".into(),
+            Cause::OutsideKernelView => "time lost outside this kernel's view: the CPU ran a fair task in user space, \
+                                         which a real-time wakeup preempts at once; hypervisor steal or untraced \
+                                         IRQ-off code"
+                .into(),
             Cause::CpuContention => "CPU contention: several tasks ran in turn, none for most of the wait".into(),
             Cause::Idle => "the CPU was idle (wakeup from idle, interrupts)".into(),
             Cause::OwnStartup => "mm-probe's own start-up (loading its programs)".into(),
@@ -161,6 +174,9 @@ pub struct Attribution {
     pub ran_during_wait: Vec<Holder>,
     /// False when the start of the wait fell out of the kernel's slice ring.
     pub ran_during_wait_complete: bool,
+    /// The part of the wait no kept stay covers: with every `ran_during_wait` entry's
+    /// `on_cpu_ns` it adds up to the whole wait.
+    pub unaccounted_ns: u64,
     /// The syscall the last task went to sleep in: context, never the cause.
     pub slept_in: Option<&'static str>,
     /// Time within the wait the tasks on the CPU were on it but not charged as running
@@ -221,25 +237,34 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
     };
     let departure = held_by.and_then(|holder| departure_of(wakeup, holder));
     let stack_of = held_by.filter(|_| departure.is_some()).map_or_else(|| wakeup.prev.task.clone(), Holder::task);
-    let facts = Facts { wakeup, shares: &shares, functions, departure };
     let stolen_ns = stolen(&holders);
+    let mut facts = Facts { wakeup, shares: &shares, functions, departure, stolen_ns, unseen: false };
+    let held = held_by.map(|holder| held_cause(&facts, holder, own_tgid));
+    facts.unseen = held == Some(Cause::Preempted)
+        && held_by.is_some_and(|holder| unseen::lost_outside_view(wakeup, holder, departure, &shares));
+    let wait_share = |ns: u64, share: f64| ns as f64 >= share * wakeup.latency_ns.max(1) as f64;
     let cause = match occupancy {
-        _ if stolen_ns.is_some_and(|s| s as f64 >= STEAL_SHARE * wakeup.latency_ns.max(1) as f64) => Cause::StolenOrIrq,
+        _ if stolen_ns.is_some_and(|s| wait_share(s, STEAL_SHARE)) => Cause::StolenOrIrq,
         Occupancy::Idle => Cause::Idle,
-        Occupancy::Contention if holders[0].tgid == own_tgid => Cause::OwnStartup,
+        // Its start-up is the cause only when it held most of the wait, not when it merely
+        // ran the longest of the stays kept.
+        Occupancy::Contention if wait_share(own_ns(&holders, own_tgid), CAUSE_SHARE) => Cause::OwnStartup,
         Occupancy::Contention => Cause::CpuContention,
-        Occupancy::Held(i) => held_cause(&facts, &holders[i], own_tgid),
+        Occupancy::Held(_) if facts.unseen => Cause::OutsideKernelView,
+        Occupancy::Held(_) => held.unwrap_or(Cause::Unknown),
     };
     let mut explanation = explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
-    if cause == Cause::StolenOrIrq {
+    if cause == Cause::StolenOrIrq && !facts.unseen {
         explanation += &steal_text(&holders, stolen_ns.unwrap_or(0));
     }
+    explanation += &budget::unaccounted_clause(&holders, wakeup.latency_ns, wakeup.slices_truncated);
     Attribution {
         blocker_ran_until_switch: same_task,
         without_rescheduling,
         functions: shares,
         held_by: held_by.cloned(),
         ran_during_wait_complete: !wakeup.slices_truncated,
+        unaccounted_ns: budget::unaccounted_ns(&holders, wakeup.latency_ns),
         ran_during_wait: holders,
         slept_in,
         stolen_ns,
@@ -255,6 +280,11 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
 /// its last stay in the wait.
 fn departure_of<'a>(w: &'a Wakeup, holder: &Holder) -> Option<&'a Departure> {
     w.long_stay.as_ref().filter(|d| !holder.is_prev && d.pid == holder.pid && d.end_ns == holder.left_at_ns)
+}
+
+/// The time mm-probe's own threads were on the CPU within the wait.
+fn own_ns(holders: &[Holder], own_tgid: u32) -> u64 {
+    holders.iter().filter(|h| h.tgid == own_tgid && own_tgid != 0 && h.pid != 0).map(|h| h.on_cpu_ns).sum()
 }
 
 /// On-CPU time within the wait the scheduler did not charge as run time, summed over the
@@ -287,6 +317,11 @@ struct Facts<'a> {
     functions: &'a [String],
     /// The holder's stack and syscall when it was not the last to switch away.
     departure: Option<&'a Departure>,
+    /// On-CPU time the scheduler did not charge, when every task's run time was read.
+    stolen_ns: Option<u64>,
+    /// The holder was a fair task in user space that the woken real-time task preempts at once:
+    /// the wait is time outside the kernel's view, whatever the cause (steal or not).
+    unseen: bool,
 }
 
 /// Whether a task that left the CPU in `state` was still running (preempted, or yielded).
@@ -318,8 +353,13 @@ fn holders(w: &Wakeup) -> Vec<Holder> {
         &w.slices
     };
     let mut holders: Vec<Holder> = Vec::new();
+    // The stays of one CPU follow each other: none began before the one kept before it ended.
+    // A stay whose switch-in the kernel did not see (start unknown: before tracing, or a switch
+    // it missed) is counted from there, never from the wakeup over the stays before it.
+    let mut earliest_start_ns = w.wakeup_ns;
     for (i, slice) in slices.iter().enumerate() {
-        let start = slice.start_ns.unwrap_or(0).max(w.wakeup_ns);
+        let start = slice.start_ns.unwrap_or(0).max(earliest_start_ns);
+        earliest_start_ns = earliest_start_ns.max(slice.end_ns);
         let on_cpu_ns = slice.end_ns.min(w.run_ns).saturating_sub(start);
         let is_prev = i + 1 == slices.len() && slice.task.pid == w.prev.task.pid;
         if on_cpu_ns == 0 && !is_prev {
@@ -490,9 +530,16 @@ fn explain(
     text += ": ";
     let holder = match occupancy {
         Occupancy::Idle => return text + "the CPU was idle, so the wait was spent waking it and handling interrupts",
-        Occupancy::Contention => return text + &contention(w, holders, cause),
+        Occupancy::Contention => return text + &contention(holders, cause),
         Occupancy::Held(i) => &holders[i],
     };
+    if f.unseen {
+        text += &unseen::explain(holder, f.stolen_ns);
+        if !holder.is_prev {
+            text += &format!("; {} ran last before it", w.prev.task);
+        }
+        return text;
+    }
     if !holder.is_prev {
         text += &format!("{} held the CPU for {} of it", holder.task(), format_nanos(holder.on_cpu_ns));
         match (cause, f.departure) {
@@ -534,8 +581,9 @@ fn explain(
     text
 }
 
-/// "CPU contention: 3 tasks ran, longest stress-ng-264 (1.2ms)".
-fn contention(w: &Wakeup, holders: &[Holder], cause: Cause) -> String {
+/// "CPU contention: 3 tasks ran, longest stress-ng-264 (1.2ms)" (what the kept stays do not
+/// cover is added as unaccounted).
+fn contention(holders: &[Holder], cause: Cause) -> String {
     let busy: Vec<&Holder> = holders.iter().filter(|h| h.pid != 0).collect();
     let mut text = format!(
         "CPU contention: {} tasks ran, longest {} ({})",
@@ -545,9 +593,6 @@ fn contention(w: &Wakeup, holders: &[Holder], cause: Cause) -> String {
     );
     if cause == Cause::OwnStartup {
         text += ", mm-probe's own start-up";
-    }
-    if w.slices_truncated {
-        text += "; more tasks ran than the kernel kept, the earliest are not counted";
     }
     text
 }
@@ -599,52 +644,11 @@ mod tests {
         };
         assert!(holds, "{part:?} not where expected in: {text}");
     }
-    use crate::latency::decoder::{OnCpu, Stack, TaskRef, decode_syscall};
-
-    /// mm-probe's pid in these tests.
-    const MM_PROBE: u32 = 4000;
+    use crate::latency::{
+        decoder::{OnCpu, Stack, decode_syscall},
+        fixtures::*,
+    };
     use mm_probe_common::latency::SyscallState;
-
-    const MS: u64 = 1_000_000;
-    const US: u64 = 1_000;
-
-    fn task(pid: u32, comm: &str) -> TaskRef {
-        TaskRef { pid, comm: comm.into() }
-    }
-
-    /// cyclictest-250 woken at 10 ms on CPU 1 while stress-ng-264 had been running since 9 ms.
-    fn wakeup(latency_ns: u64) -> Wakeup {
-        let stress = OnCpu { task: task(264, "stress-ng"), since_ns: Some(9 * MS) };
-        Wakeup {
-            task: task(250, "cyclictest"),
-            prio: 0,
-            latency_ns,
-            wakeup_ns: 10 * MS,
-            run_ns: 10 * MS + latency_ns,
-            target_cpu: 1,
-            run_cpu: 1,
-            waker_cpu: 1,
-            blocker: stress.clone(),
-            blocker_funcs: FuncState::default(),
-            prev: stress,
-            prev_state: 0x100,
-            prev_stack: Stack::default(),
-            prev_funcs: FuncState::default(),
-            prev_syscall: Some(decode_syscall(&SyscallState {
-                orig_ax: libc::SYS_madvise,
-                ax: -i64::from(libc::ENOSYS),
-                regs_read: 1,
-                args: [0, 2 << 30, 21, 0],
-            })),
-            slices: Vec::new(),
-            slices_truncated: false,
-            long_stay: None,
-        }
-    }
-
-    fn names() -> Vec<String> {
-        vec!["madvise_cold_or_pageout_pte_range".into(), "zap_pte_range".into()]
-    }
 
     #[test]
     fn one_long_call_spanning_the_wait_is_the_cause() {
@@ -705,7 +709,7 @@ mod tests {
     #[test]
     fn another_task_switching_away_means_only_its_running_call_counts() {
         let mut w = wakeup(3 * MS);
-        w.prev = OnCpu { task: task(300, "kswapd0"), since_ns: Some(11 * MS) };
+        w.prev = fair(300, "kswapd0", 11 * MS);
         w.prev_funcs.entry_ns[0] = 11 * MS;
         w.prev_funcs.total_ns[0] = 99 * MS;
         w.prev_syscall = None;
@@ -727,7 +731,7 @@ mod tests {
     #[test]
     fn an_idle_cpu_is_called_idle() {
         let mut w = wakeup(600 * US);
-        let idle = OnCpu { task: task(0, "swapper/1"), since_ns: Some(MS) };
+        let idle = fair(0, "swapper/1", MS);
         w.blocker = idle.clone();
         w.prev = idle;
         w.prev_syscall = None;
@@ -764,15 +768,6 @@ mod tests {
             Says::Contains,
             "stress-ng-264 was in user space or an interrupt (outside the traced functions) without rescheduling",
         );
-    }
-
-    fn slice(pid: u32, comm: &str, start_ns: u64, end_ns: u64, state: i64) -> Slice {
-        Slice { task: task(pid, comm), tgid: pid, start_ns: Some(start_ns), end_ns, state, in_funcs: 0, exec_ns: None }
-    }
-
-    /// The same stay, with the run time the scheduler charged for all of it.
-    fn charged(slice: Slice, exec_ns: u64) -> Slice {
-        Slice { exec_ns: Some(exec_ns), ..slice }
     }
 
     /// Seen on a cloud VM under load: a task sleeping 1 ms at a time was on the CPU for most of
@@ -822,7 +817,7 @@ mod tests {
     /// clock_nanosleep.
     fn ended_by_a_sleeper(slices: Vec<Slice>) -> Wakeup {
         let mut w = wakeup(2 * MS);
-        w.prev = OnCpu { task: task(77, "sleeper"), since_ns: slices.last().and_then(|s| s.start_ns) };
+        w.prev = OnCpu { since_ns: slices.last().and_then(|s| s.start_ns), ..fair(77, "sleeper", 0) };
         w.prev_state = 1;
         w.prev_syscall = sleeping_in(libc::SYS_clock_nanosleep, [1, 0, 0, 0]);
         w.slices = slices;
@@ -854,7 +849,7 @@ mod tests {
     /// migration/1, which switched away last: the CPU's last long stay is the hog's.
     fn hog_then_stopper(departure_end_ns: u64) -> Wakeup {
         let mut w = wakeup(2 * MS);
-        w.prev = OnCpu { task: task(21, "migration/1"), since_ns: Some(12 * MS - 20 * US) };
+        w.prev = OnCpu { task: task(21, "migration/1"), since_ns: Some(12 * MS - 20 * US), prio: 0 };
         w.prev_state = 1;
         w.prev_syscall = Some(None);
         w.prev_stack = Stack { frames: vec!["__schedule+0x50e".into(), "smpboot_thread_fn+0x1dc".into()], error: None };
@@ -991,11 +986,87 @@ mod tests {
     fn mm_probes_own_start_up_is_labelled_as_such() {
         let mut w = wakeup(2 * MS);
         w.slices = vec![Slice { tgid: MM_PROBE, ..slice(MM_PROBE + 1, "mm-probe", 9 * MS, 12 * MS, 0x100) }];
-        w.prev = OnCpu { task: task(MM_PROBE + 1, "mm-probe"), since_ns: Some(9 * MS) };
+        w.prev = fair(MM_PROBE + 1, "mm-probe", 9 * MS);
         let a = attribute(&w, &names(), MM_PROBE);
         assert_eq!(a.cause, Cause::OwnStartup);
         assert_eq!(a.cause.label(&names()), "mm-probe start-up");
         assert!(a.explanation.contains("mm-probe's own start-up"), "{}", a.explanation);
+    }
+
+    /// Seen in the field: mm-probe's start-up ran 121.9 µs of an 18.09 ms wait, the longest of
+    /// the stays kept, while the rest of the wait fell out of the kernel's ring. Its start-up is
+    /// the cause only when it held most of the wait.
+    #[test]
+    fn mm_probes_start_up_is_the_cause_only_by_its_share_of_the_wait() {
+        let own = |slice: Slice| Slice { tgid: MM_PROBE, ..slice };
+        let mut w = wakeup(18_090 * US);
+        let end = w.run_ns;
+        w.slices = vec![
+            own(slice(MM_PROBE + 1, "mm-probe", end - 200 * US, end - 78_100, 0x100)),
+            slice(301, "python3", end - 78_100, end - 20 * US, 0x100),
+            slice(264, "stress-ng", end - 20 * US, end, 0x100),
+        ];
+        w.slices_truncated = true;
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.ran_during_wait[0].on_cpu_ns, 121_900, "the longest stay kept is mm-probe's");
+        assert_eq!(a.cause, Cause::CpuContention);
+        assert!(!a.explanation.contains("start-up"), "{}", a.explanation);
+        assert_says(
+            &a,
+            Says::Ends,
+            "; unaccounted: 17.89ms of the 18.09ms wait, before the last 8 stays the kernel kept",
+        );
+
+        // The same three stays, where mm-probe's own threads ran 10 ms of the wait.
+        w.slices[0].start_ns = Some(end - 10 * MS - 78_100);
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::OwnStartup);
+        assert_says(&a, Says::Contains, ", mm-probe's own start-up");
+    }
+
+    /// Seen in the field: "CPU contention: 3 tasks ran" for a 1.76 s wait whose kept stays cover
+    /// 3.7 ms. The rest is stated as unaccounted, and the parts add up to the whole wait.
+    #[test]
+    fn contention_over_a_few_kept_stays_says_how_much_of_the_wait_is_unaccounted() {
+        let mut w = wakeup(1760 * MS);
+        let end = w.run_ns;
+        w.slices = vec![
+            slice(301, "python3", end - 3700 * US, end - 2200 * US, 0x100),
+            slice(302, "python3", end - 2200 * US, end - 1000 * US, 1),
+            slice(264, "stress-ng", end - 1000 * US, end, 0x100),
+        ];
+        w.slices_truncated = true;
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(a.cause, Cause::CpuContention);
+        assert_eq!(a.unaccounted_ns, 1760 * MS - 3700 * US);
+        assert_eq!(a.ran_during_wait.iter().map(|h| h.on_cpu_ns).sum::<u64>() + a.unaccounted_ns, w.latency_ns);
+        assert_says(
+            &a,
+            Says::Ends,
+            "CPU contention: 3 tasks ran, longest python3-301 (1.5ms); unaccounted: 1.76s of the 1.76s wait, before \
+             the last 8 stays the kernel kept",
+        );
+        assert!(!a.ran_during_wait_complete);
+    }
+
+    /// Seen on the host under load: a stay whose switch-in the kernel did not see, kept after
+    /// three others, was counted from the wakeup, over them, and the stays added up to more
+    /// than the wait. It begins where the stay before it ended.
+    #[test]
+    fn a_stay_whose_start_was_not_seen_begins_after_the_stay_before_it() {
+        let mut w = wakeup(3 * MS);
+        w.slices = vec![
+            slice(264, "stress-ng", 9 * MS, 11 * MS, 0x100),
+            Slice { start_ns: None, ..slice(77, "sleeper", 0, 12 * MS, 1) },
+            slice(264, "stress-ng", 12 * MS, 13 * MS, 0x100),
+        ];
+        let a = attribute(&w, &names(), MM_PROBE);
+        assert_eq!(
+            a.ran_during_wait.iter().map(|h| (h.pid, h.on_cpu_ns)).collect::<Vec<_>>(),
+            [(264, 2 * MS), (77, MS)]
+        );
+        assert_eq!(a.unaccounted_ns, 0);
+        assert_eq!(a.ran_during_wait.iter().map(|h| h.on_cpu_ns).sum::<u64>(), w.latency_ns);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct OnCpu {
     /// Monotonic time it was switched in; `None` when no switch was seen there since tracing
     /// started (then the task, too, is unknown unless the tracepoint named it).
     pub since_ns: Option<u64>,
+    /// Its kernel priority then (below 100: real-time or deadline; 0 when it could not be read,
+    /// which counts as real-time, so that no rule for fair tasks applies to it by mistake).
+    pub prio: i32,
 }
 
 /// A syscall in progress.
@@ -315,6 +318,7 @@ fn on_cpu(raw: &CpuCurrent) -> OnCpu {
     OnCpu {
         task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
         since_ns: (raw.since_ns != 0).then_some(raw.since_ns),
+        prio: raw.prio,
     }
 }
 

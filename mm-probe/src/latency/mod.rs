@@ -7,12 +7,16 @@
 //! options (what to measure) → probes (settings, attach) → run (rings, intervals, stop) →
 //! decoder (records → typed spikes, stacks symbolized, syscalls named by `syscalls`) →
 //! attribution (who held the CPU during the wait, and why: one task in a function or syscall,
-//! several in turn, idle) → aggregator (distributions, tasks, worst spikes) → judge (verdict) →
+//! several in turn, idle, time outside the kernel's view; a budget of the wait with what the
+//! kept stays do not cover) → aggregator (distributions, tasks, worst spikes) → judge (verdict,
+//! with `steal`: /proc/stat's steal as evidence) →
 //! report (the JSON lines) → render (text) and plot.
 
 pub mod aggregator;
 pub mod attribution;
 pub mod decoder;
+#[cfg(test)]
+mod fixtures;
 pub mod judge;
 pub mod options;
 pub mod plot;
@@ -20,6 +24,7 @@ pub mod probes;
 pub mod render;
 pub mod report;
 pub mod run;
+pub mod steal;
 pub mod syscalls;
 
 pub use self::{

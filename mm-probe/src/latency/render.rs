@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::{
     aggregator::Distribution,
-    attribution::Attribution,
+    attribution::{Attribution, budget_text},
     decoder::{FunctionCall, Stack, Wakeup, prev_state_name},
     report::{Header, Interval, LostEvents, Quantity, Summary},
 };
@@ -212,18 +212,13 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
         let _ = write!(out, " after {} on the CPU", format_nanos(w.run_ns.saturating_sub(since)));
     }
     out.push('\n');
-    if a.ran_during_wait.len() > 1 {
-        let ran: Vec<String> = a
-            .ran_during_wait
-            .iter()
-            .map(|h| {
-                let who = if h.pid == 0 { "idle".to_string() } else { format!("{}-{}", h.comm, h.pid) };
-                format!("{who} {}", format_nanos(h.on_cpu_ns))
-            })
-            .collect();
-        let more = if a.ran_during_wait_complete { "" } else { ", and earlier ones not kept" };
-        let _ = writeln!(out, "      on the CPU during the wait: {}{more}", ran.join(", "));
-    }
+    // rtla-style: where the wait went, adding up to the whole wait.
+    let _ = writeln!(
+        out,
+        "      where the {} went: {}",
+        format_nanos(w.latency_ns),
+        budget_text(&a.ran_during_wait, w.latency_ns, !a.ran_during_wait_complete)
+    );
     for share in &a.functions {
         let _ = write!(
             out,

@@ -360,7 +360,7 @@ mod tests {
             length_bytes: Some(1 << 30),
         };
         let stack = Stack { frames: vec![format!("{WALK}+0x1a")], error: None };
-        let storm = OnCpu { task: TaskRef { pid: 7, comm: "storm".into() }, since_ns: Some(5) };
+        let storm = OnCpu { task: TaskRef { pid: 7, comm: "storm".into() }, since_ns: Some(5), prio: 120 };
         let wakeup = Wakeup {
             task: TaskRef { pid: 42, comm: "rt_waker".into() },
             prio: 0,
@@ -399,6 +399,7 @@ mod tests {
             held_by: Some(storm_holder.clone()),
             ran_during_wait: vec![storm_holder.clone(), Holder { pid: 0, comm: "swapper/1".into(), ..storm_holder }],
             ran_during_wait_complete: true,
+            unaccounted_ns: 100_000,
             slept_in: Some("clock_nanosleep"),
             stolen_ns: Some(0),
             functions: vec![FunctionShare {

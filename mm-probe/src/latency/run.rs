@@ -17,6 +17,7 @@ use super::{
     probes::{attach, check_functions_exist, function_availability, select_pids, settings, syscall_attribution},
     render,
     report::{FunctionSpikeJson, Header, Interval, LostEvents, Quantity, Summary, WakeupSpikeJson},
+    steal,
 };
 use crate::{
     cli::LatencyArgs,
@@ -46,6 +47,8 @@ struct Collected {
     calls: Worst<FunctionCall>,
     /// Every wakeup spike's cause, counted (not only the kept top N).
     causes: BTreeMap<Cause, u64>,
+    /// Each CPU's steal time when tracing began (`None`: /proc/stat unreadable).
+    steal_at_start_ns: Option<BTreeMap<u32, u64>>,
     interval_wakeup_spikes: u64,
     interval_function_spikes: u64,
 }
@@ -96,6 +99,7 @@ async fn trace(kernel: &Kernel, options: &Options, stopper: &mut Stopper) -> Res
         wakeups: Worst::new(options.top),
         calls: Worst::new(options.top),
         causes: BTreeMap::new(),
+        steal_at_start_ns: steal::read(),
         interval_wakeup_spikes: 0,
         interval_function_spikes: 0,
     };
@@ -266,7 +270,13 @@ fn report(
         .map(|f| (f.function.clone(), totals[f.slot + 1].clone()))
         .collect();
     let names: Vec<String> = header.functions.iter().map(|f| f.function.clone()).collect();
-    let verdict = judge::judge(&totals[0], options.threshold_ns, &collected.causes, &names, &functions);
+    let steal_ns = collected
+        .steal_at_start_ns
+        .as_ref()
+        .zip(steal::read())
+        .map(|(before, now)| steal::since(&now, before))
+        .unwrap_or_default();
+    let verdict = judge::judge(&totals[0], options.threshold_ns, &collected.causes, &names, &functions, &steal_ns);
     let summary = Summary {
         duration_ns,
         stopped_by: stopped_by.name(),

@@ -233,6 +233,9 @@ pub struct WaitStats {
 #[derive(Clone, Copy, Debug)]
 pub struct WaitStash {
     pub key: WaitKey,
+    /// The lock waited on: the key's may be a folded stand-in ([`DYNAMIC_LOCKS`]), and the
+    /// wait's end must be matched with the lock itself.
+    pub lock: u64,
     pub ts_ns: u64,
 }
 

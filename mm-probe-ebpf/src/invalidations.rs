@@ -135,6 +135,22 @@ struct MmOwner {
     tgid: u32,
     /// Its subscriptions were searched for KVM's (once per mm: inside KVM's callbacks).
     kvm_searched: u32,
+    /// mm->notifier_subscriptions when learned: allocated with the mm's first subscriber and
+    /// freed with the mm, so an mm_struct freed and reused by another process (slab reuse)
+    /// shows another value, and its stale entry is not believed.
+    subscriptions: u64,
+}
+
+#[inline(always)]
+fn subscriptions_of(mm: u64) -> u64 {
+    read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0)
+}
+
+/// What is known of `mm`, unless the entry is another (earlier) mm's at the same address.
+#[inline(always)]
+fn known_mm(mm: u64) -> Option<MmOwner> {
+    let known = unsafe { INV_KNOWN_MMS.get(mm) }.copied()?;
+    (known.subscriptions == subscriptions_of(mm)).then_some(known)
 }
 
 /// An invalidation open between range_start and range_end on a thread.
@@ -194,7 +210,7 @@ fn learn_owner(mm: u64, own_tgid: u32) -> u32 {
     if mm == 0 {
         return 0;
     }
-    let known = unsafe { INV_KNOWN_MMS.get(mm) }.copied();
+    let known = known_mm(mm);
     if let Some(known) = known
         && known.tgid != 0
     {
@@ -204,7 +220,8 @@ fn learn_owner(mm: u64, own_tgid: u32) -> u32 {
     let tgid = read_at::<u32>(task, OFF_TASK_STRUCT_TGID.load()).filter(|&t| t != 0).unwrap_or(own_tgid);
     if tgid != 0 {
         let kvm_searched = known.map_or(0, |k| k.kvm_searched);
-        let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid, kvm_searched }, 0);
+        let entry = MmOwner { tgid, kvm_searched, subscriptions: subscriptions_of(mm) };
+        let _ = INV_KNOWN_MMS.insert(mm, entry, 0);
     }
     tgid
 }
@@ -231,12 +248,12 @@ fn waits_table() -> &'static PerCpuHashMap<WaitKey, WaitStats> {
 #[inline(always)]
 fn learn_kvm(mm: u64, tgid: u32) {
     let kvm_start = INV_KVM_RANGE_START_FN.load();
-    if kvm_start == 0 || mm == 0 || unsafe { INV_KNOWN_MMS.get(mm) }.is_some_and(|known| known.kvm_searched != 0) {
+    if kvm_start == 0 || mm == 0 || known_mm(mm).is_some_and(|known| known.kvm_searched != 0) {
         return;
     }
     let owner = learn_owner(mm, tgid);
-    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid: owner, kvm_searched: 1 }, 0);
-    let subscriptions: u64 = read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0);
+    let subscriptions = subscriptions_of(mm);
+    let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid: owner, kvm_searched: 1, subscriptions }, 0);
     let mut node: u64 = read_at(subscriptions, OFF_SUBSCRIPTIONS_LIST.load()).unwrap_or(0);
     let hlist = OFF_MMU_NOTIFIER_HLIST.load() as u64;
     for _ in 0..MAX_SUBSCRIPTIONS {
@@ -287,7 +304,7 @@ fn count_invalidation(key: &InvalidationKey, start: u64, end: u64) {
 
 #[inline(always)]
 fn owner_of(mm: u64) -> u32 {
-    unsafe { INV_KNOWN_MMS.get(mm) }.map_or(0, |known| known.tgid)
+    known_mm(mm).map_or(0, |known| known.tgid)
 }
 
 /// The mm a KVM tracepoint's invalidation is of: the range's (an invalidation the function
@@ -364,10 +381,15 @@ fn inside_watched_invalidation(pid: u32) -> bool {
 /// of an mm with subscribers, a watched waiter; system-wide, everything else is unrelated.
 #[inline(always)]
 fn relation_of(lock: u64, mm: u64, tgid: u32, pid: u32) -> Option<Relation> {
-    if let Some(kvm) = unsafe { INV_KVM_LOCKS.get(lock) }
-        && watched(kvm.tgid)
-    {
-        return Some(Relation::VmLock);
+    if let Some(kvm) = unsafe { INV_KVM_LOCKS.get(lock) }.copied() {
+        if still_a_vm(&kvm) {
+            if watched(kvm.tgid) {
+                return Some(Relation::VmLock);
+            }
+        } else {
+            // The VM is gone and its memory holds something else now.
+            let _ = INV_KVM_LOCKS.remove(lock);
+        }
     }
     if inside_watched_invalidation(pid) {
         return Some(Relation::InInvalidation);
@@ -385,6 +407,18 @@ fn relation_of(lock: u64, mm: u64, tgid: u32, pid: u32) -> Option<Relation> {
         return watched(tgid).then_some(Relation::Watched);
     }
     Some(Relation::Unrelated)
+}
+
+/// Whether a learned `struct kvm` is still a VM: its notifier's ops still KVM's. A VM that
+/// exited leaves its entry, and its memory is reused for other objects.
+#[inline(always)]
+fn still_a_vm(vm: &KvmLock) -> bool {
+    let in_kvm = OFF_KVM_MMU_NOTIFIER.load();
+    if in_kvm == u32::MAX {
+        return false;
+    }
+    let ops: u64 = read_at(vm.kvm + in_kvm as u64, OFF_MMU_NOTIFIER_OPS.load()).unwrap_or(0);
+    read_at::<u64>(ops, OFF_NOTIFIER_OPS_RANGE_START.load()) == Some(INV_KVM_RANGE_START_FN.load())
 }
 
 /// The waiter's kernel stack in this generation's stack map, its generation in bit 32.
@@ -408,7 +442,7 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     let pid = current_pid();
     // contention_begin may fire twice for one acquisition (a mutex spins, then sleeps): the
     // first opens the wait, the second is ignored.
-    if unsafe { INV_WAIT_STASH.get(pid) }.is_some_and(|open| open.key.lock == lock) {
+    if unsafe { INV_WAIT_STASH.get(pid) }.is_some_and(|open| open.lock == lock) {
         return 0;
     }
     let tgid = current_tgid();
@@ -437,7 +471,7 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
         WaitKey { lock, stack_id, flags, tgid, class: class as u32, relation: relation as u32, comm: comm() }
     };
     // Timed after the stack is taken, so that taking it is not counted as waiting.
-    let _ = INV_WAIT_STASH.insert(pid, WaitStash { key, ts_ns: unsafe { bpf_ktime_get_ns() } }, 0);
+    let _ = INV_WAIT_STASH.insert(pid, WaitStash { key, lock, ts_ns: unsafe { bpf_ktime_get_ns() } }, 0);
     0
 }
 
@@ -446,7 +480,7 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
 pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
     let pid = current_pid();
     let Some(open) = (unsafe { INV_WAIT_STASH.get(pid) }).copied() else { return 0 };
-    if tp_field::<u64>(&ctx, &INV_END_LOCK_OFFSET) != Some(open.key.lock) {
+    if tp_field::<u64>(&ctx, &INV_END_LOCK_OFFSET) != Some(open.lock) {
         return 0;
     }
     let _ = INV_WAIT_STASH.remove(pid);

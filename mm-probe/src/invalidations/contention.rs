@@ -106,7 +106,8 @@ fn lock_row(tables: &Tables, kvm_members: &KvmMembers, lock: u64, relation: u32,
     }
     let mut paths: Vec<PathRow> = paths.into_values().collect();
     paths.sort_by_key(|p| std::cmp::Reverse(p.wait_ns));
-    let (name, class, owner) = lock_name(tables, kvm_members, lock, mmap_lock, mmap_owner, &paths);
+    let vm_lock = relation == Relation::VmLock as u32;
+    let (name, class, owner) = lock_name(tables, kvm_members, (lock, vm_lock), mmap_lock, mmap_owner, &paths);
     let relation = RELATIONS.iter().copied().find(|r| *r as u32 == relation).unwrap_or(Relation::Unrelated);
     LockRow {
         address: format!("{lock:#x}"),
@@ -128,12 +129,13 @@ fn lock_row(tables: &Tables, kvm_members: &KvmMembers, lock: u64, relation: u32,
 fn lock_name(
     tables: &Tables,
     kvm_members: &KvmMembers,
-    lock: u64,
+    (lock, vm_lock): (u64, bool),
     mmap_lock: bool,
     mmap_owner: Option<u32>,
     paths: &[PathRow],
 ) -> (String, &'static str, Option<u32>) {
-    if let Some(kvm) = tables.kvm_lock(lock) {
+    // Only a wait the kernel related to the VM: after the VM exits its address may be reused.
+    if let Some(kvm) = tables.kvm_lock(lock).filter(|_| vm_lock) {
         return (format!("kvm->mmu_lock of VM pid {}", kvm.tgid), "kvm_mmu_lock", Some(kvm.tgid));
     }
     match (mmap_lock, mmap_owner) {

@@ -120,7 +120,14 @@ impl Drain {
     fn read_cumulative(&mut self, ebpf: &Ebpf) -> Result<()> {
         let kvm_locks: BpfHashMap<&MapData, u64, KvmLock> =
             BpfHashMap::try_from(ebpf.map(names::KVM_LOCKS_MAP).context("kvm lock map missing")?)?;
-        self.totals.kvm_locks = kvm_locks.iter().filter_map(Result::ok).collect();
+        // Kept once learned: the kernel forgets a VM's lock once the VM is gone and its memory
+        // is reused, but the waits counted on it before still need its name.
+        for (lock, vm) in kvm_locks.iter().filter_map(Result::ok) {
+            match self.totals.kvm_locks.iter_mut().find(|(known, _)| *known == lock) {
+                Some(known) => known.1 = vm,
+                None => self.totals.kvm_locks.push((lock, vm)),
+            }
+        }
         self.totals.callbacks = read_percpu(ebpf, names::CALLBACKS_MAP, add_callback)?
             .into_iter()
             .map(|(key, stats): (CallbackKey, CallbackStats)| (key.ip, stats))

@@ -9,7 +9,7 @@ use crate::{
     capability::Capability,
     cli::DoctorArgs,
     kernel::{Kernel, btf::VMLINUX_BTF, layout::Layout, privileges, tracefs},
-    probes::{MapFamily, Outcome, Plan, Planner, ProbePlan, load_object},
+    probes::{AttachFailure, Attempt, MapFamily, Outcome, Plan, Planner, ProbePlan, load_object},
     report::{
         json,
         text::{self, Columns, wrap},
@@ -84,23 +84,67 @@ pub fn examine() -> Result<Report> {
     for capability in Capability::ALL {
         // A fresh object per capability: the plan is what that capability would get alone.
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
-        capabilities.push((capability.command().to_string(), planner.attach_all(&mut ebpf, capability.catalog())));
+        let mut plan = planner.attach_all(&mut ebpf, capability.catalog());
+        if *capability == Capability::Invalidations {
+            plan.probes.push(subscriber_callbacks(&program_types));
+        }
+        capabilities.push((capability.command().to_string(), plan));
     }
     Ok(Report { kernel: facts, program_types, capabilities })
 }
 
-/// The report as text, no line wider than `width`.
+/// The row of `invalidations`' subscriber callbacks. It times them with a kprobe and a
+/// kretprobe on each callback function of the watched memory's subscribers, which it finds at
+/// run time in the kernel's subscription lists: no catalog names them, so nothing can be tried
+/// on them here. Whether they will be timed is whether kprobes and kretprobes attach, which the
+/// program-type check has just tried for real.
+fn subscriber_callbacks(types: &[TypeCheck]) -> ProbePlan {
+    const TARGET: &str = "each subscriber callback";
+    let mut failed_attempts: Vec<Attempt> = Vec::new();
+    for check in types.iter().filter(|t| ["kprobe", "kretprobe"].contains(&t.program_type) && !t.attached) {
+        let reason = check.failures.last().cloned().unwrap_or_else(|| AttachFailure::Other("did not attach".into()));
+        match failed_attempts.iter_mut().find(|a| a.reason == reason) {
+            Some(same) => same.mechanism += &format!("+{}", check.program_type),
+            None => {
+                failed_attempts.push(Attempt { mechanism: check.program_type.into(), target: TARGET.into(), reason })
+            }
+        }
+    }
+    let outcome = if failed_attempts.is_empty() {
+        Outcome::Attached {
+            mechanism: "kprobe+kretprobe".into(),
+            target: TARGET.into(),
+            caveat: Some("the callbacks are found at run time, from the subscribers of the memory watched".into()),
+        }
+    } else {
+        Outcome::Unavailable
+    };
+    ProbePlan {
+        probe: "subscriber callbacks",
+        purpose: "the time of each subscriber's invalidate callbacks: which subscriber is slow or amplified",
+        outcome,
+        failed_attempts,
+    }
+}
+
+/// The widest the text report gets, whatever the terminal: wider lines are harder to follow.
+const MAX_WIDTH: usize = 100;
+
+/// The report as text, no line wider than `width` (nor [`MAX_WIDTH`]).
 pub fn render(report: &Report, width: usize) -> String {
+    let width = width.min(MAX_WIDTH);
     let mut out = kernel_text(&report.kernel, width);
     out += "\n";
     out += &wrap("program types (loaded, attached, and fired by this process's fsync calls):", width, 2);
     out += &program_types_text(&report.program_types, width);
     out += &silent_types_text(report, width);
+    let plans: Vec<&Plan> = report.capabilities.iter().map(|(_, plan)| plan).collect();
+    let columns = plan_columns(&plans);
     for (name, plan) in &report.capabilities {
         let attached = plan.probes.iter().filter(|p| p.attached()).count();
         out += "\n";
         out += &wrap(&format!("{name}: {attached} of {} probes attach", plan.probes.len()), width, 2);
-        out += &plan_text(plan, width);
+        out += &plan_text(plan, &columns, width);
     }
     out
 }
@@ -187,27 +231,48 @@ fn silent_types_text(report: &Report, width: usize) -> String {
     out
 }
 
+const PLAN_HEADER: [&str; 3] = ["STATUS", "PROBE", "ATTACHED AS / LOST"];
+
+/// The widest probe name that keeps its row on one line: wider names (a long kernel function)
+/// get a line of their own, so that the last column keeps room at 80 columns.
+const PROBE_COLUMN_MAX: usize = 28;
+
+fn plan_row(p: &ProbePlan) -> [String; 3] {
+    match &p.outcome {
+        Outcome::Attached { mechanism, target, .. } => {
+            ["ok".into(), p.probe.into(), format!("{mechanism} on {target}")]
+        }
+        Outcome::Unavailable => ["MISS".into(), p.probe.into(), format!("lost: {}", p.purpose)],
+    }
+}
+
+/// One set of columns for every capability's table, so that they line up under each other;
+/// names over [`PROBE_COLUMN_MAX`] do not widen them.
+fn plan_columns(plans: &[&Plan]) -> Columns {
+    let rows: Vec<[&str; 3]> = plans
+        .iter()
+        .flat_map(|plan| &plan.probes)
+        .map(|p| ["MISS", if p.probe.chars().count() <= PROBE_COLUMN_MAX { p.probe } else { "" }, ""])
+        .collect();
+    Columns::fit(&PLAN_HEADER, &rows.iter().map(|r| r.to_vec()).collect::<Vec<_>>(), 2)
+}
+
 /// One row per probe: attached how, or what is lost; under it the caveat and every failed
 /// attempt.
-fn plan_text(plan: &Plan, width: usize) -> String {
-    const HEADER: [&str; 3] = ["STATUS", "PROBE", "ATTACHED AS / LOST"];
-    let row = |p: &ProbePlan| -> Vec<String> {
-        match &p.outcome {
-            Outcome::Attached { mechanism, target, .. } => {
-                vec!["ok".into(), p.probe.to_string(), format!("{mechanism} on {target}")]
-            }
-            Outcome::Unavailable => vec!["MISS".into(), p.probe.to_string(), format!("lost: {}", p.purpose)],
-        }
-    };
-    let rows: Vec<Vec<String>> = plan.probes.iter().map(row).collect();
-    let columns = Columns::fit(&HEADER, &rows, 2);
+fn plan_text(plan: &Plan, columns: &Columns, width: usize) -> String {
     let note = |text: String| {
         let start = columns.start(1);
         wrap(&format!("{:start$}{text}", ""), width, start + 2)
     };
-    let mut out = columns.line(&HEADER, width);
-    for (p, cells) in plan.probes.iter().zip(&rows) {
-        out += &columns.line(cells, width);
+    let mut out = columns.line(&PLAN_HEADER, width);
+    for p in &plan.probes {
+        let [status, probe, how] = plan_row(p);
+        if probe.chars().count() > PROBE_COLUMN_MAX {
+            out += &columns.line(&[status, probe], width);
+            out += &columns.line(&[String::new(), String::new(), how], width);
+        } else {
+            out += &columns.line(&[status, probe, how], width);
+        }
         if let Outcome::Attached { caveat: Some(c), .. } = &p.outcome {
             out += &note(format!("caveat: {c}"));
         }
@@ -225,7 +290,6 @@ fn plan_text(plan: &Plan, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probes::{AttachFailure, Attempt};
 
     fn report() -> Report {
         let refused = |target: &str| Attempt {
@@ -353,5 +417,65 @@ mod tests {
             "{text}"
         );
         assert_eq!(words.matches("note: ").count(), 1, "fentry did not attach: no note for it\n{text}");
+    }
+
+    fn type_check(program_type: &'static str, failures: Vec<AttachFailure>) -> TypeCheck {
+        TypeCheck {
+            program_type,
+            target: None,
+            attached: failures.is_empty(),
+            counted: if failures.is_empty() { 3 } else { 0 },
+            calls: 3,
+            reason: None,
+            failures,
+        }
+    }
+
+    /// Without kprobes the callbacks cannot be timed: the row says so once for both program
+    /// types; with them it says how they will be attached.
+    #[test]
+    fn the_subscriber_callbacks_row_follows_the_kprobe_check() {
+        let without = [
+            type_check("kprobe", vec![AttachFailure::KprobesNotBuiltIn, AttachFailure::KprobesNotBuiltIn]),
+            type_check("kretprobe", vec![AttachFailure::KprobesNotBuiltIn]),
+            type_check("tracepoint", Vec::new()),
+        ];
+        let row = subscriber_callbacks(&without);
+        assert!(!row.attached());
+        assert_eq!(row.failed_attempts.len(), 1, "{row:?}");
+        assert_eq!(row.failed_attempts[0].mechanism, "kprobe+kretprobe");
+        assert_eq!(row.failed_attempts[0].reason, AttachFailure::KprobesNotBuiltIn);
+        let with = [type_check("kprobe", Vec::new()), type_check("kretprobe", Vec::new())];
+        let row = subscriber_callbacks(&with);
+        assert_eq!(row.mechanism(), Some("kprobe+kretprobe"), "{row:?}");
+    }
+
+    /// Every capability's table puts its columns in the same place, and a probe name too long
+    /// for the column (a long kernel function) gets a line of its own instead of pushing the
+    /// last column off the screen.
+    #[test]
+    fn the_plans_line_up_and_a_long_probe_name_gets_its_own_line() {
+        let mut report = report();
+        report.capabilities.push((
+            "latency".into(),
+            Plan {
+                probes: vec![ProbePlan {
+                    probe: "madvise_cold_or_pageout_pte_range",
+                    purpose: "how long it held the CPU",
+                    outcome: Outcome::Unavailable,
+                    failed_attempts: Vec::new(),
+                }],
+            },
+        ));
+        for width in [80, 200] {
+            let text = render(&report, width);
+            assert!(text.lines().all(|l| l.chars().count() <= width.min(MAX_WIDTH)), "{text}");
+            let headers: Vec<usize> = text.lines().filter_map(|l| l.find("ATTACHED AS")).collect();
+            assert_eq!(headers.len(), 2, "{text}");
+            assert_eq!(headers[0], headers[1], "the tables do not line up:\n{text}");
+            let lines: Vec<&str> = text.lines().collect();
+            let long = lines.iter().position(|l| l.ends_with("madvise_cold_or_pageout_pte_range")).expect(&text);
+            assert_eq!(lines[long + 1].find("lost:"), Some(headers[0]), "{text}");
+        }
     }
 }

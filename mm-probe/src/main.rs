@@ -1,14 +1,12 @@
-use clap::Parser as _;
-
 use mm_probe::{
-    cli::{Cli, Command},
+    cli::{self, Command},
     doctor, error, exporter, generate, invalidations, latency, retry_storm, selftest, thp_why,
 };
 
 fn main() {
     end_quietly_on_a_closed_pipe();
     report_panics_as_internal_errors();
-    let cli = Cli::try_parse().unwrap_or_else(|e| exit_on_bad_command_line(&e));
+    let cli = cli::parse_or_exit();
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(&args),
         Command::ThpWhy(args) => thp_why::run(&args),
@@ -24,28 +22,6 @@ fn main() {
         eprintln!("mm-probe: {err:#}");
         std::process::exit(error::exit_code(&err));
     }
-}
-
-/// Bad input is a usage error (exit 1), not clap's default 2, which mm-probe keeps for its own
-/// failures. A bad value is one line that quotes it (`--interval 0s`); clap's usage block is
-/// kept for missing or unknown arguments, where it helps.
-fn exit_on_bad_command_line(e: &clap::Error) -> ! {
-    use clap::error::ErrorKind;
-    if !e.use_stderr() {
-        let _ = e.print();
-        std::process::exit(0);
-    }
-    match e.kind() {
-        ErrorKind::ValueValidation | ErrorKind::InvalidValue => {
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or_default();
-            eprintln!("mm-probe: {}", first.strip_prefix("error: ").unwrap_or(first));
-        }
-        _ => {
-            let _ = e.print();
-        }
-    }
-    std::process::exit(error::EXIT_USAGE);
 }
 
 /// `mm-probe latency --json | head -1`: once the reader is gone, the next write ends the process

@@ -1,35 +1,54 @@
 //! Parsing what users type: durations with units (`500us`, `500µs`, `2ms`, `1.5s`, `750ns`,
-//! `5m`, `1h`), intervals, pids; and formatting durations and sizes the way people read them.
+//! `5m`, `1h`, `1m30s`), intervals, pids; and formatting durations and sizes the way people read them.
 
 use std::time::Duration;
 
 use crate::error::UserError;
 
-/// Parses a duration that must carry one of the units ns, us, µs, ms, s, m, h.
+/// The units a duration may carry, largest first, with their length in nanoseconds.
+const DURATION_UNITS: [(&[&str], f64); 6] =
+    [(&["h"], 3600e9), (&["m"], 60e9), (&["s"], 1e9), (&["ms"], 1e6), (&["us", "µs", "μs"], 1e3), (&["ns"], 1.0)];
+
+const DURATION_HINT: &str = "write it as e.g. 500us, 2ms, 1.5s, 1m30s or 1h (units: ns, us, µs, ms, s, m, h)";
+
+/// Parses a duration: one or more numbers, each with its unit, largest unit first (`500us`,
+/// `1.5s`, `1m30s`, `1h 2m`), as `sleep`, systemd and Go's `time.ParseDuration` users type them.
 pub fn parse_duration(text: &str) -> Result<Duration, UserError> {
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(|| {
-        UserError::new(format!(
-            "{text:?} has no unit: write it as e.g. 500us, 2ms, 1s or 5m (units: ns, us, µs, ms, s, m, h)"
-        ))
-    })?;
-    let (number, unit) = text.split_at(split);
-    let value: f64 =
-        number.parse().map_err(|_| UserError::new(format!("{text:?} does not start with a number (e.g. 500us)")))?;
-    let nanos_per_unit = match unit.trim() {
-        "ns" => 1.0,
-        "us" | "µs" | "μs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" => 60e9,
-        "h" => 3600e9,
-        other => {
-            return Err(UserError::new(format!(
-                "unknown unit {other:?} in {text:?}: use ns, us (or µs), ms, s, m or h"
-            )));
+    let bad = |why: String| UserError::new(format!("{text:?} {why}: {DURATION_HINT}"));
+    if text.is_empty() {
+        return Err(UserError::new(format!("an empty duration: {DURATION_HINT}")));
+    }
+    let mut rest = text;
+    let mut nanos = 0.0;
+    // Index into DURATION_UNITS of the last unit read: each part's unit must be smaller.
+    let mut previous: Option<usize> = None;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(bad(format!("has {:?} where a number should be", rest)));
         }
-    };
-    let nanos = value * nanos_per_unit;
+        let number: f64 = rest[..digits].parse().map_err(|_| bad(format!("has a bad number {:?}", &rest[..digits])))?;
+        rest = rest[digits..].trim_start();
+        let letters = rest.find(|c: char| !c.is_alphabetic()).unwrap_or(rest.len());
+        let unit = &rest[..letters];
+        if unit.is_empty() {
+            return Err(if previous.is_none() {
+                UserError::new(format!("{text:?} has no unit: {DURATION_HINT}"))
+            } else {
+                bad(format!("ends in {number} without a unit"))
+            });
+        }
+        let index = DURATION_UNITS.iter().position(|(names, _)| names.contains(&unit)).ok_or_else(|| {
+            UserError::new(format!("unknown unit {unit:?} in {text:?}: use ns, us (or µs), ms, s, m or h"))
+        })?;
+        if previous.is_some_and(|p| index <= p) {
+            return Err(bad(format!("repeats a unit or puts {unit:?} after a smaller one")));
+        }
+        previous = Some(index);
+        nanos += number * DURATION_UNITS[index].1;
+        rest = rest[letters..].trim_start();
+    }
     if !nanos.is_finite() || nanos > u64::MAX as f64 {
         return Err(UserError::new(format!("{text:?} is too large")));
     }
@@ -54,6 +73,48 @@ pub fn parse_interval(text: &str) -> Result<Duration, UserError> {
         return Err(UserError::new(format!("an interval of {:?} is too short: the shortest is 100ms", text.trim())));
     }
     Ok(interval)
+}
+
+/// Parses a WARN or CRIT limit given as a duration: zero would flag every event, so it is
+/// refused (the error is shown after the option's name).
+pub fn parse_limit_duration(text: &str) -> Result<Duration, UserError> {
+    let limit = parse_duration(text)?;
+    if limit.is_zero() {
+        return Err(UserError::new("a limit of zero would flag everything: give one above zero"));
+    }
+    Ok(limit)
+}
+
+/// Parses the `--duration` of a run that has nothing to show without live tracing: zero would
+/// end it before it began.
+pub fn parse_run_duration(text: &str) -> Result<Duration, UserError> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(UserError::new("a run of zero ends before it starts: leave --duration out to run until Ctrl-C"));
+    }
+    Ok(duration)
+}
+
+/// Parses a WARN or CRIT limit given as a plain number (percent, per second, ratio): finite and
+/// above zero, for the same reason as [`parse_limit_duration`].
+pub fn parse_limit_number(text: &str) -> Result<f64, UserError> {
+    let value: f64 = text.trim().parse().map_err(|_| UserError::new("not a number: write e.g. 5, 0.5 or 1000"))?;
+    if !value.is_finite() {
+        return Err(UserError::new("not a finite number: write e.g. 5, 0.5 or 1000"));
+    }
+    if value <= 0.0 {
+        return Err(UserError::new("a limit of zero or below would flag everything: give one above zero"));
+    }
+    Ok(value)
+}
+
+/// Parses the port of an `ADDRESS:PORT` option: decimal, 1-65535, or 0 for any free port (as
+/// bind(2) takes it). The error completes a sentence that names the option and its value.
+pub fn parse_port(text: &str) -> Result<u16, String> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("has no port number after the last ':'".into());
+    }
+    text.parse().map_err(|_| format!("has port {text}, which is out of range (1-65535)"))
 }
 
 /// Parses a pid: a positive decimal number.
@@ -109,6 +170,58 @@ mod tests {
     }
 
     #[test]
+    fn accepts_compound_durations_largest_unit_first() {
+        let seconds = Duration::from_secs;
+        for (text, expected) in [
+            ("1m30s", seconds(90)),
+            ("1h2m", seconds(3720)),
+            ("1h 2m 3s", seconds(3723)),
+            ("2s500ms", Duration::from_millis(2500)),
+            ("1m0.5s", Duration::from_millis(60_500)),
+            ("1ms500µs", Duration::from_micros(1500)),
+        ] {
+            assert_eq!(parse_duration(text).unwrap(), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn refuses_garbage_in_compound_durations_with_a_hint() {
+        for (text, why) in [
+            ("30s1m", "after a smaller one"),
+            ("1s1s", "repeats a unit"),
+            ("1m30", "ends in 30 without a unit"),
+            ("1m-5s", "\"-5s\" where a number should be"),
+            ("1.2.3s", "bad number \"1.2.3\""),
+            ("", "an empty duration"),
+        ] {
+            let err = parse_duration(text).unwrap_err().to_string();
+            assert!(err.contains(why) && err.contains("1m30s"), "{text:?}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn zero_limits_and_zero_runs_are_refused_but_zero_stays_a_duration() {
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert!(parse_limit_duration("0us").unwrap_err().to_string().contains("above zero"));
+        assert_eq!(parse_limit_duration("1ns").unwrap(), Duration::from_nanos(1));
+        assert!(parse_run_duration("0s").unwrap_err().to_string().contains("leave --duration out"));
+        assert_eq!(parse_run_duration("1m30s").unwrap(), Duration::from_secs(90));
+    }
+
+    #[test]
+    fn number_limits_are_finite_and_above_zero() {
+        assert_eq!(parse_limit_number("20").unwrap(), 20.0);
+        assert_eq!(parse_limit_number(" 0.1 ").unwrap(), 0.1);
+        for text in ["0", "-5", "0.0"] {
+            assert!(parse_limit_number(text).unwrap_err().to_string().contains("above zero"), "{text}");
+        }
+        for text in ["nan", "inf", "5%", "x"] {
+            assert!(parse_limit_number(text).unwrap_err().to_string().contains("number"), "{text}");
+        }
+    }
+
+    #[test]
     fn intervals_must_be_at_least_100ms_and_errors_quote_what_was_typed() {
         assert_eq!(parse_interval("1s").unwrap(), Duration::from_secs(1));
         assert_eq!(parse_interval("100ms").unwrap(), Duration::from_millis(100));
@@ -116,6 +229,17 @@ mod tests {
         assert!(zero.contains("\"0s\"") && zero.contains("never ends"), "{zero}");
         let tiny = parse_interval("1ns").unwrap_err().to_string();
         assert!(tiny.contains("\"1ns\"") && tiny.contains("too short"), "{tiny}");
+    }
+
+    #[test]
+    fn ports_out_of_range_are_told_apart_from_missing_ones() {
+        assert_eq!(parse_port("9479"), Ok(9479));
+        assert_eq!(parse_port("0"), Ok(0));
+        assert_eq!(parse_port("99999").unwrap_err(), "has port 99999, which is out of range (1-65535)");
+        assert!(parse_port("65536").unwrap_err().contains("out of range"));
+        for text in ["", "http", "-1", "+80"] {
+            assert!(parse_port(text).unwrap_err().contains("no port number"), "{text:?}");
+        }
     }
 
     #[test]

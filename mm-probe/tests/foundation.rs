@@ -4,8 +4,10 @@
 mod common;
 
 use std::{
+    collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _},
     process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use common::{LINE_SCHEMAS, first_of, json_lines, require_root, run_tool, schema_violations, vm_kernel};
@@ -80,6 +82,37 @@ fn doctor_json_reports_plans_with_reasons() {
     }
 }
 
+/// What a new user reads first, at 80 columns: each reason once, no other architecture's
+/// functions, and a row saying whether the invalidations' subscriber callbacks will be timed
+/// (kprobes on callbacks found at run time) and why not.
+#[test]
+fn doctor_text_fits_80_columns_and_says_each_thing_once() {
+    require_root();
+    let out = Command::new(common::mm_probe()).arg("doctor").env("COLUMNS", "80").output().expect("mm-probe doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for line in text.lines() {
+        assert!(line.chars().count() <= 80, "over 80 columns:\n{line}");
+    }
+    let foreign = if cfg!(target_arch = "x86_64") { "__arm64_" } else { "__x64_" };
+    assert!(!text.contains(foreign), "another architecture's function is reported:\n{text}");
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let kprobe_cell = words.split(" kprobe ").nth(1).and_then(|rest| rest.split(" kretprobe ").next()).expect(&words);
+    assert!(kprobe_cell.matches("CONFIG_KPROBES").count() <= 1, "a reason repeated: {kprobe_cell}");
+    let invalidations = words.split("invalidations: ").nth(1).expect("an invalidations plan");
+    let has_kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe/type").exists();
+    if has_kprobes {
+        assert!(
+            invalidations.contains("ok subscriber callbacks kprobe+kretprobe on each subscriber callback"),
+            "{text}"
+        );
+    } else {
+        assert!(invalidations.contains("MISS subscriber callbacks lost:"), "{text}");
+        assert!(invalidations.contains("each subscriber callback: kprobes are not built into this kernel"), "{text}");
+    }
+}
+
 #[test]
 fn without_privileges_doctor_says_what_is_needed_and_exits_1() {
     require_root();
@@ -134,17 +167,64 @@ fn bad_units_are_rejected_with_a_hint() {
     assert!(stderr.contains("no unit"), "{stderr}");
 }
 
+/// Doctor loads and attaches every program type and every capability's probes; once it has
+/// exited, none of the programs it held may still be loaded. They are told by the ids doctor
+/// itself held (read from its descriptors while it ran), not by name, so that another mm-probe
+/// started on the machine meanwhile is not taken for a leak.
 #[test]
 fn doctor_leaves_no_program_loaded() {
     require_root();
-    let before = common::our_programs();
-    let out = run_tool(&["doctor"]);
-    assert_eq!(out.status.code(), Some(0));
-    assert_eq!(
-        common::leftover_programs(&before),
-        Vec::<String>::new(),
-        "programs left in the kernel after doctor exited"
-    );
+    let mut doctor = Command::new(common::mm_probe())
+        .arg("doctor")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting mm-probe doctor");
+    let mut held = BTreeSet::new();
+    let status = loop {
+        // Read before reaping: once reaped, its descriptors are no longer in /proc.
+        held.extend(programs_held_by(doctor.id()));
+        if let Some(status) = doctor.try_wait().expect("waiting for doctor") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut stderr = String::new();
+    let _ = doctor.stderr.take().expect("piped stderr").read_to_string(&mut stderr);
+    assert!(status.success(), "doctor ended with {status:?}: {stderr}");
+    assert!(!held.is_empty(), "doctor was never seen holding a program: this test would prove nothing");
+    eprintln!("doctor held {} programs while it ran: {held:?}", held.len());
+    // The kernel frees a program after its last reference goes, through RCU: allow it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let loaded: BTreeSet<u32> = aya::programs::loaded_programs().filter_map(Result::ok).map(|p| p.id()).collect();
+        let left: Vec<&u32> = held.intersection(&loaded).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "programs {left:?} of the {} doctor held are loaded after it exited",
+            held.len()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The ids of the eBPF programs process `pid` holds now: the kernel writes `prog_id:` in the
+/// fdinfo of every program and link descriptor. Descriptors closed while being read are skipped.
+fn programs_held_by(pid: u32) -> Vec<u32> {
+    let Ok(descriptors) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return Vec::new() };
+    descriptors
+        .flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|id| id.trim().parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 #[test]

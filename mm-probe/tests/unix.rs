@@ -260,12 +260,63 @@ fn bad_units_and_pids_are_usage_errors_that_quote_the_value() {
 }
 
 #[test]
-fn pid_lists_minutes_and_hours_are_accepted() {
+fn pid_lists_minutes_hours_and_compound_durations_are_accepted() {
     let me = std::process::id().to_string();
     let list = format!("{me},{me}");
-    for args in [vec!["latency", "-p", &list, "--help"], vec!["retry-storm", "--duration", "1h", "--help"]] {
+    for args in [
+        vec!["latency", "-p", &list, "--help"],
+        vec!["retry-storm", "--duration", "1h", "--help"],
+        vec!["invalidations", "--duration", "1m30s", "--interval", "1.5s", "--help"],
+        vec!["thp-why", &me, "--duration", "0s", "--help"],
+    ] {
         let output = run_tool(&args);
         assert!(output.status.success(), "{args:?}");
+    }
+}
+
+/// `--help` of the tool and of every command, read through a pipe as `mm-probe latency --help |
+/// less` does: wrapped to `COLUMNS`, and to 100 columns when nothing says the width.
+#[test]
+fn every_help_fits_the_terminal_width() {
+    for (columns, width) in [(Some("80"), 80), (Some("60"), 60), (None, 100)] {
+        for command in ["", "doctor", "thp-why", "latency", "retry-storm", "invalidations", "exporter"] {
+            let mut tool = Command::new(mm_probe());
+            tool.args([command, "--help"].into_iter().filter(|a| !a.is_empty())).env_remove("COLUMNS");
+            if let Some(columns) = columns {
+                tool.env("COLUMNS", columns);
+            }
+            let output = tool.output().expect("mm-probe --help");
+            assert!(output.status.success(), "mm-probe {command} --help");
+            let help = String::from_utf8_lossy(&output.stdout);
+            for line in help.lines() {
+                assert!(line.chars().count() <= width, "mm-probe {command} --help, {columns:?}:\n{line}\n\n{help}");
+            }
+        }
+    }
+}
+
+/// What new users typed first, refused with one line that names the option, quotes the value
+/// the way it was typed (a percent stays a percent) and says what would be accepted.
+#[test]
+fn bad_values_are_one_line_in_the_users_own_terms() {
+    for (args, says) in [
+        (
+            vec!["retry-storm", "--retry-rate-warn", "20"],
+            "--retry-rate-warn 20 must be no larger than --retry-rate-crit 15",
+        ),
+        (vec!["exporter", "--listen", ":99999"], "port 99999, which is out of range (1-65535)"),
+        (vec!["exporter", "--only", "nosuch"], "choose from retry-storm, thp, latency, invalidations"),
+        (vec!["invalidations", "--wait-warn", "0us"], "'0us' for '--wait-warn <DURATION>': a limit of zero"),
+        (vec!["retry-storm", "--timeout", "0s"], "'0s' for '--timeout <DURATION>': a limit of zero"),
+        (vec!["latency", "--duration", "0s"], "leave --duration out to run until Ctrl-C"),
+        (vec!["latency", "--duration", "1m30"], "\"1m30\" ends in 30 without a unit"),
+    ] {
+        let output = run_tool(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: not one line: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("0.2"), "{args:?}: {stderr}");
     }
 }
 

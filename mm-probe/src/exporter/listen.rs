@@ -18,7 +18,7 @@ pub fn parse_listen(text: &str) -> Result<Vec<SocketAddr>, UserError> {
     }
     let bad = |why: &str| UserError::new(format!("--listen {text:?} {why}: {EXAMPLES}"));
     let Some((host, port)) = text.rsplit_once(':') else { return Err(bad("has no :PORT")) };
-    let port: u16 = port.parse().map_err(|_| bad("has no port number after the last ':'"))?;
+    let port = crate::units::parse_port(port).map_err(|why| bad(&why))?;
     if host.is_empty() {
         return Ok(vec![
             SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
@@ -77,7 +77,7 @@ mod tests {
         assert!(one_line_quoting("localhost").contains("has no :PORT"));
         assert!(one_line_quoting("127.0.0.1").contains("has no :PORT"));
         assert!(one_line_quoting("localhost:http").contains("no port number"));
-        assert!(one_line_quoting(":99999").contains("no port number"));
+        assert!(one_line_quoting(":99999").contains("port 99999, which is out of range (1-65535)"));
         assert!(one_line_quoting("::1:9479").contains("without brackets"));
         assert!(one_line_quoting("no-such-host.invalid:9479").contains("does not resolve"));
     }

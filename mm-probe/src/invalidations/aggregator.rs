@@ -13,7 +13,7 @@ use super::{
     decoder::Tables,
     judge::{Amplified, Evidence},
     locks::{KvmMembers, WaitPath, caller, lock_kind, wait_path},
-    probes::subscriber_of,
+    probes::subscriber_name,
     report::{Fit, Interval, Invalidations, InvalidatorRow, LockRow, PathRow, SubscriberRow},
 };
 use crate::{
@@ -185,7 +185,7 @@ pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>, seen_waits: boo
             let callback = symbol.as_ref().map_or_else(|| format!("{ip:#x}"), |s| s.symbol.name.clone());
             let module = symbol.as_ref().and_then(|s| s.symbol.module.clone());
             SubscriberRow {
-                subscriber: subscriber_of(&callback).unwrap_or("unknown"),
+                subscriber: subscriber_name(&callback, module.as_deref()),
                 module,
                 calls: stats.calls,
                 mean_ns: ratio(stats.total_ns as f64, stats.calls),

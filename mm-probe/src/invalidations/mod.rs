@@ -7,6 +7,7 @@
 //! (report.rs) or text (render.rs), and with `--plot` a figure of the distributions (plot.rs).
 
 pub mod aggregator;
+pub mod callbacks;
 pub mod decoder;
 pub mod judge;
 pub mod locks;
@@ -33,7 +34,7 @@ use crate::{
     cli::InvalidationsArgs,
     collect::{Limits, Stop, Stopper, Ticker, monotonic_ns, run as skeleton},
     error::UserError,
-    kernel::{Kernel, layout::Layout, privileges, tracefs},
+    kernel::{Kallsyms, Kernel, layout::Layout, privileges, tracefs},
     probes::{GlobalValue, MapFamily, Planner, detach_all, load_object},
     report::{
         json,
@@ -62,16 +63,16 @@ async fn attach_and_collect(
     let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&kernel, &args.pids))?;
     crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
-    let callbacks = probes::attach_callbacks(&kernel, &mut ebpf);
-    let seen = probes::observability(&plan, &callbacks, kvm_locks_nameable(&kernel));
+    let mut timer = callbacks::CallbackTimer::start(&kernel, &mut ebpf, &plan);
+    let mut seen = probes::observability(&plan, timer.plan(), kvm_locks_nameable(&kernel));
     if args.json {
-        println!("{}", report::plan_json(&kernel.release.text, &plan, &callbacks.timed, &seen, &thresholds));
+        println!("{}", report::plan_json(&kernel.release.text, &plan, &timer.plan().timed, &seen, &thresholds));
     } else {
-        text::eprint(&render::plan_text(&kernel.release.text, &plan, &callbacks.timed, &seen));
+        text::eprint(&render::plan_text(&kernel.release.text, &plan, &timer.plan().timed, &seen));
     }
     let started_ns = monotonic_ns();
     let mut intervals = Intervals::new(started_ns);
-    let stopped_by = collect(&ebpf, args, &seen, &mut intervals, stopper).await?;
+    let stopped_by = collect(&mut ebpf, &kernel, args, &seen, &mut intervals, &mut timer, stopper).await?;
     detach_all(&mut ebpf).await;
     let tables = read_tables(&ebpf)?;
     let end_ns = monotonic_ns();
@@ -83,7 +84,9 @@ async fn attach_and_collect(
     for pid in stopper.exited_targets() {
         text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
     }
-    let summary = summarize(&ebpf, &kernel, &tables, &seen, &thresholds, duration_s);
+    seen.callbacks_skipped = timer.skipped().to_vec();
+    let kallsyms = timer.kallsyms().or_else(|| kernel.kallsyms().ok());
+    let summary = summarize(&ebpf, &kernel, kallsyms, &tables, &seen, &thresholds, duration_s);
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
     } else {
@@ -124,18 +127,23 @@ impl Intervals {
     }
 }
 
-/// Waits for the end, printing a line per `--interval`.
+/// Waits for the end, printing a line per `--interval` and timing each subscriber's callback
+/// as the kernel side finds it.
 async fn collect(
-    ebpf: &Ebpf,
+    ebpf: &mut Ebpf,
+    kernel: &Kernel,
     args: &InvalidationsArgs,
     seen: &Observability,
     intervals: &mut Intervals,
+    timer: &mut callbacks::CallbackTimer,
     stopper: &mut Stopper,
 ) -> Result<Stop> {
     let mut tick = Ticker::every(args.interval);
+    let mut poll = Ticker::every(Some(callbacks::POLL_PERIOD));
     loop {
         tokio::select! {
             () = tick.tick() => intervals.print(read_tables(ebpf)?, monotonic_ns(), args.json, seen),
+            () = poll.tick() => timer.poll(kernel, ebpf),
             reason = stopper.wait() => return Ok(reason),
         }
     }
@@ -144,12 +152,12 @@ async fn collect(
 fn summarize(
     ebpf: &Ebpf,
     kernel: &Kernel,
+    kallsyms: Option<&Kallsyms>,
     tables: &Tables,
     seen: &Observability,
     thresholds: &Thresholds,
     duration_s: f64,
 ) -> Summary {
-    let kallsyms = kernel.kallsyms().ok();
     let invalidations = aggregator::invalidations(tables, duration_s);
     let locks = aggregator::locks(tables, &kvm_members(kernel), &|id| stack_functions(ebpf, id, kallsyms));
     let subscribers = aggregator::subscribers(tables, kallsyms, seen.lock_waits);
@@ -198,6 +206,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
         GlobalValue::U32(found.unwrap_or(default))
     };
+    let [notifier_ops, interval_ops] = callbacks::settings(kernel);
     vec![
         (names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty()))),
         (names::KVM_RANGE_START_FN, GlobalValue::U64(kvm_start.unwrap_or(0))),
@@ -206,6 +215,8 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         (names::END_LOCK_OFFSET, offset("lock", "contention_end", "lock_addr", 8)),
         (names::KVM_START_OFFSET, offset("kvm", "kvm_unmap_hva_range", "start", 8)),
         (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
+        notifier_ops,
+        interval_ops,
     ]
 }
 

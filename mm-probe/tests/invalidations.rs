@@ -47,38 +47,17 @@ fn traced_workload(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (V
 
 /// As [`traced_workload`], with every line the tool printed after its plan.
 fn traced_lines(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (Value, Vec<Value>) {
-    let mut storm = Command::new(workload(name))
-        .args(workload_args)
-        .arg("--wait")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-    let mut storm_out = BufReader::new(storm.stdout.take().expect("piped stdout"));
-    let mut pid = String::new();
-    storm_out.read_line(&mut pid).expect("the workload prints its pid");
-    let pid = pid.trim().to_string();
+    let storm = Waiting::start(name, workload_args);
     let mut tool = Command::new(mm_probe())
-        .args(["invalidations", "--json", "--duration", "120s", "-p", &pid])
+        .args(["invalidations", "--json", "--duration", "120s", "-p", &storm.pid])
         .args(tool_args)
         .stdout(Stdio::piped())
         .spawn()
         .expect("starting mm-probe");
-    let (send, lines) = mpsc::channel();
-    let stdout = tool.stdout.take().expect("piped stdout");
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = send.send(line);
-        }
-    });
+    let lines = lines_of(tool.stdout.take().expect("piped stdout"), false);
     let plan = common::tool_line(&lines.recv_timeout(Duration::from_secs(90)).expect("a plan line"));
     assert_eq!(plan["type"], "probe_plan", "{plan}");
-    storm.stdin.take().expect("piped stdin").write_all(b"go\n").expect("starting the storm");
-    let mut counts = String::new();
-    storm_out.read_line(&mut counts).expect("the workload's counts");
-    assert!(storm.wait().expect("the workload").success(), "{name} failed");
-    let counts: Value =
-        serde_json::from_str(&counts).unwrap_or_else(|e| panic!("{name} prints one JSON object ({e}): {counts}"));
+    let counts = storm.run();
     // The run ends by itself once the -p process has exited.
     let status = tool.wait().expect("mm-probe");
     assert_eq!(status.code(), Some(0), "the run ends with a summary when the target exits");
@@ -359,6 +338,7 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
 
 /// A workload started with `--wait`: it has printed its pid and waits for a line.
 struct Waiting {
+    name: String,
     child: std::process::Child,
     stdout: BufReader<std::process::ChildStdout>,
     pid: String,
@@ -376,16 +356,16 @@ impl Waiting {
         let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut pid = String::new();
         stdout.read_line(&mut pid).expect("the workload prints its pid");
-        Self { child, stdout, pid: pid.trim().to_string() }
+        Self { name: name.to_string(), child, stdout, pid: pid.trim().to_string() }
     }
 
-    /// Lets it run to its end; returns its own counts.
+    /// Lets it run to its end; returns its own counts (its last line).
     fn run(mut self) -> Value {
         self.child.stdin.take().expect("piped stdin").write_all(b"go\n").expect("starting the workload");
         let mut counts = String::new();
         self.stdout.read_line(&mut counts).expect("the workload's counts");
-        assert!(self.child.wait().expect("the workload").success(), "the workload failed");
-        serde_json::from_str(&counts).unwrap_or_else(|e| panic!("one JSON object ({e}): {counts}"))
+        assert!(self.child.wait().expect("the workload").success(), "{} failed", self.name);
+        serde_json::from_str(&counts).unwrap_or_else(|e| panic!("{} prints one JSON object ({e}): {counts}", self.name))
     }
 }
 

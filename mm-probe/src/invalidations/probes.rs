@@ -5,8 +5,12 @@
 //! tracepoint exists for them) and the subscribers' callbacks need kprobes or fentry.
 
 use anyhow::Result;
-use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
-use mm_probe_common::invalidations::{self as names, ReturnKind};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues},
+    programs::KProbe,
+};
+use mm_probe_common::invalidations::{self as names, CallbackKey, CallbackStats, ReturnKind};
 
 use crate::{
     function_probe,
@@ -214,7 +218,28 @@ pub fn attach_callbacks(kernel: &Kernel, ebpf: &mut Ebpf) -> CallbackPlan {
 /// Times `function` (at `address`), whose refusal is a `returns`.
 pub fn attach_timing(ebpf: &mut Ebpf, function: &str, address: u64, returns: ReturnKind) -> Result<()> {
     set_return_kind(ebpf, address, returns)?;
+    create_stats(ebpf, address)?;
     attach_one(ebpf, function)
+}
+
+/// Creates the callback's (zeroed) entry in the callbacks table from here, where allocating
+/// may sleep. Created by its first call instead, the per-CPU value (several KiB) must be
+/// allocated without sleeping, which can fail: in a 6.1 guest a new callback's first two calls
+/// were lost so (counted as callbacks_map_full).
+fn create_stats(ebpf: &mut Ebpf, address: u64) -> Result<()> {
+    const BPF_NOEXIST: u64 = 1;
+    let map = ebpf.map_mut(names::CALLBACKS_MAP).ok_or_else(|| anyhow::anyhow!("callbacks map missing"))?;
+    let mut table: PerCpuHashMap<_, CallbackKey, CallbackStats> = PerCpuHashMap::try_from(map)?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, error)| error)?;
+    // SAFETY: CallbackStats is plain integers, for which all zero bytes is a valid value.
+    let zero: CallbackStats = unsafe { std::mem::zeroed() };
+    let values = PerCpuValues::try_from(vec![zero; cpus])?;
+    match table.insert(CallbackKey { ip: address }, values, BPF_NOEXIST) {
+        Ok(()) => Ok(()),
+        // Already there: attached before (an earlier run of the exporter, another name).
+        Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 fn attach_one(ebpf: &mut Ebpf, function: &str) -> Result<()> {

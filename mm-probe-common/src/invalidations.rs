@@ -35,6 +35,9 @@ pub const CALLBACKS_MAP: &str = "INV_CALLBACKS";
 pub const CALLBACK_KINDS_MAP: &str = "INV_CALLBACK_KINDS";
 /// Hash map tgid (u32) → 1: the processes to watch when [`FILTER_TGIDS`] is set.
 pub const TARGET_TGIDS_MAP: &str = "INV_TARGET_TGIDS";
+/// Hash map callback address (u64) → [`DiscoveredCallback`]: every function pointer found in
+/// the ops of a watched mm's subscribers, for user space to time.
+pub const DISCOVERED_CALLBACKS_MAP: &str = "INV_DISCOVERED_CALLBACKS";
 
 /// Global u32: 1 = only the tgids in [`TARGET_TGIDS_MAP`] (as invalidator, waiter or owner of
 /// the memory or lock), 0 = every process.
@@ -51,6 +54,11 @@ pub const KERNEL_END: &str = "INV_KERNEL_END";
 pub const DYNAMIC_LOCKS: u64 = 1;
 /// The lock address that stands for other processes' own mmap_locks (unrelated).
 pub const OTHER_MMAP_LOCKS: u64 = 0;
+/// Globals u64: bit i set = the 8 bytes at offset 8×i of `struct mmu_notifier_ops` (of
+/// `struct mmu_interval_notifier_ops`) are a function pointer (from BTF); 0 = no BTF, nothing
+/// is read.
+pub const NOTIFIER_OPS_WORDS: &str = "INV_NOTIFIER_OPS_WORDS";
+pub const INTERVAL_OPS_WORDS: &str = "INV_INTERVAL_OPS_WORDS";
 /// Globals u32: the field offsets of the lock tracepoints' records (tracefs `format`).
 pub const BEGIN_LOCK_OFFSET: &str = "INV_BEGIN_LOCK_OFFSET";
 pub const BEGIN_FLAGS_OFFSET: &str = "INV_BEGIN_FLAGS_OFFSET";
@@ -275,6 +283,27 @@ pub struct CallbackStats {
     /// median, which one call stretched by preemption or a descheduled vCPU cannot move.
     pub fit_buckets: [[u64; TIME_BUCKETS]; FIT_CLASSES],
 }
+
+/// Which ops table a discovered callback was read from.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpsTable {
+    /// `struct mmu_notifier_ops`, of a subscription on mm->notifier_subscriptions->list.
+    Notifier = 0,
+    /// `struct mmu_interval_notifier_ops`, of an interval notifier.
+    Interval = 1,
+}
+
+/// A callback found in a subscriber's ops: the table and the member's byte offset in it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiscoveredCallback {
+    /// An [`OpsTable`].
+    pub table: u32,
+    pub member_offset: u32,
+}
+
+crate::user_pod!(DiscoveredCallback);
 
 /// A callback in flight on a thread.
 #[repr(C)]

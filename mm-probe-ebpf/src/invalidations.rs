@@ -9,8 +9,10 @@
 //!   start and end, vCPU faults and dirty logging apart by the functions on it.
 //! - __mmu_notifier_invalidate_range_start/_end (function probes, where allowed) see every
 //!   invalidation of an mm with subscribers, with its event and start→end time.
-//! - One kprobe/kretprobe pair, attached to each known subscriber callback, times the
-//!   callbacks per function (bpf_get_func_ip) and per size class, for the amplification fit.
+//! - One kprobe/kretprobe pair, attached to each subscriber callback, times the callbacks per
+//!   function (bpf_get_func_ip) and per size class, for the amplification fit.
+//! - The callbacks are found in the kernel's own structures (section "Subscriber discovery"
+//!   below): user space attaches the pair to each new one as it appears.
 //!
 //! All of it is aggregated here (per-CPU hash maps, allocated on first use): contention can
 //! fire millions of times a second, and no event is streamed. The tables whose keys grow with
@@ -38,10 +40,10 @@ use aya_ebpf::{
     programs::{ProbeContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::invalidations::{
-    CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, FIT_CLASSES, FIT_SHIFT, INVALIDATIONS_ENTRIES,
-    InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, Relation, SIZE_BUCKETS,
-    STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey, WaitStash,
-    WaitStats,
+    CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, DiscoveredCallback, FIT_CLASSES, FIT_SHIFT,
+    INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, OpsTable, Relation,
+    SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey,
+    WaitStash, WaitStats,
 };
 
 use crate::kernel::{
@@ -628,3 +630,101 @@ pub fn inv_callback_kretprobe(ctx: RetProbeContext) -> u32 {
     }
     0
 }
+
+// ---- Subscriber discovery -------------------------------------------------------------------
+//
+// Which functions to time is read from the kernel, not from a list of drivers:
+// - an mm's subscribers with their own ops (KVM, nouveau's svmm, kfd's process notifier, IOMMU
+//   SVA, …) hang on mm->notifier_subscriptions->list; it is walked at an invalidation of a
+//   watched mm, again only when the list's first node changed (subscriptions are added at the
+//   head, hlist_add_head_rcu, and removing the first changes it too);
+// - interval notifiers (every HMM, userptr and ODP driver) sit in the subscriptions' interval
+//   tree, which a program cannot walk; each is met where its driver hands it to
+//   mmu_interval_read_begin, which every driver calls before it reads the pages it mirrors.
+// Each function pointer of the ops is recorded once with the member it came from; user space
+// decides from BTF which take the range and can be timed.
+
+/// Words of an ops table read: `struct mmu_notifier_ops` has 8 to 11 function pointers
+/// (5.10 → 7.2), `struct mmu_interval_notifier_ops` fewer.
+const OPS_WORDS: u32 = 16;
+/// bpf_map_update_elem flag: only insert, never overwrite.
+const BPF_NOEXIST: u64 = 1;
+
+#[unsafe(no_mangle)]
+static INV_NOTIFIER_OPS_WORDS: Global<u64> = Global::new(0);
+#[unsafe(no_mangle)]
+static INV_INTERVAL_OPS_WORDS: Global<u64> = Global::new(0);
+
+#[map]
+static INV_DISCOVERED_CALLBACKS: HashMap<u64, DiscoveredCallback> = HashMap::with_max_entries(256, 0);
+/// mm → the first node of its subscription list when it was last walked.
+#[map]
+static INV_WALKED_HEADS: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
+
+/// Records the function pointers of an ops table: the words whose bit is set in `words`.
+#[inline(always)]
+fn note_ops(ops: u64, words: u64, table: OpsTable) {
+    for word in 0..OPS_WORDS {
+        if words & (1 << word) == 0 {
+            continue;
+        }
+        let address: u64 = read_at(ops, word * 8).unwrap_or(0);
+        if address != 0 {
+            let found = DiscoveredCallback { table: table as u32, member_offset: word * 8 };
+            let _ = INV_DISCOVERED_CALLBACKS.insert(address, found, BPF_NOEXIST);
+        }
+    }
+}
+
+#[inline(always)]
+fn memory_watched(mm: u64) -> bool {
+    watched(current_tgid()) || watched(owner_of(mm))
+}
+
+/// Records every function pointer of the ops of `mm`'s subscriptions, unless the list is the
+/// one walked last time.
+#[inline(always)]
+fn walk_subscriptions(mm: u64) {
+    let words = INV_NOTIFIER_OPS_WORDS.load();
+    let subscriptions: u64 = read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0);
+    let mut node: u64 = read_at(subscriptions, OFF_SUBSCRIPTIONS_LIST.load()).unwrap_or(0);
+    if words == 0 || node == 0 || unsafe { INV_WALKED_HEADS.get(mm) }.is_some_and(|head| *head == node) {
+        return;
+    }
+    let _ = INV_WALKED_HEADS.insert(mm, node, 0);
+    let hlist = OFF_MMU_NOTIFIER_HLIST.load() as u64;
+    for _ in 0..MAX_SUBSCRIPTIONS {
+        if node == 0 {
+            break;
+        }
+        let ops: u64 = read_at(node.wrapping_sub(hlist), OFF_MMU_NOTIFIER_OPS.load()).unwrap_or(0);
+        note_ops(ops, words, OpsTable::Notifier);
+        // hlist_node.next is its first member.
+        node = read_at(node, 0).unwrap_or(0);
+    }
+}
+
+/// __mmu_notifier_invalidate_range_start(struct mmu_notifier_range *range): the mm is about to
+/// call its subscribers.
+#[inline(always)]
+fn subscriptions_at_invalidation(range: u64) -> u32 {
+    let mm: u64 = read_at(range, OFF_NOTIFIER_RANGE_MM.load()).unwrap_or(0);
+    if memory_watched(mm) {
+        walk_subscriptions(mm);
+    }
+    0
+}
+
+/// mmu_interval_read_begin(struct mmu_interval_notifier *interval_sub)
+#[inline(always)]
+fn interval_read_begin(interval_sub: u64) -> u32 {
+    let mm: u64 = read_at(interval_sub, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0);
+    if memory_watched(mm) {
+        let ops: u64 = read_at(interval_sub, OFF_INTERVAL_NOTIFIER_OPS.load()).unwrap_or(0);
+        note_ops(ops, INV_INTERVAL_OPS_WORDS.load(), OpsTable::Interval);
+    }
+    0
+}
+
+entry_programs!(inv_subscriptions_fentry, inv_subscriptions_kprobe => subscriptions_at_invalidation);
+entry_programs!(inv_interval_begin_fentry, inv_interval_begin_kprobe => interval_read_begin);

@@ -327,7 +327,7 @@ fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut
     }
     if source.seen.callbacks {
         for row in aggregator::subscribers(tables, source.kallsyms.as_ref(), source.seen.lock_waits) {
-            let labels = [("subscriber", row.subscriber), ("callback", row.callback.as_str())];
+            let labels = [("subscriber", row.subscriber.as_str()), ("callback", row.callback.as_str())];
             snapshot.callback_calls.push(Series::new(&labels, row.calls));
             let seconds = row.mean_ns * row.calls as f64 / 1e9;
             snapshot.callback_seconds.push(FloatSeries { labels: Series::new(&labels, 0).labels, value: seconds });

@@ -13,7 +13,7 @@ use super::{
     decoder::Tables,
     judge::{Amplified, Evidence},
     locks::WaitPath,
-    probes::{Observability, subscriber_of},
+    probes::{Observability, subscriber_name},
     report::{Busiest, Fit, Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, Peak, SubscriberRow},
 };
 use crate::{
@@ -206,7 +206,7 @@ pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>, seen_waits: boo
             let callback = symbol.as_ref().map_or_else(|| format!("{ip:#x}"), |s| s.symbol.name.clone());
             let module = symbol.as_ref().and_then(|s| s.symbol.module.clone());
             SubscriberRow {
-                subscriber: subscriber_of(&callback).unwrap_or("unknown"),
+                subscriber: subscriber_name(&callback, module.as_deref()),
                 module,
                 calls: stats.calls,
                 mean_ns: ratio(stats.total_ns as f64, stats.calls),

@@ -8,6 +8,7 @@
 
 pub mod aggregator;
 pub mod contention;
+pub mod callbacks;
 pub mod decoder;
 pub mod judge;
 pub mod locks;
@@ -64,19 +65,19 @@ async fn attach_and_collect(
     let mut ebpf = load_object(&kernel, &[MapFamily::Invalidations], &settings(&kernel, &args.pids))?;
     crate::probes::select_processes(&mut ebpf, names::TARGET_TGIDS_MAP, &args.pids)?;
     let plan = Planner::new(&kernel).attach_all(&mut ebpf, probes::PROBES);
-    let callbacks = probes::attach_callbacks(&kernel, &mut ebpf);
-    let seen = probes::observability(&plan, &callbacks, kvm_locks_nameable(&kernel));
+    let mut timer = callbacks::CallbackTimer::start(&kernel, &mut ebpf, &plan);
+    let mut seen = probes::observability(&plan, timer.plan(), kvm_locks_nameable(&kernel));
     if args.json {
-        println!("{}", report::plan_json(&kernel.release.text, &plan, &callbacks.timed, &seen, &thresholds));
+        println!("{}", report::plan_json(&kernel.release.text, &plan, &timer.plan().timed, &seen, &thresholds));
     } else {
-        text::eprint(&render::plan_text(&kernel.release.text, &plan, &callbacks.timed, &seen));
+        text::eprint(&render::plan_text(&kernel.release.text, &plan, &timer.plan().timed, &seen));
     }
     let started_ns = monotonic_ns();
     let kallsyms = kernel.kallsyms().ok();
     let mut run =
         Collection { drain: Drain::default(), peak: PeakRate::default(), kallsyms, started_ns, drained_ns: None };
     let mut intervals = Intervals::new(started_ns);
-    let stopped_by = collect(&mut ebpf, args, &seen, &mut run, &mut intervals, stopper).await?;
+    let stopped_by = collect(&mut ebpf, &kernel, args, &seen, &mut run, &mut intervals, &mut timer, stopper).await?;
     detach_all(&mut ebpf).await;
     run.drain_now(&mut ebpf)?;
     let end_ns = monotonic_ns();
@@ -87,8 +88,11 @@ async fn attach_and_collect(
     for pid in stopper.exited_targets() {
         text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
     }
+    seen.callbacks_skipped = timer.skipped().to_vec();
+    let kallsyms = timer.kallsyms().or_else(|| kernel.kallsyms().ok());
     let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: &args.pids };
-    let summary = summarize(&kernel, &run.drain.totals, &seen, &thresholds, end_ns - started_ns, scope, &run.peak);
+    let duration_ns = end_ns - started_ns;
+    let summary = summarize(&kernel, kallsyms, &run.drain.totals, &seen, &thresholds, duration_ns, scope, &run.peak);
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
         println!("{}", report::lost_events_json(&summary.lost_events));
@@ -157,17 +161,21 @@ impl Intervals {
     }
 }
 
-/// Drains once per [`DRAIN_PERIOD`] and prints a line per `--interval` until the end.
+/// Drains once per [`DRAIN_PERIOD`], prints a line per `--interval` and times each
+/// subscriber's callback as the kernel side finds it, until the end.
 async fn collect(
     ebpf: &mut Ebpf,
+    kernel: &Kernel,
     args: &InvalidationsArgs,
     seen: &Observability,
     run: &mut Collection<'_>,
     intervals: &mut Intervals,
+    timer: &mut callbacks::CallbackTimer,
     stopper: &mut Stopper,
 ) -> Result<Stop> {
     let mut drain = Ticker::every(Some(DRAIN_PERIOD));
     let mut tick = Ticker::every(args.interval);
+    let mut poll = Ticker::every(Some(callbacks::POLL_PERIOD));
     loop {
         tokio::select! {
             () = drain.tick() => run.drain_now(ebpf)?,
@@ -175,6 +183,7 @@ async fn collect(
                 run.drain_now(ebpf)?;
                 intervals.print(run.drain.totals.clone(), monotonic_ns(), args.json, seen);
             }
+            () = poll.tick() => timer.poll(kernel, ebpf),
             reason = stopper.wait() => return Ok(reason),
         }
     }
@@ -182,6 +191,7 @@ async fn collect(
 
 fn summarize(
     kernel: &Kernel,
+    kallsyms: Option<&Kallsyms>,
     tables: &Tables,
     seen: &Observability,
     thresholds: &Thresholds,
@@ -189,7 +199,6 @@ fn summarize(
     scope: Scope<'_>,
     peak: &PeakRate,
 ) -> Summary {
-    let kallsyms = kernel.kallsyms().ok();
     let mut invalidations = aggregator::invalidations(tables, duration_ns as f64 / 1e9, scope);
     invalidations.peak = peak.peak.clone();
     let (locks, other_contention) = contention::locks(tables, &kvm_members(kernel));
@@ -248,6 +257,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
         GlobalValue::U32(found.unwrap_or(default))
     };
+    let [notifier_ops, interval_ops] = callbacks::settings(kernel);
     vec![
         (names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty()))),
         (names::KVM_RANGE_START_FN, GlobalValue::U64(kvm_start.unwrap_or(0))),
@@ -258,6 +268,8 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         (names::END_LOCK_OFFSET, offset("lock", "contention_end", "lock_addr", 8)),
         (names::KVM_START_OFFSET, offset("kvm", "kvm_unmap_hva_range", "start", 8)),
         (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
+        notifier_ops,
+        interval_ops,
     ]
 }
 

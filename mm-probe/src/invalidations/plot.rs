@@ -106,7 +106,7 @@ mod tests {
 
     fn mirror() -> SubscriberRow {
         SubscriberRow {
-            subscriber: "hmm_mirror",
+            subscriber: "hmm_mirror".into(),
             callback: "mirror_invalidate".into(),
             module: Some("hmm_mirror".into()),
             calls: 300,

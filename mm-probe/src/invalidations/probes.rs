@@ -5,8 +5,12 @@
 //! tracepoint exists for them) and the subscribers' callbacks need kprobes or fentry.
 
 use anyhow::Result;
-use aya::{Ebpf, maps::HashMap as BpfHashMap, programs::KProbe};
-use mm_probe_common::invalidations::{self as names, ReturnKind};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, PerCpuHashMap, PerCpuValues},
+    programs::KProbe,
+};
+use mm_probe_common::invalidations::{self as names, CallbackKey, CallbackStats, ReturnKind};
 
 use crate::{
     function_probe,
@@ -23,6 +27,8 @@ pub const CONTENTION_BEGIN_PROBE: &str = "contention_begin";
 pub const CONTENTION_END_PROBE: &str = "contention_end";
 pub const RANGE_START_PROBE: &str = "invalidate_range_start";
 pub const RANGE_END_PROBE: &str = "invalidate_range_end";
+pub const SUBSCRIPTIONS_PROBE: &str = "subscriptions";
+pub const INTERVAL_BEGIN_PROBE: &str = "interval_read_begin";
 
 const RANGE_START: &[Target] =
     &[Target { name: "__mmu_notifier_invalidate_range_start", kernels: "all, CONFIG_MMU_NOTIFIER" }];
@@ -30,6 +36,8 @@ const RANGE_END: &[Target] = &[Target {
     name: "__mmu_notifier_invalidate_range_end",
     kernels: "all; (range, only_end) up to 6.5, (range) from 6.6 — only the range is read",
 }];
+
+const READ_BEGIN: &[Target] = &[Target { name: "mmu_interval_read_begin", kernels: "5.10+, CONFIG_MMU_NOTIFIER" }];
 
 pub const KVM_UNMAP: LogicalProbe = tracepoint_probe!(
     KVM_UNMAP_PROBE, "invalidations of a VM's memory (KVM's notifier), and each VM's mmu_lock";
@@ -83,6 +91,16 @@ pub const CLEAR_FLUSH_YOUNGS: LogicalProbe = function_probe!(
     Fentry "inv_clear_flush_young_fentry" | Kprobe "inv_clear_flush_young_kprobe"
 );
 
+pub const SUBSCRIPTIONS: LogicalProbe = function_probe!(
+    SUBSCRIPTIONS_PROBE, "the callbacks of a watched mm's subscribers (its subscription list), to time them", RANGE_START;
+    Fentry "inv_subscriptions_fentry" | Kprobe "inv_subscriptions_kprobe"
+);
+
+pub const INTERVAL_BEGIN: LogicalProbe = function_probe!(
+    INTERVAL_BEGIN_PROBE, "the callbacks of interval notifiers (HMM, userptr, ODP drivers), to time them", READ_BEGIN;
+    Fentry "inv_interval_begin_fentry" | Kprobe "inv_interval_begin_kprobe"
+);
+
 /// In attach order: the KVM probes learn the locks the contention probes name.
 pub const PROBES: &[LogicalProbe] = &[
     KVM_UNMAP,
@@ -94,6 +112,8 @@ pub const PROBES: &[LogicalProbe] = &[
     CLEAR_FLUSH_YOUNGS,
     CONTENTION_BEGIN,
     CONTENTION_END,
+    SUBSCRIPTIONS,
+    INTERVAL_BEGIN,
 ];
 
 /// The KVM callback whose address identifies a KVM subscription (the ops table itself is a
@@ -112,10 +132,11 @@ const fn callback(function: &'static str, subscriber: &'static str, returns: Ret
     KnownCallback { function, subscriber, returns }
 }
 
-/// Every callback timed where kprobes are allowed and the symbol exists. All take the range as
-/// their second argument (mmu_notifier_ops.invalidate_range_start/_end,
-/// mmu_interval_notifier_ops.invalidate). IOMMU SVA's arch_invalidate_secondary_tlbs takes
-/// (mm, start, end) instead and is not among them.
+/// Friendly names of the callbacks of well-known subscribers. Which callbacks are timed comes
+/// from the kernel (callbacks.rs); these only name them, and those this kernel already has are
+/// attached at start, so that their first calls are not lost before discovery finds them. All
+/// take the range as their second argument (mmu_notifier_ops.invalidate_range_start/_end,
+/// mmu_interval_notifier_ops.invalidate).
 pub const CALLBACKS: &[KnownCallback] = &[
     callback(KVM_RANGE_START, "kvm", ReturnKind::Int),
     callback("kvm_mmu_notifier_invalidate_range_end", "kvm", ReturnKind::Void),
@@ -137,51 +158,107 @@ pub fn subscriber_of(function: &str) -> Option<&'static str> {
     CALLBACKS.iter().find(|c| c.function == function).map(|c| c.subscriber)
 }
 
-/// Callback attachment: which known callbacks are timed, and why the rest are not.
+/// A callback's subscriber: its friendly name, else the function and its module
+/// (`my_invalidate [mymod]`), as kernel stack traces write them.
+pub fn subscriber_name(function: &str, module: Option<&str>) -> String {
+    match (subscriber_of(function), module) {
+        (Some(friendly), _) => friendly.to_string(),
+        (None, Some(module)) => format!("{function} [{module}]"),
+        (None, None) => function.to_string(),
+    }
+}
+
+/// Callback attachment at start: which known callbacks are timed, and what else can be.
 #[derive(Clone, Debug, Default)]
 pub struct CallbackPlan {
     pub timed: Vec<&'static str>,
-    /// Why none could be timed, when none was.
+    /// Their addresses (kallsyms), not to be attached again when discovery finds them.
+    pub addresses: Vec<u64>,
+    /// Kprobes work and kallsyms is readable: any function found can be timed.
+    pub can_attach: bool,
+    /// The discovery hooks are attached (set by the caller that polls what they find).
+    pub discovery: bool,
+    /// Why no callback can be timed, or why the known ones could not.
     pub why_not: Option<String>,
+}
+
+impl CallbackPlan {
+    /// Callbacks are timed now, or will be as their subscribers are found.
+    pub fn observable(&self) -> bool {
+        !self.timed.is_empty() || (self.can_attach && self.discovery)
+    }
+
+    /// Why callbacks cannot be timed (`None` when they can).
+    pub fn why_unobservable(&self) -> Option<String> {
+        if self.observable() {
+            return None;
+        }
+        Some(self.why_not.clone().unwrap_or_else(|| {
+            "no subscriber callback mm-probe knows by name is in this kernel's symbols, and the hooks that find the others are not attached".into()
+        }))
+    }
 }
 
 const CALLBACK_ENTRY: &str = "inv_callback_kprobe";
 const CALLBACK_RETURN: &str = "inv_callback_kretprobe";
 
+/// Whether this kernel lets perf attach kprobes at all.
+pub fn kprobes_available() -> bool {
+    std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists()
+}
+
 /// Attaches the callback pair to every known callback this kernel has (one program, many
 /// attach points). Kprobes only: a trampoline is one program per function.
 pub fn attach_callbacks(kernel: &Kernel, ebpf: &mut Ebpf) -> CallbackPlan {
-    if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+    if !kprobes_available() {
         return CallbackPlan { why_not: Some("this kernel has no kprobes".into()), ..CallbackPlan::default() };
     }
     let Ok(kallsyms) = kernel.kallsyms() else {
         return CallbackPlan { why_not: Some("/proc/kallsyms is unreadable".into()), ..CallbackPlan::default() };
     };
-    let present: Vec<KnownCallback> =
-        CALLBACKS.iter().copied().filter(|c| kallsyms.resolve(c.function).is_some()).collect();
-    if present.is_empty() {
-        return CallbackPlan {
-            why_not: Some(
-                "no known subscriber callback is in this kernel's symbols (no KVM, GPU or RDMA driver loaded)".into(),
-            ),
-            ..CallbackPlan::default()
-        };
-    }
-    let mut plan = CallbackPlan::default();
+    let mut plan = CallbackPlan { can_attach: true, ..CallbackPlan::default() };
     let mut failures = Vec::new();
-    for known in present {
-        match attach_one(ebpf, known.function) {
-            Ok(()) => plan.timed.push(known.function),
+    for known in CALLBACKS.iter().filter(|c| kallsyms.resolve(c.function).is_some()) {
+        let Some(address) = kallsyms.address_of(known.function) else { continue };
+        match attach_timing(ebpf, known.function, address, known.returns) {
+            Ok(()) => {
+                plan.timed.push(known.function);
+                plan.addresses.push(address);
+            }
             Err(error) => failures.push(format!("{}: {error:#}", known.function)),
         }
-        if let Some(address) = kallsyms.address_of(known.function) {
-            let _ = set_return_kind(ebpf, address, known.returns);
-        }
     }
-    if plan.timed.is_empty() {
+    if !failures.is_empty() {
         plan.why_not = Some(failures.join("; "));
     }
     plan
+}
+
+/// Times `function` (at `address`), whose refusal is a `returns`.
+pub fn attach_timing(ebpf: &mut Ebpf, function: &str, address: u64, returns: ReturnKind) -> Result<()> {
+    set_return_kind(ebpf, address, returns)?;
+    create_stats(ebpf, address)?;
+    attach_one(ebpf, function)
+}
+
+/// Creates the callback's (zeroed) entry in the callbacks table from here, where allocating
+/// may sleep. Created by its first call instead, the per-CPU value (several KiB) must be
+/// allocated without sleeping, which can fail: in a 6.1 guest a new callback's first two calls
+/// were lost so (counted as callbacks_map_full).
+fn create_stats(ebpf: &mut Ebpf, address: u64) -> Result<()> {
+    const BPF_NOEXIST: u64 = 1;
+    let map = ebpf.map_mut(names::CALLBACKS_MAP).ok_or_else(|| anyhow::anyhow!("callbacks map missing"))?;
+    let mut table: PerCpuHashMap<_, CallbackKey, CallbackStats> = PerCpuHashMap::try_from(map)?;
+    let cpus = aya::util::nr_cpus().map_err(|(_, error)| error)?;
+    // SAFETY: CallbackStats is plain integers, for which all zero bytes is a valid value.
+    let zero: CallbackStats = unsafe { std::mem::zeroed() };
+    let values = PerCpuValues::try_from(vec![zero; cpus])?;
+    match table.insert(CallbackKey { ip: address }, values, BPF_NOEXIST) {
+        Ok(()) => Ok(()),
+        // Already there: attached before (an earlier run of the exporter, another name).
+        Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 fn attach_one(ebpf: &mut Ebpf, function: &str) -> Result<()> {
@@ -215,6 +292,8 @@ pub struct Observability {
     /// Each VM's mmu_lock can be named (struct kvm in BTF, KVM's callback in kallsyms).
     pub kvm_lock_names: bool,
     pub statements: Vec<Statement>,
+    /// Callbacks found in subscribers' ops whose prototype the timing program would misread.
+    pub callbacks_skipped: Vec<super::callbacks::SkippedCallback>,
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.
@@ -225,9 +304,10 @@ pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool
         lock_waits: plan.is_attached(CONTENTION_BEGIN_PROBE) && plan.is_attached(CONTENTION_END_PROBE),
         range_starts: plan.is_attached(RANGE_START_PROBE),
         range_ends: plan.is_attached(RANGE_END_PROBE),
-        callbacks: !callbacks.timed.is_empty(),
+        callbacks: callbacks.observable(),
         kvm_lock_names,
         statements: Vec::new(),
+        callbacks_skipped: Vec::new(),
     };
     let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
     let mut note = |subject: &str, why: Option<String>, cost: &str| {
@@ -260,10 +340,10 @@ pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool
             "waits on kvm->mmu_lock and other locks during invalidations cannot be measured.",
         );
     }
-    if callbacks.timed.is_empty() {
+    if !callbacks.observable() {
         note(
             "subscriber callbacks are not timed",
-            callbacks.why_not.clone(),
+            callbacks.why_unobservable(),
             "per-subscriber callback time and amplification cannot be measured.",
         );
     }

@@ -239,7 +239,7 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         return out;
     }
     if s.subscribers.is_empty() {
-        let _ = writeln!(out, "\nSubscriber callbacks: none called on the watched memory");
+        let _ = writeln!(out, "\nSubscriber callbacks: no subscriber's callback ran on the watched memory");
         return out;
     }
     let _ = writeln!(out, "\nSubscriber callbacks, slowest first");

@@ -189,8 +189,8 @@ pub struct PathRow {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SubscriberRow {
-    /// "kvm", "hmm_mirror", "amdgpu", …
-    pub subscriber: &'static str,
+    /// "kvm", "hmm_mirror", "amdgpu", …; else the callback and its module (`my_invalidate [mymod]`).
+    pub subscriber: String,
     pub callback: String,
     pub module: Option<String>,
     pub calls: u64,

@@ -21,6 +21,7 @@ const BTF_MAGIC: u16 = 0xeb9f;
 /// BTF type kinds (include/uapi/linux/btf.h).
 mod kind {
     pub const INT: u32 = 1;
+    pub const PTR: u32 = 2;
     pub const ARRAY: u32 = 3;
     pub const STRUCT: u32 = 4;
     pub const UNION: u32 = 5;
@@ -99,6 +100,12 @@ impl KernelBtf {
         self.raw.struct_members(struct_name)
     }
 
+    /// The function-pointer members of `struct_name` (an ops table such as `mmu_notifier_ops`),
+    /// each with its prototype; `None` if BTF has no such struct.
+    pub fn function_members(&self, struct_name: &str) -> Option<Vec<FunctionMember>> {
+        self.raw.function_members(struct_name)
+    }
+
     /// Whether a named type (struct, typedef, enum, function…) exists.
     pub fn has_type(&self, name: &str) -> bool {
         self.raw.find(name, |_| true).is_some()
@@ -134,6 +141,17 @@ impl KernelBtf {
                 .collect()
         })
     }
+}
+
+/// A function-pointer member of a struct: where it is and what its prototype says, with types
+/// written as C would after typedefs and qualifiers are stripped (`void`, `_Bool`, `int`,
+/// `struct mmu_notifier_range *`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FunctionMember {
+    pub offset: u32,
+    pub name: String,
+    pub returns: String,
+    pub params: Vec<String>,
 }
 
 /// One type record's fixed part, and where its kind-specific data starts.
@@ -237,6 +255,55 @@ impl RawBtf {
             })
             .collect();
         Some((header.size_or_type, members))
+    }
+
+    fn function_members(&self, struct_name: &str) -> Option<Vec<FunctionMember>> {
+        let header = self.header(self.find(struct_name, |k| k == kind::STRUCT)?)?;
+        let member = |at: usize| {
+            let name = self.string(self.word(at)).filter(|n| !n.is_empty())?;
+            let pointer = self.header(self.strip_modifiers(self.word(at + 4))).filter(|h| h.kind == kind::PTR)?;
+            let proto =
+                self.header(self.strip_modifiers(pointer.size_or_type)).filter(|h| h.kind == kind::FUNC_PROTO)?;
+            let raw_offset = self.word(at + 8);
+            let bits = if header.kind_flag { raw_offset & 0xff_ffff } else { raw_offset };
+            Some(FunctionMember {
+                offset: bits / 8,
+                name: name.to_string(),
+                returns: self.type_name(proto.size_or_type),
+                params: (0..proto.vlen).map(|i| self.type_name(self.word(proto.data + i * 8 + 4))).collect(),
+            })
+        };
+        Some((0..header.vlen).filter_map(|i| member(header.data + i * 12)).collect())
+    }
+
+    /// A type as C writes it, typedefs and qualifiers stripped (pointers followed a few deep).
+    fn type_name(&self, id: u32) -> String {
+        let mut stars = String::new();
+        let mut id = self.strip_modifiers(id);
+        for _ in 0..4 {
+            match self.header(id) {
+                Some(h) if h.kind == kind::PTR => {
+                    stars.push('*');
+                    id = self.strip_modifiers(h.size_or_type);
+                }
+                _ => break,
+            }
+        }
+        let base = match self.header(id) {
+            None if id == 0 => "void".to_string(),
+            None => "?".to_string(),
+            Some(h) => {
+                let name = self.string(h.name_off).unwrap_or_default();
+                match h.kind {
+                    kind::STRUCT => format!("struct {name}"),
+                    kind::UNION => format!("union {name}"),
+                    kind::ENUM | kind::ENUM64 => format!("enum {name}"),
+                    kind::FUNC_PROTO => "function".to_string(),
+                    _ => name.to_string(),
+                }
+            }
+        };
+        if stars.is_empty() { base } else { format!("{base} {stars}") }
     }
 
     /// Length of the kind-specific data after the header.

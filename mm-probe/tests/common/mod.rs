@@ -164,25 +164,31 @@ impl RenderedSvg {
     }
 }
 
-/// Loads hmm_mirror.ko for the test and unloads it afterwards (also on failure).
-pub struct MirrorModule;
+/// Loads hmm_mirror.ko (or another test driver built from it) for the test and unloads it
+/// afterwards (also on failure).
+pub struct MirrorModule(&'static str);
 
 impl MirrorModule {
     pub fn load() -> Self {
+        Self::load_named("hmm_mirror")
+    }
+
+    /// `hmm_shadow`: the same driver under another module, device and callback name.
+    pub fn load_named(name: &'static str) -> Self {
         let dir = module_dir().expect("MM_PROBE_TEST_MODULES must name the test modules built for this kernel");
-        let ko = dir.join("hmm_mirror.ko");
-        let _ = std::process::Command::new("rmmod").arg("hmm_mirror").output();
+        let ko = dir.join(format!("{name}.ko"));
+        let _ = std::process::Command::new("rmmod").arg(name).output();
         let out = std::process::Command::new("insmod").arg(&ko).output().expect("running insmod");
         assert!(out.status.success(), "insmod {}: {}", ko.display(), String::from_utf8_lossy(&out.stderr));
-        MirrorModule
+        MirrorModule(name)
     }
 }
 
 impl Drop for MirrorModule {
     fn drop(&mut self) {
-        let out = std::process::Command::new("rmmod").arg("hmm_mirror").output().expect("running rmmod");
+        let out = std::process::Command::new("rmmod").arg(self.0).output().expect("running rmmod");
         if !std::thread::panicking() {
-            assert!(out.status.success(), "hmm_mirror must unload cleanly: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{} must unload cleanly: {}", self.0, String::from_utf8_lossy(&out.stderr));
         }
     }
 }

@@ -34,6 +34,17 @@
 
 #include "hmm_mirror_uapi.h"
 
+/*
+ * The driver's names: hmm_shadow.c builds this file again as another driver (module, device,
+ * device thread and callback symbol), one that no table of known subscribers names.
+ */
+#ifndef MIRROR_NAME
+#define MIRROR_NAME "hmm_mirror"
+#endif
+#ifndef MIRROR_INVALIDATE
+#define MIRROR_INVALIDATE mirror_invalidate
+#endif
+
 /* Bounds that keep one call's allocations small (64 Ki notifiers, 2 MiB of pfns). */
 #define MIRROR_MAX_BYTES	(1UL << 30)
 #define MIRROR_MAX_NOTIFIERS	65536UL
@@ -134,7 +145,7 @@ static int mirror_device_thread(void *data)
 	return 0;
 }
 
-static bool mirror_invalidate(struct mmu_interval_notifier *sub,
+static bool MIRROR_INVALIDATE(struct mmu_interval_notifier *sub,
 			      const struct mmu_notifier_range *range,
 			      unsigned long cur_seq)
 {
@@ -159,7 +170,7 @@ static bool mirror_invalidate(struct mmu_interval_notifier *sub,
 }
 
 static const struct mmu_interval_notifier_ops mirror_notifier_ops = {
-	.invalidate = mirror_invalidate,
+	.invalidate = MIRROR_INVALIDATE,
 };
 
 /* remove() waits for running callbacks; none runs after it returns. */
@@ -229,7 +240,7 @@ static struct mirror *mirror_create(struct mm_struct *mm, const struct hmm_mirro
 		mn->inserted = true;
 	}
 	if (mirror->device_hold_us) {
-		mirror->device_thread = kthread_create(mirror_device_thread, mirror, "hmm_mirror_dev");
+		mirror->device_thread = kthread_create(mirror_device_thread, mirror, MIRROR_NAME "_dev");
 		if (IS_ERR(mirror->device_thread)) {
 			ret = PTR_ERR(mirror->device_thread);
 			mirror->device_thread = NULL;
@@ -422,7 +433,7 @@ static const struct file_operations mirror_fops = {
 
 static struct miscdevice mirror_device = {
 	.minor = MISC_DYNAMIC_MINOR,
-	.name = "hmm_mirror",
+	.name = MIRROR_NAME,
 	.fops = &mirror_fops,
 	.mode = 0600,
 };

@@ -41,9 +41,9 @@ use aya_ebpf::{
 };
 use mm_probe_common::invalidations::{
     CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, DiscoveredCallback, FIT_CLASSES, FIT_SHIFT,
-    INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, OpsTable, Relation,
-    SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey,
-    WaitStash, WaitStats,
+    INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, OpsTable,
+    Relation, SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS,
+    WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
 };
 
 use crate::kernel::{

@@ -7,8 +7,8 @@
 //! (report.rs) or text (render.rs), and with `--plot` a figure of the distributions (plot.rs).
 
 pub mod aggregator;
-pub mod contention;
 pub mod callbacks;
+pub mod contention;
 pub mod decoder;
 pub mod judge;
 pub mod locks;

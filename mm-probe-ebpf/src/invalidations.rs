@@ -148,11 +148,14 @@ fn subscriptions_of(mm: u64) -> u64 {
     read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0)
 }
 
-/// What is known of `mm`, unless the entry is another (earlier) mm's at the same address.
+/// What is known of `mm`: all zero when nothing is, or when the entry is another (earlier)
+/// mm's at the same address. Not an `Option`: LLVM reads an absent value's fields on both
+/// paths, and the verifier refuses a register read before it is written ("!read_ok").
 #[inline(always)]
-fn known_mm(mm: u64) -> Option<MmOwner> {
-    let known = unsafe { INV_KNOWN_MMS.get(mm) }.copied()?;
-    (known.subscriptions == subscriptions_of(mm)).then_some(known)
+fn known_mm(mm: u64) -> MmOwner {
+    let unknown = MmOwner { tgid: 0, kvm_searched: 0, subscriptions: 0 };
+    let Some(known) = (unsafe { INV_KNOWN_MMS.get(mm) }).copied() else { return unknown };
+    if known.subscriptions == subscriptions_of(mm) { known } else { unknown }
 }
 
 /// An invalidation open between range_start and range_end on a thread.
@@ -213,16 +216,13 @@ fn learn_owner(mm: u64, own_tgid: u32) -> u32 {
         return 0;
     }
     let known = known_mm(mm);
-    if let Some(known) = known
-        && known.tgid != 0
-    {
+    if known.tgid != 0 {
         return known.tgid;
     }
     let task: u64 = read_at(mm, OFF_MM_OWNER.load()).unwrap_or(0);
     let tgid = read_at::<u32>(task, OFF_TASK_STRUCT_TGID.load()).filter(|&t| t != 0).unwrap_or(own_tgid);
     if tgid != 0 {
-        let kvm_searched = known.map_or(0, |k| k.kvm_searched);
-        let entry = MmOwner { tgid, kvm_searched, subscriptions: subscriptions_of(mm) };
+        let entry = MmOwner { tgid, kvm_searched: known.kvm_searched, subscriptions: subscriptions_of(mm) };
         let _ = INV_KNOWN_MMS.insert(mm, entry, 0);
     }
     tgid
@@ -250,7 +250,7 @@ fn waits_table() -> &'static PerCpuHashMap<WaitKey, WaitStats> {
 #[inline(always)]
 fn learn_kvm(mm: u64, tgid: u32) {
     let kvm_start = INV_KVM_RANGE_START_FN.load();
-    if kvm_start == 0 || mm == 0 || known_mm(mm).is_some_and(|known| known.kvm_searched != 0) {
+    if kvm_start == 0 || mm == 0 || known_mm(mm).kvm_searched != 0 {
         return;
     }
     let owner = learn_owner(mm, tgid);
@@ -306,7 +306,7 @@ fn count_invalidation(key: &InvalidationKey, start: u64, end: u64) {
 
 #[inline(always)]
 fn owner_of(mm: u64) -> u32 {
-    known_mm(mm).map_or(0, |known| known.tgid)
+    known_mm(mm).tgid
 }
 
 /// The mm a KVM tracepoint's invalidation is of: the range's (an invalidation the function

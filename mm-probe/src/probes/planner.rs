@@ -263,6 +263,15 @@ fn load_and_attach(
     result.map_err(|e| explain(mechanism, &e))
 }
 
+/// The verifier's reason from its log: the last line that is not its closing statistics
+/// ("processed N insns …", "verification time …", "stack depth …"), which say nothing of why.
+fn verifier_verdict(log: &str) -> String {
+    const STATISTICS: [&str; 3] = ["processed ", "verification time", "stack depth"];
+    let mut lines = log.lines().rev().map(str::trim).filter(|l| !l.is_empty());
+    let last = lines.clone().next().unwrap_or("").to_string();
+    lines.find(|l| !STATISTICS.iter().any(|s| l.starts_with(s))).map_or(last, str::to_string)
+}
+
 /// Turns aya's error into the reason a kernel engineer wants to read.
 fn explain(mechanism: Mechanism, error: &aya::programs::ProgramError) -> AttachFailure {
     use aya::programs::ProgramError;
@@ -275,9 +284,7 @@ fn explain(mechanism: Mechanism, error: &aya::programs::ProgramError) -> AttachF
             }
         }
         ProgramError::LoadError { verifier_log, .. } => {
-            let last = verifier_log.to_string();
-            let last = last.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
-            AttachFailure::VerifierRejected(last)
+            AttachFailure::VerifierRejected(verifier_verdict(&verifier_log.to_string()))
         }
         _ => AttachFailure::Other(describe(error)),
     }
@@ -352,5 +359,13 @@ mod tests {
         for (name, program) in ebpf.programs() {
             assert!(program.fd().is_err(), "{name} is still loaded after detach_all");
         }
+    }
+
+    #[test]
+    fn the_verifiers_reason_is_its_last_word_before_the_statistics() {
+        let log = "0: (bf) r6 = r1\n; R1 invalid mem access 'scalar'\nprocessed 2064 insns (limit 1000000) max_states_per_insn 7\n";
+        assert_eq!(verifier_verdict(log), "; R1 invalid mem access 'scalar'");
+        assert_eq!(verifier_verdict("only this\n"), "only this");
+        assert_eq!(verifier_verdict(""), "");
     }
 }

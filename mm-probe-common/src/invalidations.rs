@@ -93,7 +93,8 @@ slots! {
         ContentionBegins => "contention_begins",
         /// lock:contention_end that closed a watched wait.
         ContentionEnds => "contention_ends",
-        /// Waits not counted because the waits table was full.
+        /// Waits not counted because the waits table refused the insert: full, or (rarely, even
+        /// with room) busy on this CPU, when an interrupt's program met the map mid-update.
         WaitsMapFull => "waits_map_full",
         /// Waits whose stack could not be taken (stack map full or a collision).
         StackMisses => "stack_misses",
@@ -105,7 +106,8 @@ slots! {
         RangeStarts => "range_starts",
         /// __mmu_notifier_invalidate_range_end calls that closed a start seen.
         RangeEnds => "range_ends",
-        /// Invalidations not counted because the invalidations table was full.
+        /// Invalidations not counted because the invalidations table refused the insert (full,
+        /// or busy on this CPU).
         InvalidationsMapFull => "invalidations_map_full",
         /// Callback returns whose entry was not seen (attached mid-call).
         CallbackStashMisses => "callback_stash_misses",

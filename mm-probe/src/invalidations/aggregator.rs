@@ -320,7 +320,10 @@ fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents)
         reasons.insert("wait_per_invalidation", why.clone());
     }
     if lost.invalidations_incomplete() {
-        let why = format!("{} invalidations were lost (the kernel's table was full)", lost.invalidations);
+        let why = format!(
+            "{} invalidations were lost (the kernel's table refused them: full, or in use on that CPU)",
+            lost.invalidations
+        );
         reasons.insert("invalidate_freq", why.clone());
         reasons.insert("wait_per_invalidation", why);
     }
@@ -329,11 +332,17 @@ fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents)
     } else if lost.waits_incomplete() {
         reasons.insert(
             "wait_per_invalidation",
-            format!("{} contended waits were lost (the kernel's table was full)", lost.waits),
+            format!(
+                "{} contended waits were lost (the kernel's table refused them: full, or in use on that CPU)",
+                lost.waits
+            ),
         );
     }
     if lost.callback_calls > 0 {
-        let why = format!("{} callback calls were lost (the kernel's table was full)", lost.callback_calls);
+        let why = format!(
+            "{} callback calls were lost (the kernel's table refused them: full, or in use on that CPU)",
+            lost.callback_calls
+        );
         reasons.insert("callback_mean", why.clone());
         reasons.insert("amplification", why);
     }

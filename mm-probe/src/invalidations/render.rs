@@ -270,9 +270,9 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
 /// The losses, one line, only when there were any.
 fn lost_text(l: &LostEvents) -> String {
     let parts: Vec<String> = [
-        (l.waits, "waits (table full)"),
-        (l.invalidations, "invalidations (table full)"),
-        (l.callback_calls, "callback calls (table full)"),
+        (l.waits, "waits (table refused them)"),
+        (l.invalidations, "invalidations (table refused them)"),
+        (l.callback_calls, "callback calls (table refused them)"),
         (l.wait_stacks, "waiters' stacks"),
         (l.vm_locks, "VMs' locks (table full)"),
         (l.owner_unresolved, "invalidations whose memory could not be named"),

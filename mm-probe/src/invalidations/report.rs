@@ -44,7 +44,8 @@ pub struct Summary {
 /// entries is UNKNOWN, never a smaller number.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LostEvents {
-    /// Contended waits not counted: the kernel's waits table was full within one drain period.
+    /// Contended waits not counted: the kernel's waits table refused them (full within one drain
+    /// period, or busy on that CPU).
     pub waits: u64,
     /// Invalidations not counted: the kernel's invalidations table was full.
     pub invalidations: u64,

@@ -171,6 +171,10 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             advice: "shrink the critical section: collect under the lock and do the slow work outside it; in non-blockable context try the lock and return false".into(),
         });
     }
+    let waits_advised = advice.iter().any(|a| a.cause != "frequent invalidations");
+    if waits && !waits_advised {
+        advice.push(waits_in_the_notifier(e));
+    }
     if let (Some(Amplified { subscriber, fit }), true) =
         (&e.amplification, level(metrics, "amplification") >= Level::Warn)
     {
@@ -196,6 +200,24 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
         });
     }
     advice
+}
+
+/// Advice for lock waits inside invalidations that neither batching nor the vCPU fault path
+/// explains: which lock, whose memory, what sizes, and where to look.
+fn waits_in_the_notifier(e: &Evidence) -> Advice {
+    let (lock, wait_ns) = e.notifier_lock.clone().unwrap_or_else(|| ("a lock".into(), 0));
+    let whose = e.busiest.as_ref().and_then(|b| Some(format!(" of pid {} ({})'s memory", b.owner_tgid?, b.comm)));
+    let size =
+        e.mean_invalidation_bytes.map_or_else(String::new, |b| format!(", {} on average", format_bytes(b as u64)));
+    Advice {
+        cause: "lock waits in the notifier",
+        evidence: format!(
+            "invalidations{}{size} waited {} in total on {lock}",
+            whose.unwrap_or_default(),
+            format_nanos(wait_ns)
+        ),
+        advice: "find who else holds that lock (its other paths in the lock table) and shorten that critical section, or take the lock once per batch of invalidations".into(),
+    }
 }
 
 /// Advice for a high rate: whose memory, how large, and batching when the pieces are small.
@@ -261,6 +283,30 @@ pub(crate) mod tests {
         // Already 2 MiB: batching is not the advice.
         let big = Evidence { mean_invalidation_bytes: Some((2 << 20) as f64), ..e };
         assert!(judge(&big, &thresholds()).advice.iter().all(|a| a.cause != "fine-grained invalidations"));
+    }
+
+    #[test]
+    fn every_warn_or_crit_comes_with_advice_naming_what_to_look_at() {
+        // Large invalidations waiting on a lock no vCPU takes: neither batching nor the fault path.
+        let e = Evidence {
+            invalidate_freq: Some(10.0),
+            wait_per_invalidation_ns: Some(200_000.0),
+            mean_invalidation_bytes: Some((2 << 20) as f64),
+            notifier_lock: Some(("lock 0xffff888100 (taken in drm_flush)".into(), 9_000_000)),
+            busiest: Some(Busiest { owner_tgid: Some(77), comm: "app".into(), count: 45, mean_bytes: Some(2e6) }),
+            ..Evidence::default()
+        };
+        let verdict = judge(&e, &thresholds());
+        assert_eq!(verdict.verdict, Level::Crit);
+        let advice = verdict.advice.iter().find(|a| a.cause == "lock waits in the notifier").expect("advice");
+        assert!(
+            advice.evidence.contains("pid 77 (app)") && advice.evidence.contains("drm_flush"),
+            "{}",
+            advice.evidence
+        );
+        for metric in verdict.metrics.iter().filter(|m| m.level >= Level::Warn) {
+            assert!(!verdict.advice.is_empty(), "{} is {:?} without advice", metric.metric, metric.level);
+        }
     }
 
     #[test]

@@ -38,7 +38,10 @@ fn or_dash(value: Option<String>) -> String {
 }
 
 pub fn summary_text(s: &Summary, stopped_by: Stop) -> String {
-    let width = text::width();
+    summary_text_at(s, stopped_by, text::width())
+}
+
+fn summary_text_at(s: &Summary, stopped_by: Stop, width: usize) -> String {
     let mut out = invalidations_text(s, stopped_by, width);
     out += &locks_text(s, width);
     out += &subscribers_text(s, width);
@@ -209,11 +212,9 @@ fn lock_text(lock: &LockRow, width: usize, histogram: bool) -> String {
     out += &columns.line(&["PATH", "CONTENDED", "WAITED", "MAX"], width);
     for (path, row) in lock.paths.iter().zip(&rows) {
         out += &columns.line(row, width);
-        let by = waiters_text(&path.waiters);
-        let caller = path.caller.as_deref().map_or_else(String::new, |c| format!(" in {c}"));
-        if !by.is_empty() || !caller.is_empty() {
-            out += &text::wrap(&format!("      by {by}{caller}"), width, 8);
-        }
+        // The caller first: a symbol is one long word, which a wrap would leave on a line alone.
+        let caller = path.caller.as_deref().map_or_else(String::new, |c| format!("in {c}, "));
+        out += &text::wrap(&format!("      {caller}by {}", waiters_text(&path.waiters)), width, 8);
     }
     if histogram {
         let _ = write!(out, "{}", Log2Histogram::new(lock.buckets.clone()).render("nsecs", None));
@@ -338,4 +339,100 @@ fn verdict_text(s: &Summary) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::invalidations::{
+        judge::{self, Evidence},
+        locks::WaitPath,
+        report::{Busiest, Invalidations, OtherContention, PathRow},
+    };
+
+    fn busy_summary() -> Summary {
+        let path = |path: WaitPath, waiters: usize| PathRow {
+            path,
+            name: path.name(),
+            in_notifier: path.in_notifier(),
+            kind: "rwlock, write",
+            contended: 1_234_567,
+            wait_ns: 9_876_543_210,
+            max_ns: 12_345_678,
+            waiters: (0..waiters).map(|i| format!("kvm-madv-{i:04}")).collect(),
+            caller: Some("kvm_mmu_notifier_invalidate_range_start".into()),
+            stack: Vec::new(),
+        };
+        let lock = LockRow {
+            address: "0xffffc90000a1b2c3".into(),
+            name: "kvm->mmu_lock of VM pid 4194303".into(),
+            class: "kvm_mmu_lock",
+            relation: "vm_lock",
+            owner_tgid: Some(4_194_303),
+            kind: "rwlock, write",
+            contended: 2_469_134,
+            wait_ns: 19_753_086_420,
+            max_ns: 12_345_678,
+            buckets: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 340, 5600, 800, 3],
+            paths: vec![path(WaitPath::NotifierStart, 25), path(WaitPath::VcpuFault, 3), path(WaitPath::Interrupt, 1)],
+        };
+        let row = |comm: &str| InvalidatorRow {
+            comm: comm.into(),
+            tgid: 4_194_303,
+            owner_tgid: Some(4_194_303),
+            source: "invalidate_range_start",
+            event: Some("PROTECTION_PAGE"),
+            count: 123_456_789,
+            bytes: 0,
+            mean_bytes: Some(4096.0),
+            whole_address_space: 0,
+            mean_duration_ns: Some(123_456.0),
+        };
+        let busiest =
+            Busiest { owner_tgid: Some(4_194_303), comm: "qemu-system-x86".into(), count: 1, mean_bytes: Some(4096.0) };
+        let mut summary = Summary {
+            duration_ns: 3_600_000_000_000,
+            invalidations: Invalidations {
+                count: Some(123_456_789),
+                per_second: Some(34_293.0),
+                scope: "every mm with subscribers",
+                busiest: Some(busiest.clone()),
+                by_invalidator: vec![row("kvm-madv-thread"), row("kcompactd0")],
+                ..Invalidations::default()
+            },
+            locks: vec![lock.clone()],
+            other_contention: OtherContention { locks: 1500, contended: 99_999_999, wait_ns: 1 << 40, top: vec![lock] },
+            lock_waits_observable: true,
+            ..Summary::default()
+        };
+        let evidence = Evidence {
+            invalidate_freq: Some(98_765.0),
+            invalidate_freq_mean: Some(34_293.0),
+            busiest: Some(busiest),
+            wait_per_invalidation_ns: Some(160_000.0),
+            mean_invalidation_bytes: Some(4096.0),
+            notifier_lock: Some(("kvm->mmu_lock of VM pid 4194303".into(), 19_753_086_420)),
+            vcpu_faults_wait: true,
+            ..Evidence::default()
+        };
+        summary.verdict = judge::judge(&evidence, &judge::tests::thresholds());
+        summary
+    }
+
+    #[test]
+    fn a_busy_report_fits_80_columns_with_waiters_capped_and_the_caller_beside_them() {
+        for width in [80, 100] {
+            let text = text::fit(&summary_text_at(&busy_summary(), Stop::Interrupted, width), width);
+            for line in text.lines() {
+                assert!(line.chars().count() <= width, "{} columns at {width}: {line:?}", line.chars().count());
+            }
+        }
+        let text = text::fit(&summary_text_at(&busy_summary(), Stop::Interrupted, 80), 80);
+        let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let expected = "in kvm_mmu_notifier_invalidate_range_start, by kvm-madv-0000, kvm-madv-0001 +23 more";
+        assert!(one_line.contains(expected), "{text}");
+        assert!(text.lines().all(|l| l.trim() != "kvm_mmu_notifier_invalidate_range_start"), "no caller alone: {text}");
+        assert!(text.contains("Other contention (unrelated to invalidations): 1500 locks"), "{text}");
+        assert!(text.contains("(warn 1000/s, crit 10000/s)"), "each metric with its bands: {text}");
+    }
 }

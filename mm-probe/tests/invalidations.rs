@@ -271,7 +271,7 @@ fn mirror_callback<'a>(driver: &Value, summary: &'a Value) -> &'a Value {
     let row = row.unwrap_or_else(|| panic!("hmm_mirror's callback is timed: {}", summary["subscribers"]));
     assert_eq!(row["callback"], "mirror_invalidate");
     assert_eq!(row["module"], "hmm_mirror");
-    assert_eq!(row["calls"], driver["invalidations"], "every callback the driver ran, once");
+    assert_counted(u(&row["calls"]), u(&driver["invalidations"]), summary);
     row
 }
 
@@ -434,20 +434,17 @@ fn a_callback_in_no_name_table_is_found_in_the_kernel_timed_and_named_by_symbol_
     assert_eq!(row["module"], "hmm_shadow", "{row}");
     assert!(u(&stormed["invalidations"]) > 0, "the storm invalidated the mirror: {stormed}");
     let driver_calls = u(&walked["invalidations"]) + u(&stormed["invalidations"]);
-    if preempt_rt() {
-        // An open defect: in the fresh-clone CI of 2026-12-03 the 6.1-rt guest timed 181 of the
-        // driver's 182 calls (6.1 and 6.12 exact). The cause is not found; a kretprobe whose
-        // instances ran out, with the callback preemptible on PREEMPT_RT, would do it. Never more
-        // than the driver's, and at most one in a hundred unseen, until it is.
-        let calls = u(&row["calls"]);
-        assert!(calls <= driver_calls && calls * 100 >= driver_calls * 99, "{calls} of {driver_calls}: {row}");
-    } else {
-        assert_eq!(u(&row["calls"]), driver_calls, "every callback the driver ran, once: {row}");
-    }
+    assert_counted(u(&row["calls"]), driver_calls, summary);
     assert!(row["mean_ns"].as_f64().unwrap() >= 20_000.0, "the flush alone takes 20 µs: {row}");
 }
 
-/// Whether the running kernel is a PREEMPT_RT build (its version string says so).
-fn preempt_rt() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/version").is_ok_and(|v| v.contains("PREEMPT_RT"))
+/// Every callback the driver ran was timed once, or the run the kernel skipped is counted: on
+/// PREEMPT_RT a program can be preempted, and another on that CPU is then skipped
+/// (recursion_misses; the -rt guests of 2026-12-03 timed 181 of 182 and 51 of 52).
+fn assert_counted(calls: u64, driver_calls: u64, summary: &Value) {
+    let skipped = u(&summary["lost_events"]["program_runs_skipped"]);
+    assert!(
+        calls == driver_calls || (calls < driver_calls && driver_calls - calls <= skipped),
+        "{calls} calls timed of the driver's {driver_calls}, {skipped} program runs skipped"
+    );
 }

@@ -359,6 +359,8 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
         vm_locks: tables.counter(Counter::KvmLocksMapFull),
         owner_unresolved: tables.counter(Counter::OwnerUnresolved),
         folded_waits: tables.folded_waits,
+        // Read from the programs' fdinfo by the run, not from the tables.
+        program_runs_skipped: 0,
     }
 }
 

@@ -92,7 +92,12 @@ async fn attach_and_collect(
     let kallsyms = timer.kallsyms().or_else(|| kernel.kallsyms().ok());
     let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: &args.pids };
     let duration_ns = end_ns - started_ns;
-    let summary = summarize(&kernel, kallsyms, &run.drain.totals, &seen, &thresholds, duration_ns, scope, &run.peak);
+    let mut summary =
+        summarize(&kernel, kallsyms, &run.drain.totals, &seen, &thresholds, duration_ns, scope, &run.peak);
+    // Runs the kernel skipped because another tracing program was running on that CPU (more
+    // likely on PREEMPT_RT, where a program can be preempted): a callback entry or return lost.
+    summary.lost_events.program_runs_skipped =
+        crate::collect::counters::recursion_misses(&ebpf, |program| program.starts_with("inv_"));
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
         println!("{}", report::lost_events_json(&summary.lost_events));

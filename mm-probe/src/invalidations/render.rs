@@ -278,6 +278,7 @@ fn lost_text(l: &LostEvents) -> String {
         (l.vm_locks, "VMs' locks (table full)"),
         (l.owner_unresolved, "invalidations whose memory could not be named"),
         (l.folded_waits, "waits folded without their thread"),
+        (l.program_runs_skipped, "program runs the kernel skipped"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)

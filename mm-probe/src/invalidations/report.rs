@@ -61,6 +61,9 @@ pub struct LostEvents {
     pub owner_unresolved: u64,
     /// Waits counted without their thread and stack (user space's bound on groups).
     pub folded_waits: u64,
+    /// Program runs the kernel skipped (bpf_prog_info.recursion_misses, 5.12+; 0 before): a
+    /// callback, wait or invalidation that went unseen.
+    pub program_runs_skipped: u64,
 }
 
 impl LostEvents {

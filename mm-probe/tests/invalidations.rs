@@ -438,13 +438,26 @@ fn a_callback_in_no_name_table_is_found_in_the_kernel_timed_and_named_by_symbol_
     assert!(row["mean_ns"].as_f64().unwrap() >= 20_000.0, "the flush alone takes 20 µs: {row}");
 }
 
-/// Every callback the driver ran was timed once, or the run the kernel skipped is counted: on
-/// PREEMPT_RT a program can be preempted, and another on that CPU is then skipped
-/// (recursion_misses; the -rt guests of 2026-12-03 timed 181 of 182 and 51 of 52).
+/// Every callback the driver ran was timed once, or the runs the kernel skipped are counted. On
+/// a preemptible kernel a map syscall (the tool's own reads of its tables among them) can be
+/// preempted holding the CPU's bpf_prog_active, and a kprobe's program is then skipped: counted
+/// (recursion_misses) since 6.7; before, the tool says the figure is unknown (null), and only on
+/// PREEMPT_RT may calls then be missing (the -rt guests of 2026-12-03 timed 181 of 182).
 fn assert_counted(calls: u64, driver_calls: u64, summary: &Value) {
-    let skipped = u(&summary["lost_events"]["program_runs_skipped"]);
+    let skipped = &summary["lost_events"]["program_runs_skipped"];
+    let context = format!("counters {}, lost {}", summary["counters"], summary["lost_events"]);
+    let allowed = match skipped.as_u64() {
+        Some(skipped) => skipped,
+        None if preempt_rt() => driver_calls,
+        None => 0,
+    };
     assert!(
-        calls == driver_calls || (calls < driver_calls && driver_calls - calls <= skipped),
-        "{calls} calls timed of the driver's {driver_calls}, {skipped} program runs skipped"
+        calls <= driver_calls && driver_calls - calls <= allowed,
+        "{calls} calls timed of the driver's {driver_calls}, skipped runs {skipped}; {context}"
     );
+}
+
+/// The running kernel is a PREEMPT_RT build (its version string says so).
+fn preempt_rt() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/version").is_ok_and(|v| v.contains("PREEMPT_RT"))
 }

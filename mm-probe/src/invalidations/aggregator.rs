@@ -360,7 +360,7 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
         owner_unresolved: tables.counter(Counter::OwnerUnresolved),
         folded_waits: tables.folded_waits,
         // Read from the programs' fdinfo by the run, not from the tables.
-        program_runs_skipped: 0,
+        program_runs_skipped: Some(0),
     }
 }
 

@@ -47,6 +47,17 @@ use crate::{
     units::format_nanos,
 };
 
+/// Runs the kernel skipped because the CPU's bpf_prog_active was taken: by another tracing
+/// program, or on a preemptible kernel by a map syscall (this tool's reads among them) preempted
+/// on that CPU. A kprobe run skipped so is counted in recursion_misses only since 6.7: before,
+/// the figure is unknown, not 0.
+fn program_runs_skipped(kernel: &Kernel, ebpf: &Ebpf) -> Option<u64> {
+    kernel
+        .release
+        .at_least(6, 7)
+        .then(|| crate::collect::counters::recursion_misses(ebpf, |program| program.starts_with("inv_")))
+}
+
 pub fn run(args: &InvalidationsArgs) -> Result<()> {
     privileges::require_tracing()?;
     let thresholds = thresholds_from(args)?;
@@ -78,6 +89,8 @@ async fn attach_and_collect(
         Collection { drain: Drain::default(), peak: PeakRate::default(), kallsyms, started_ns, drained_ns: None };
     let mut intervals = Intervals::new(started_ns);
     let stopped_by = collect(&mut ebpf, &kernel, args, &seen, &mut run, &mut intervals, &mut timer, stopper).await?;
+    // Read while the programs are loaded: detaching unloads them, and their fdinfo with them.
+    let skipped = program_runs_skipped(&kernel, &ebpf);
     detach_all(&mut ebpf).await;
     run.drain_now(&mut ebpf)?;
     let end_ns = monotonic_ns();
@@ -94,10 +107,7 @@ async fn attach_and_collect(
     let duration_ns = end_ns - started_ns;
     let mut summary =
         summarize(&kernel, kallsyms, &run.drain.totals, &seen, &thresholds, duration_ns, scope, &run.peak);
-    // Runs the kernel skipped because another tracing program was running on that CPU (more
-    // likely on PREEMPT_RT, where a program can be preempted): a callback entry or return lost.
-    summary.lost_events.program_runs_skipped =
-        crate::collect::counters::recursion_misses(&ebpf, |program| program.starts_with("inv_"));
+    summary.lost_events.program_runs_skipped = skipped;
     if args.json {
         println!("{}", report::summary_json(&summary, stopped_by, &seen));
         println!("{}", report::lost_events_json(&summary.lost_events));

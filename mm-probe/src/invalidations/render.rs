@@ -278,11 +278,12 @@ fn lost_text(l: &LostEvents) -> String {
         (l.vm_locks, "VMs' locks (table full)"),
         (l.owner_unresolved, "invalidations whose memory could not be named"),
         (l.folded_waits, "waits folded without their thread"),
-        (l.program_runs_skipped, "program runs the kernel skipped"),
+        (l.program_runs_skipped.unwrap_or(0), "program runs the kernel skipped"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)
     .map(|(n, what)| format!("{n} {what}"))
+    .chain(l.program_runs_skipped.is_none().then(|| "program runs the kernel skipped (uncounted before 6.7)".into()))
     .collect();
     if parts.is_empty() {
         return String::new();

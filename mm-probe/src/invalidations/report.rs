@@ -61,9 +61,11 @@ pub struct LostEvents {
     pub owner_unresolved: u64,
     /// Waits counted without their thread and stack (user space's bound on groups).
     pub folded_waits: u64,
-    /// Program runs the kernel skipped (bpf_prog_info.recursion_misses, 5.12+; 0 before): a
+    /// Program runs the kernel skipped (bpf_prog_info.recursion_misses); `None` before 6.7, whose
+    /// kprobes skip a run without counting it (a preempted map syscall can hold the CPU's
+    /// bpf_prog_active on PREEMPT_RT): a
     /// callback, wait or invalidation that went unseen.
-    pub program_runs_skipped: u64,
+    pub program_runs_skipped: Option<u64>,
 }
 
 impl LostEvents {

@@ -352,13 +352,24 @@ pub struct CpuHogs {
 
 impl CpuHogs {
     pub fn start(count: usize) -> Self {
+        // stress-ng refuses to start where it cannot write its temporary files (the guests'
+        // working directory is read-only): it is given the temporary directory.
+        let temp = std::env::temp_dir();
         let stress = Command::new("stress-ng")
             .args(["--cpu", &count.to_string(), "--timeout", "60s", "--quiet"])
+            .arg("--temp-path")
+            .arg(&temp)
+            .current_dir(&temp)
             .stdout(Stdio::null())
             .spawn();
-        match stress {
-            Ok(child) => Self { children: vec![child], comm: "stress-ng" },
-            Err(_) => Self {
+        // One that starts and quits at once (a refused option) is no hog either.
+        let running = stress.ok().and_then(|mut child| {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            matches!(child.try_wait(), Ok(None)).then_some(child)
+        });
+        match running {
+            Some(child) => Self { children: vec![child], comm: "stress-ng" },
+            None => Self {
                 children: (0..count)
                     .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("starting sh"))
                     .collect(),

@@ -121,6 +121,9 @@ slots! {
         OwnerUnresolved => "owner_unresolved",
         /// KVM subscriptions not recorded because [`KVM_LOCKS_MAP`] was full.
         KvmLocksMapFull => "kvm_locks_map_full",
+        /// Subscriber callbacks found but not recorded, so never timed: the table of discovered
+        /// callbacks was full (or refused the insert on that CPU).
+        CallbacksUndiscovered => "callbacks_undiscovered",
     }
 }
 

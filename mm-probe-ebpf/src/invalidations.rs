@@ -649,6 +649,8 @@ pub fn inv_callback_kretprobe(ctx: RetProbeContext) -> u32 {
 const OPS_WORDS: u32 = 16;
 /// bpf_map_update_elem flag: only insert, never overwrite.
 const BPF_NOEXIST: u64 = 1;
+/// What an insert with BPF_NOEXIST returns for a key already there.
+const EEXIST: i32 = -17;
 
 #[unsafe(no_mangle)]
 static INV_NOTIFIER_OPS_WORDS: Global<u64> = Global::new(0);
@@ -671,7 +673,12 @@ fn note_ops(ops: u64, words: u64, table: OpsTable) {
         let address: u64 = read_at(ops, word * 8).unwrap_or(0);
         if address != 0 {
             let found = DiscoveredCallback { table: table as u32, member_offset: word * 8 };
-            let _ = INV_DISCOVERED_CALLBACKS.insert(address, found, BPF_NOEXIST);
+            // Found before is the usual case; any other refusal leaves a callback untimed.
+            if let Err(error) = INV_DISCOVERED_CALLBACKS.insert(address, found, BPF_NOEXIST)
+                && error != EEXIST
+            {
+                count(Counter::CallbacksUndiscovered);
+            }
         }
     }
 }

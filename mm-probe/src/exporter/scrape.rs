@@ -279,6 +279,7 @@ fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut
         Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
         Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),
         Series::new(&[("capability", name), ("kind", "folded_waits")], lost.folded_waits),
+        Series::new(&[("capability", name), ("kind", "callbacks_undiscovered")], lost.callbacks_undiscovered),
     ]);
     snapshot.map_update_failures.extend([
         Series::new(&[("capability", name), ("map", "INV_WAITS")], lost.waits),

@@ -361,6 +361,7 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
         folded_waits: tables.folded_waits,
         // Read from the programs' fdinfo by the run, not from the tables.
         program_runs_skipped: Some(0),
+        callbacks_undiscovered: tables.counter(Counter::CallbacksUndiscovered),
     }
 }
 

@@ -279,6 +279,7 @@ fn lost_text(l: &LostEvents) -> String {
         (l.owner_unresolved, "invalidations whose memory could not be named"),
         (l.folded_waits, "waits folded without their thread"),
         (l.program_runs_skipped.unwrap_or(0), "program runs the kernel skipped"),
+        (l.callbacks_undiscovered, "callbacks found but never timed (table full)"),
     ]
     .iter()
     .filter(|(n, _)| *n > 0)

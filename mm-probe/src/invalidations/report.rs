@@ -66,6 +66,9 @@ pub struct LostEvents {
     /// bpf_prog_active on PREEMPT_RT): a
     /// callback, wait or invalidation that went unseen.
     pub program_runs_skipped: Option<u64>,
+    /// Subscriber callbacks found in the kernel but never timed: the table of found callbacks
+    /// refused them (full).
+    pub callbacks_undiscovered: u64,
 }
 
 impl LostEvents {

@@ -242,7 +242,8 @@ pub const LONG_STAY_FRAMES: usize = 40;
 /// [`LONG_STAY_MAP`]). A stay counts as long from half the threshold: a task that held the CPU
 /// through most of a wait over the threshold stayed that long, so when another task switched
 /// away last, the holder's stack and syscall are still here, without a stack-map entry per
-/// stay.
+/// stay. A shorter long stay that begins within the kept one's length of its end (a stopper
+/// or kernel thread run between the holder and the woken task) does not replace it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LongStay {
@@ -250,15 +251,23 @@ pub struct LongStay {
     pub pid: u32,
     /// Bytes of `frames` that bpf_get_stack filled (0 on failure).
     pub stack_bytes: u32,
-    /// The switch that ended the stay (its slice's `end_ns`).
+    /// The switch that ended the stay (its slice's `end_ns`), and the one that began it.
     pub end_ns: u64,
+    pub start_ns: u64,
     pub syscall: SyscallState,
     pub frames: [u64; LONG_STAY_FRAMES],
 }
 
 impl Default for LongStay {
     fn default() -> Self {
-        Self { pid: 0, stack_bytes: 0, end_ns: 0, syscall: SyscallState::default(), frames: [0; LONG_STAY_FRAMES] }
+        Self {
+            pid: 0,
+            stack_bytes: 0,
+            end_ns: 0,
+            start_ns: 0,
+            syscall: SyscallState::default(),
+            frames: [0; LONG_STAY_FRAMES],
+        }
     }
 }
 

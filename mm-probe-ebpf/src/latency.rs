@@ -399,7 +399,7 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     here.comm = switch.next_comm;
     close_slice(switch, prev_since_ns, run_time(prev_exec_since, switch.prev_exec), now);
     if prev_since_ns != 0 && prev_pid != 0 && now - prev_since_ns >= threshold_ns() / 2 && stream_spikes() {
-        keep_long_stay(ctx, prev_pid, now);
+        keep_long_stay(ctx, prev_pid, prev_since_ns, now);
     }
 
     // A wakeup of a task that was still running (ttwu_runnable) never ends in a switch-in:
@@ -447,10 +447,17 @@ fn close_slice(switch: &Switch, since_ns: u64, exec_ns: u64, now: u64) {
 /// a stack-map id: long stays that delayed nobody would fill the map) and its syscall. At most
 /// one capture per half threshold per CPU.
 #[inline(always)]
-fn keep_long_stay<C: StackIdContext>(ctx: &C, pid: u32, now: u64) {
+fn keep_long_stay<C: StackIdContext>(ctx: &C, pid: u32, since_ns: u64, now: u64) {
     let Some(stay) = LAT_LONG_STAY.get_ptr_mut(0) else { return };
     let stay = unsafe { &mut *stay };
+    // The holder of a wait stayed most of it, so a shorter stay that starts soon after it (a
+    // migration stopper run before the woken task) is the same wait's tail: keep the holder's.
+    let kept_ns = stay.end_ns.wrapping_sub(stay.start_ns);
+    if stay.pid != 0 && now - since_ns < kept_ns && since_ns < stay.end_ns + kept_ns {
+        return;
+    }
     stay.pid = pid;
+    stay.start_ns = since_ns;
     stay.end_ns = now;
     let bytes = unsafe {
         generated::bpf_get_stack(ctx.as_ptr(), stay.frames.as_mut_ptr().cast(), size_of_val(&stay.frames) as u32, 0)

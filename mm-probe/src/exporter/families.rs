@@ -36,7 +36,7 @@ impl Collector for Families {
         counters(
             &mut encoder,
             "mm_probe_lost_events",
-            "Events the kernel programs could not count: runs skipped by the kernel's recursion guard, returns without their entry.",
+            "Events the kernel programs could not count: runs skipped by the kernel's recursion guard (no series where the kernel does not count them: kprobes before 6.7), returns without their entry.",
             &s.lost_events,
         )?;
         counters(

@@ -235,7 +235,7 @@ fn attach(
             drain: Default::default(),
         }
     });
-    Ok(Sources { kernel_release: kernel.release.text.clone(), latency, retry_storm, thp, invalidations })
+    Ok(Sources { release: kernel.release.clone(), latency, retry_storm, thp, invalidations })
 }
 
 /// Every program a catalog may attach.

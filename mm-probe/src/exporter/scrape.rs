@@ -9,10 +9,10 @@ use mm_probe_common::{hmm, latency as lat, thp};
 use super::buckets::{Histogram, latency_histogram, log2_ns_histogram};
 use crate::{
     cli::Capability,
-    collect::counters::recursion_misses,
+    collect::counters::program_runs_skipped,
     invalidations::{self, aggregator, decoder},
-    kernel::Kallsyms,
     kernel::layout::ThpDisableBits,
+    kernel::{Kallsyms, release::Release},
     latency::{self, report::FunctionPlan},
     probes::Plan,
     retry_storm::{KernelTotals, events::NotifierEvent, report::Observability},
@@ -56,7 +56,7 @@ pub struct InvalidationsSource {
 
 /// Everything attached, and the facts every scrape repeats.
 pub struct Sources {
-    pub kernel_release: String,
+    pub release: Release,
     pub latency: Option<LatencySource>,
     pub retry_storm: Option<RetryStormSource>,
     pub thp: Option<ThpSource>,
@@ -125,26 +125,29 @@ impl Sources {
     /// Reads every attached capability's kernel totals.
     pub fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
         let mut snapshot = Snapshot {
-            build_info: vec![Series::new(
-                &[("version", env!("CARGO_PKG_VERSION")), ("kernel", &self.kernel_release)],
-                1,
-            )],
+            build_info: vec![Series::new(&[("version", env!("CARGO_PKG_VERSION")), ("kernel", &self.release.text)], 1)],
             ..Snapshot::default()
         };
         if let Some(source) = &self.latency {
-            read_latency(ebpf, source, &mut snapshot)?;
+            read_latency(ebpf, &self.release, source, &mut snapshot)?;
         }
         if let Some(source) = &self.retry_storm {
-            read_retry_storm(ebpf, source, &mut snapshot)?;
+            read_retry_storm(ebpf, &self.release, source, &mut snapshot)?;
         }
         if let Some(source) = &self.thp {
-            read_thp(ebpf, source, &mut snapshot)?;
+            read_thp(ebpf, &self.release, source, &mut snapshot)?;
         }
         if let Some(source) = &self.invalidations {
-            read_invalidations(ebpf, source, &mut snapshot)?;
+            read_invalidations(ebpf, &self.release, source, &mut snapshot)?;
         }
         Ok(snapshot)
     }
+}
+
+/// The runs the kernel's recursion guard skipped; no series where this kernel does not count
+/// them all (kprobes and classic tracepoints before 6.7): absent, not a false 0.
+fn recursion_guard(capability: &str, skipped: Option<u64>) -> Option<Series> {
+    skipped.map(|n| Series::new(&[("capability", capability), ("kind", "recursion_guard")], n))
 }
 
 /// One 0/1 series per logical probe of the plan.
@@ -154,15 +157,15 @@ fn probe_series(capability: Capability, plan: &Plan) -> impl Iterator<Item = Ser
         .map(move |p| Series::new(&[("capability", capability.name()), ("probe", p.probe)], u64::from(p.attached())))
 }
 
-fn read_latency(ebpf: &Ebpf, source: &LatencySource, snapshot: &mut Snapshot) -> Result<()> {
+fn read_latency(ebpf: &Ebpf, release: &Release, source: &LatencySource, snapshot: &mut Snapshot) -> Result<()> {
     let name = Capability::Latency.name();
     snapshot.probe_attached.extend(probe_series(Capability::Latency, &source.plan));
     let totals = latency::read_totals(ebpf, source.functions.len())?;
     let counter = |c: lat::Counter| latency::counter(&totals.counters, c);
     // Every latency program is named lat_*; a skipped run of the wakeup or switch program is a
     // wakeup the histogram never saw.
-    let skipped = recursion_misses(ebpf, |program| program.starts_with("lat_"));
-    snapshot.lost_events.push(Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped));
+    let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("lat_"));
+    snapshot.lost_events.extend(recursion_guard(name, skipped));
     snapshot.map_update_failures.extend([
         Series::new(&[("capability", name), ("map", "LAT_WAKEUPS")], counter(lat::Counter::LostWakeups)),
         Series::new(&[("capability", name), ("map", "LAT_FUNC_STATE")], counter(lat::Counter::LostFuncEntries)),
@@ -182,14 +185,14 @@ fn read_latency(ebpf: &Ebpf, source: &LatencySource, snapshot: &mut Snapshot) ->
     Ok(())
 }
 
-fn read_retry_storm(ebpf: &Ebpf, source: &RetryStormSource, snapshot: &mut Snapshot) -> Result<()> {
+fn read_retry_storm(ebpf: &Ebpf, release: &Release, source: &RetryStormSource, snapshot: &mut Snapshot) -> Result<()> {
     let name = Capability::RetryStorm.name();
     snapshot.probe_attached.extend(probe_series(Capability::RetryStorm, &source.plan));
     let totals = KernelTotals::read(ebpf)?;
     let c = &totals.counters;
-    let skipped = recursion_misses(ebpf, |program| source.programs.contains(&program));
+    let skipped = program_runs_skipped(release, ebpf, |program| source.programs.contains(&program));
+    snapshot.lost_events.extend(recursion_guard(name, skipped));
     snapshot.lost_events.extend([
-        Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped),
         // A walk return whose entry was not seen: counted, but its duration is unknown.
         Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(hmm::Counter::StashMisses)),
     ]);
@@ -231,13 +234,13 @@ fn kvm_events(unmaps: Option<u64>, ages: Option<u64>) -> Vec<Series> {
         .collect()
 }
 
-fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<()> {
+fn read_thp(ebpf: &Ebpf, release: &Release, source: &ThpSource, snapshot: &mut Snapshot) -> Result<()> {
     let name = Capability::Thp.name();
     snapshot.probe_attached.extend(probe_series(Capability::Thp, &source.plan));
     let counts = read_counts(ebpf)?;
-    let skipped = recursion_misses(ebpf, |program| source.programs.contains(&program));
+    let skipped = program_runs_skipped(release, ebpf, |program| source.programs.contains(&program));
+    snapshot.lost_events.extend(recursion_guard(name, skipped));
     snapshot.lost_events.extend([
-        Series::new(&[("capability", name), ("kind", "recursion_guard")], skipped),
         // A kretprobe run without its entry: that check is not counted.
         Series::new(
             &[("capability", name), ("kind", "allow_check_entries")],
@@ -265,7 +268,12 @@ fn read_thp(ebpf: &Ebpf, source: &ThpSource, snapshot: &mut Snapshot) -> Result<
     Ok(())
 }
 
-fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut Snapshot) -> Result<()> {
+fn read_invalidations(
+    ebpf: &Ebpf,
+    release: &Release,
+    source: &InvalidationsSource,
+    snapshot: &mut Snapshot,
+) -> Result<()> {
     use std::collections::BTreeMap;
 
     use mm_probe_common::invalidations as names;
@@ -275,6 +283,8 @@ fn read_invalidations(_ebpf: &Ebpf, source: &InvalidationsSource, snapshot: &mut
     let drain = source.drain.borrow();
     let tables = &drain.totals;
     let lost = aggregator::lost_events(tables);
+    let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("inv_"));
+    snapshot.lost_events.extend(recursion_guard(name, skipped));
     snapshot.lost_events.extend([
         Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
         Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),

@@ -49,13 +49,9 @@ use crate::{
 
 /// Runs the kernel skipped because the CPU's bpf_prog_active was taken: by another tracing
 /// program, or on a preemptible kernel by a map syscall (this tool's reads among them) preempted
-/// on that CPU. A kprobe run skipped so is counted in recursion_misses only since 6.7: before,
-/// the figure is unknown, not 0.
+/// on that CPU; unknown (null) where the kernel does not count them all.
 fn program_runs_skipped(kernel: &Kernel, ebpf: &Ebpf) -> Option<u64> {
-    kernel
-        .release
-        .at_least(6, 7)
-        .then(|| crate::collect::counters::recursion_misses(ebpf, |program| program.starts_with("inv_")))
+    crate::collect::counters::program_runs_skipped(&kernel.release, ebpf, |program| program.starts_with("inv_"))
 }
 
 pub fn run(args: &InvalidationsArgs) -> Result<()> {

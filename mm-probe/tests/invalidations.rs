@@ -97,6 +97,18 @@ fn causes(summary: &Value) -> Vec<String> {
     summary["advice"].as_array().unwrap().iter().map(|a| a["cause"].as_str().unwrap().to_string()).collect()
 }
 
+/// The kernel refused a contended wait (counted in lost_events) and wait per invalidation is
+/// therefore UNKNOWN with that reason, never a smaller figure judged: no advice can rest on it
+/// (the host's CI met 1 refused of 25,176 contended waits once).
+fn wait_lost_and_unknown(summary: &Value) -> bool {
+    let metrics = summary["metrics"].as_array().unwrap();
+    let wait = metrics.iter().find(|m| m["metric"] == "wait_per_invalidation").unwrap();
+    summary["lost_events"]["waits"].as_u64().unwrap() > 0
+        && wait["level"] == "UNKNOWN"
+        && wait["value"].is_null()
+        && wait["unknown_because"].as_str().is_some_and(|why| why.contains("lost"))
+}
+
 /// Outside the memslot, a thread's start and end invalidate a few ranges of its own (the C
 /// library's per-thread malloc arena is mapped, trimmed and protected, its stack released with
 /// madvise): 8 per thread on the host.
@@ -174,7 +186,11 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
         paths.iter().all(|p| p["waiters"] == serde_json::json!(["kvm-madv"])),
         "only the madvise threads: {paths:?}"
     );
-    assert!(causes(&small).contains(&"fine-grained invalidations".to_string()), "{}", small["advice"]);
+    assert!(
+        causes(&small).contains(&"fine-grained invalidations".to_string()) || wait_lost_and_unknown(&small),
+        "{}",
+        small["advice"]
+    );
     if small["callbacks_observable"] == true {
         kvm_callback_matches(&counts, &small, 2);
     }

@@ -20,7 +20,7 @@ use tokio::{
     time::{Instant, Interval, MissedTickBehavior},
 };
 
-use super::Stop;
+use super::shutdown::Stop;
 use crate::kernel::process;
 
 /// What ends a run besides a signal.

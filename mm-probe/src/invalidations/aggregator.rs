@@ -11,10 +11,10 @@ use mm_probe_common::{
 
 use super::{
     decoder::Tables,
-    judge::{Amplified, Evidence},
+    judge::{Amplified, Busiest, Evidence, Fit},
     locks::WaitPath,
     probes::{Observability, subscriber_name},
-    report::{Busiest, Fit, Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, Peak, SubscriberRow},
+    report::{Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, Peak, SubscriberRow},
 };
 use crate::{
     kernel::{Kallsyms, process::comm_text},

@@ -11,9 +11,8 @@ use std::collections::HashSet;
 
 use aya::{Ebpf, maps::HashMap as BpfHashMap};
 use mm_probe_common::invalidations::{self as names, DiscoveredCallback, OpsTable, ReturnKind};
-use serde::Serialize;
 
-use super::probes::{self, CallbackPlan};
+use super::probes::{self, CallbackPlan, SkippedCallback};
 use crate::{
     kernel::{Kallsyms, Kernel, btf::FunctionMember},
     probes::{GlobalValue, Plan},
@@ -103,16 +102,6 @@ pub fn settings(kernel: &Kernel) -> [(&'static str, GlobalValue); 2] {
         (names::NOTIFIER_OPS_WORDS, GlobalValue::U64(words(&members.notifier))),
         (names::INTERVAL_OPS_WORDS, GlobalValue::U64(words(&members.interval))),
     ]
-}
-
-/// A callback found but not timed, and why.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SkippedCallback {
-    pub callback: String,
-    pub module: Option<String>,
-    /// The ops member it was found in (`mmu_notifier_ops.clear_young`).
-    pub member: String,
-    pub why: String,
 }
 
 /// The callbacks timed so far and those passed over; polled once per tick of the run loop.

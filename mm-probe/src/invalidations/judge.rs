@@ -5,11 +5,39 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::report::{Busiest, Fit};
 use crate::{
     report::verdict::{Band, Level},
     units::{format_bytes, format_nanos},
 };
+
+/// The mm invalidated most: whose memory, how much, in what sizes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Busiest {
+    /// The process whose memory it is; null when no invalidation of it could be named.
+    pub owner_tgid: Option<u32>,
+    pub comm: String,
+    pub count: u64,
+    /// Mean size of its sized invalidations; null when all were whole address spaces.
+    pub mean_bytes: Option<f64>,
+}
+
+/// The callback's own time (lock waits left out; each size class's median) ≈ fixed_ns +
+/// per_page_ns × pages, and what that does to small invalidations.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Fit {
+    pub fixed_ns: f64,
+    pub per_page_ns: f64,
+    /// What a page costs in the smallest invalidations seen against what it costs in the
+    /// largest (measured, not extrapolated): 1 when the cost is all per page, up to
+    /// largest ÷ smallest when it is all fixed.
+    pub amplification: f64,
+    pub smallest_bytes: u64,
+    pub largest_bytes: u64,
+    pub size_classes: usize,
+    /// The smallest invalidations' share of the callback's time: amplification matters only
+    /// where they cost something in total.
+    pub smallest_time_share: f64,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Thresholds {

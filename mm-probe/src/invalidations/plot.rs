@@ -94,7 +94,7 @@ fn empty(name: &str, why: &str) -> HistogramPanel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::invalidations::{judge::tests::thresholds, report::Fit};
+    use crate::invalidations::judge::{Fit, tests::thresholds};
 
     fn buckets(filled: &[(usize, u64)]) -> Vec<u64> {
         let mut buckets = vec![0u64; 32];

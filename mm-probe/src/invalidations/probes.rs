@@ -280,6 +280,16 @@ fn set_return_kind(ebpf: &mut Ebpf, address: u64, returns: ReturnKind) -> Result
     Ok(())
 }
 
+/// A callback found but not timed, and why.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SkippedCallback {
+    pub callback: String,
+    pub module: Option<String>,
+    /// The ops member it was found in (`mmu_notifier_ops.clear_young`).
+    pub member: String,
+    pub why: String,
+}
+
 /// What the plan lets the command see.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Observability {
@@ -293,7 +303,7 @@ pub struct Observability {
     pub kvm_lock_names: bool,
     pub statements: Vec<Statement>,
     /// Callbacks found in subscribers' ops whose prototype the timing program would misread.
-    pub callbacks_skipped: Vec<super::callbacks::SkippedCallback>,
+    pub callbacks_skipped: Vec<SkippedCallback>,
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.

@@ -3,8 +3,9 @@
 use std::fmt::Write as _;
 
 use super::{
+    judge::Fit,
     probes::Observability,
-    report::{Fit, Interval, InvalidatorRow, LockRow, LostEvents, SubscriberRow, Summary},
+    report::{Interval, InvalidatorRow, LockRow, LostEvents, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -348,9 +349,9 @@ fn verdict_text(s: &Summary) -> String {
 mod tests {
     use super::*;
     use crate::invalidations::{
-        judge::{self, Evidence},
+        judge::{self, Busiest, Evidence},
         locks::WaitPath,
-        report::{Busiest, Invalidations, OtherContention, PathRow},
+        report::{Invalidations, OtherContention, PathRow},
     };
 
     fn busy_summary() -> Summary {

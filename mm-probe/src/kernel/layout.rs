@@ -8,7 +8,7 @@
 use aya::EbpfLoader;
 use mm_probe_common::layout::{self as names, OFFSET_UNKNOWN};
 
-use super::KernelBtf;
+use super::btf::KernelBtf;
 
 /// One member a kernel program reads.
 #[derive(Debug)]

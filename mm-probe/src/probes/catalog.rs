@@ -58,8 +58,8 @@ pub struct Target {
 #[macro_export]
 macro_rules! candidate {
     ($targets:expr; $($mechanism:ident $program:literal),+ $(,)?) => {
-        $crate::probes::Candidate {
-            hooks: &[$($crate::probes::Hook { mechanism: $crate::probes::Mechanism::$mechanism, program: $program }),+],
+        $crate::probes::catalog::Candidate {
+            hooks: &[$($crate::probes::catalog::Hook { mechanism: $crate::probes::catalog::Mechanism::$mechanism, program: $program }),+],
             targets: $targets,
         }
     };
@@ -70,10 +70,10 @@ macro_rules! candidate {
 #[macro_export]
 macro_rules! tracepoint_probe {
     ($name:expr, $purpose:expr; $event:literal on $kernels:literal => $program:literal) => {
-        $crate::probes::LogicalProbe {
+        $crate::probes::catalog::LogicalProbe {
             name: $name,
             purpose: $purpose,
-            candidates: &[$crate::candidate!(&[$crate::probes::Target { name: $event, kernels: $kernels }]; Tracepoint $program)],
+            candidates: &[$crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; Tracepoint $program)],
         }
     };
 }
@@ -86,7 +86,7 @@ macro_rules! tracepoint_probe {
 macro_rules! function_probe {
     ($name:expr, $purpose:expr, $targets:expr;
      $($trampoline:ident $tprogram:literal),+ | $($kprobe:ident $kprogram:literal),+) => {
-        $crate::probes::LogicalProbe {
+        $crate::probes::catalog::LogicalProbe {
             name: $name,
             purpose: $purpose,
             candidates: &[

@@ -40,6 +40,27 @@ impl Ranged for TickedAxis {
     }
 }
 
+/// A number for an axis tick or a label, short and in one style along an axis: `0.5`, `12`,
+/// `500`, `1k`, `1.5k`, `16.4k`, `3M`.
+pub fn compact_number(value: f64) -> String {
+    let magnitude = value.abs();
+    let (scaled, suffix) = match magnitude {
+        m if m >= 1e6 => (value / 1e6, "M"),
+        m if m >= 1e3 => (value / 1e3, "k"),
+        _ => (value, ""),
+    };
+    let digits = if scaled.abs() >= 100.0 || scaled.fract() == 0.0 {
+        0
+    } else if scaled.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let text = format!("{scaled:.digits$}");
+    let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.').to_string() } else { text };
+    text + suffix
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +71,20 @@ mod tests {
         assert_eq!(axis.map(&-1.0, (10, 410)), 10);
         assert_eq!(axis.map(&1.0, (10, 410)), 210);
         assert_eq!(axis.map(&3.0, (410, 10)), 10, "y axes run upwards");
+    }
+
+    #[test]
+    fn numbers_are_compact_and_exact_where_it_matters() {
+        assert_eq!(compact_number(0.0), "0");
+        assert_eq!(compact_number(0.5), "0.5");
+        assert_eq!(compact_number(2.25), "2.25");
+        assert_eq!(compact_number(15.0), "15");
+        assert_eq!(compact_number(12.34), "12.3");
+        assert_eq!(compact_number(500.0), "500");
+        assert_eq!(compact_number(1000.0), "1k");
+        assert_eq!(compact_number(1500.0), "1.5k");
+        assert_eq!(compact_number(16384.0), "16.4k");
+        assert_eq!(compact_number(20000.0), "20k");
+        assert_eq!(compact_number(3_000_000.0), "3M");
     }
 }

@@ -11,9 +11,8 @@ use plotters::{
 };
 
 use super::{
-    PlotError,
-    axis::TickedAxis,
-    compact_number,
+    axis::{TickedAxis, compact_number},
+    error::PlotError,
     style::{
         BAR_COLOR, CAPTION_SIZE, LABEL_SIZE, NOTE_COLOR, NOTE_SIZE, OVER_THRESHOLD_COLOR, PANEL_HEIGHT,
         THRESHOLD_COLOR, TITLE_HEIGHT, TITLE_SIZE, WIDTH, font,

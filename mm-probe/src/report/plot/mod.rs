@@ -7,70 +7,19 @@
 //! thresholds; [`PlotFile`] checks the target before a run starts and writes it at the end.
 
 mod axis;
+mod error;
 mod file;
 mod histogram;
 mod rates;
 mod style;
 
-use plotters::drawing::DrawingAreaErrorKind;
-
+pub use axis::compact_number;
+pub use error::PlotError;
 pub use file::PlotFile;
 pub use histogram::{Bar, HistogramPanel, HistogramPlot, Threshold, histogram_svg};
 pub use plotters::style::RGBColor;
 pub use rates::{RatePanel, RatesPlot, Series, ThresholdLine, rates_over_time_svg};
 pub use style::{BAR_COLOR, OVER_THRESHOLD_COLOR, SERIES_COLORS, THRESHOLD_COLOR, WARN_COLOR};
-
-/// Drawing failed (plotters reports backend errors as text; nothing here is the user's doing).
-#[derive(Debug, thiserror::Error)]
-#[error("drawing the plot: {0}")]
-pub struct PlotError(String);
-
-impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for PlotError {
-    fn from(error: DrawingAreaErrorKind<E>) -> Self {
-        Self(error.to_string())
-    }
-}
-
-/// A number for an axis tick or a label, short and in one style along an axis: `0.5`, `12`,
-/// `500`, `1k`, `1.5k`, `16.4k`, `3M`.
-pub fn compact_number(value: f64) -> String {
-    let magnitude = value.abs();
-    let (scaled, suffix) = match magnitude {
-        m if m >= 1e6 => (value / 1e6, "M"),
-        m if m >= 1e3 => (value / 1e3, "k"),
-        _ => (value, ""),
-    };
-    let digits = if scaled.abs() >= 100.0 || scaled.fract() == 0.0 {
-        0
-    } else if scaled.abs() >= 10.0 {
-        1
-    } else {
-        2
-    };
-    let text = format!("{scaled:.digits$}");
-    let text = if text.contains('.') { text.trim_end_matches('0').trim_end_matches('.').to_string() } else { text };
-    text + suffix
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_are_compact_and_exact_where_it_matters() {
-        assert_eq!(compact_number(0.0), "0");
-        assert_eq!(compact_number(0.5), "0.5");
-        assert_eq!(compact_number(2.25), "2.25");
-        assert_eq!(compact_number(15.0), "15");
-        assert_eq!(compact_number(12.34), "12.3");
-        assert_eq!(compact_number(500.0), "500");
-        assert_eq!(compact_number(1000.0), "1k");
-        assert_eq!(compact_number(1500.0), "1.5k");
-        assert_eq!(compact_number(16384.0), "16.4k");
-        assert_eq!(compact_number(20000.0), "20k");
-        assert_eq!(compact_number(3_000_000.0), "3M");
-    }
-}
 
 /// Parsing and rasterizing, for the tests of every figure.
 #[cfg(test)]

@@ -11,7 +11,8 @@ use plotters::{
 };
 
 use super::{
-    PlotError, compact_number,
+    axis::compact_number,
+    error::PlotError,
     style::{
         CAPTION_SIZE, LABEL_SIZE, NOTE_COLOR, NOTE_SIZE, PANEL_HEIGHT, SERIES_COLORS, THRESHOLD_COLOR, TITLE_HEIGHT,
         TITLE_SIZE, WARN_COLOR, WIDTH, font,

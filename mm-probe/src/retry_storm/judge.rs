@@ -4,7 +4,7 @@
 use mm_probe_common::hmm::NotifierEvent;
 use serde::{Serialize, Serializer};
 
-use super::metrics::ratio;
+use super::rates::ratio;
 pub use crate::report::verdict::{Band, Level};
 use crate::units::{format_bytes, format_nanos};
 

@@ -6,22 +6,12 @@ use mm_probe_common::hmm::Counter;
 use super::{
     aggregator::Window,
     judge::{self, Evidence, Thresholds},
+    rates::{per_second, ratio},
     report::{
         ChainMetrics, InvalidationMetrics, KvmMetrics, LostEvents, Observability, RetryRate, Snapshot, WalkMetrics,
     },
 };
 use crate::report::{Log2Histogram, Percentiles};
-
-/// Divides, or `None` when there is nothing to divide by (an empty window is not a 0 % rate).
-pub fn ratio(numerator: u64, denominator: u64) -> Option<f64> {
-    (denominator != 0).then(|| numerator as f64 / denominator as f64)
-}
-
-/// Events per second over `window_ns`; `None` for an empty window (a zero-length interval has
-/// no rate, not an infinite one).
-pub fn per_second(count: u64, window_ns: u64) -> Option<f64> {
-    (window_ns != 0).then(|| count as f64 * 1e9 / window_ns as f64)
-}
 
 /// 99th percentile of a kernel log2 histogram, as the upper bound of its bucket.
 fn log2_p99(buckets: &[u64]) -> Option<u64> {
@@ -129,7 +119,7 @@ impl Snapshot {
 mod tests {
     use super::*;
     use crate::retry_storm::{
-        aggregator::tests::counters,
+        counters::tests::counters,
         judge::{Level, Metric},
     };
 
@@ -194,16 +184,6 @@ mod tests {
         buckets[17] = 1;
         assert_eq!(log2_p99(&buckets), Some(2047));
         assert_eq!(log2_p99(&[0, 0]), None);
-    }
-
-    #[test]
-    fn rates_of_empty_windows_are_unknown_not_zero() {
-        assert_eq!(ratio(0, 0), None);
-        assert_eq!(ratio(5, 0), None);
-        assert_eq!(ratio(0, 10), Some(0.0));
-        assert_eq!(ratio(85, 100), Some(0.85));
-        assert_eq!(per_second(10, 0), None);
-        assert_eq!(per_second(1000, 500_000_000), Some(2000.0));
     }
 
     #[test]

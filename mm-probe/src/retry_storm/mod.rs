@@ -1,19 +1,21 @@
 //! `mm-probe retry-storm`: HMM / MMU-notifier retry storms.
 //!
-//! hooks (probes.rs) → kernel counters + two rings (walks, invalidations) → decoder
+//! hooks (probes.rs) → kernel counters (counters.rs) + two rings (walks, invalidations) → decoder
 //! (events.rs) → retry chains (chains.rs) and walk/invalidation overlap (overlap.rs) → windows
-//! (aggregator.rs) → metrics (metrics.rs) → verdict and advice (judge.rs) → the report's JSON
-//! lines (report.rs) or text (render.rs). With `--plot`, the kernel counters are also sampled
+//! (aggregator.rs) → metrics (metrics.rs, rates.rs) → verdict and advice (judge.rs) → the report's
+//! JSON lines (report.rs) or text (render.rs). With `--plot`, the kernel counters are also sampled
 //! into a bounded series (timeline.rs) drawn at the end (plot.rs).
 
 pub mod aggregator;
 pub mod chains;
+pub mod counters;
 pub mod events;
 pub mod judge;
 pub mod metrics;
 pub mod overlap;
 pub mod plot;
 pub mod probes;
+pub mod rates;
 pub mod render;
 pub mod report;
 pub mod timeline;
@@ -24,12 +26,12 @@ use anyhow::{Context as _, Result};
 use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, HmmEvent};
 
-pub use self::{aggregator::KernelTotals, probes::observability};
 use self::{
     aggregator::{Collector, read_begins_by_caller},
     judge::{Band, Thresholds},
     report::Snapshot,
 };
+pub use self::{counters::KernelTotals, probes::observability};
 use crate::{
     cli::RetryStormArgs,
     collect::{

@@ -3,7 +3,7 @@
 
 use super::{
     judge::{Band, Thresholds},
-    metrics::{per_second, ratio},
+    rates::{per_second, ratio},
     report::Observability,
     timeline::RateSample,
 };

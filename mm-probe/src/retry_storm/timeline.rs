@@ -8,7 +8,7 @@
 
 use mm_probe_common::hmm::Counter;
 
-use super::aggregator::KernelCounters;
+use super::counters::KernelCounters;
 
 /// Counts of one stretch of the run; times are nanoseconds since the run started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry_storm::aggregator::tests::counters;
+    use crate::retry_storm::counters::tests::counters;
 
     const SECOND: u64 = 1_000_000_000;
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use mm_probe_common::thp::{Counter, ScanOrigin, ScanPath, collapse_slot_parts};
 
 use super::{
-    judge::{Inputs, LiveInput},
+    inputs::{Inputs, LiveInput},
     probes,
     reasons::{DisableMode, ReasonCode},
     report::{CollapseFacts, CollapseResult, VmaClass, VmaEntry},

@@ -7,7 +7,7 @@ use mm_probe_common::thp::{FAULT_RANGE_SHIFT, ThpCheckKey};
 use super::{
     checks::{AllowCheck, Call},
     facts::{VmaFacts, VmaKind, vm_flags},
-    judge::{Inputs, LiveInput},
+    inputs::{Inputs, LiveInput},
     procfs::{Mount, Vma},
     reasons::{Context, DisableMode, ReasonCode, evaluate},
     report::{LiveFacts, VmaEntry},

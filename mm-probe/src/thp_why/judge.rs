@@ -1,11 +1,11 @@
-//! From the gathered facts to the report: the target's THP-disable mode and who set it, every
-//! VMA judged, the live keys decoded (`decoder`), the reasons ranked (`rank`), and the verdict:
-//! how much of the resident anonymous memory is in huge pages, and what keeps the rest small.
-//! Pure functions of their inputs, so the whole judgement is tested without a kernel.
+//! From the gathered facts (`inputs`) to the report: the target's THP-disable mode and who set
+//! it, every VMA judged, the live keys decoded (`decoder`), the reasons ranked (`rank`), and the
+//! verdict: how much of the resident anonymous memory is in huge pages, and what keeps the rest
+//! small. Pure functions of their inputs, so the whole judgement is tested without a kernel.
 
 use std::collections::BTreeMap;
 
-use mm_probe_common::thp::{FAULT_RANGE_SHIFT, MmSeen, PrctlEvent, ThpCheckKey};
+use mm_probe_common::thp::{FAULT_RANGE_SHIFT, MmSeen};
 
 use super::words::count_of;
 use super::{
@@ -14,73 +14,19 @@ use super::{
     collapse::{self, Refusal},
     decoder::{attribute_faults, decode_live},
     facts::{VmaFacts, VmaKind},
+    inputs::{DisableFacts, Inputs, prctl_calls},
     per_size,
     procfs::{Mount, Vma},
     rank::{aggregate_reasons, non_anonymous, present_fixes, region_fix},
-    reasons::{Context, Denial, DisableMode, ModeSource, ReasonCode, evaluate},
+    reasons::{Context, Denial, DisableMode, ModeSource, NO_THP, ReasonCode, evaluate},
     report::{
-        Counters, DisableBitsLayout, FaultFacts, KernelFacts, LiveFacts, PrctlCall, PrctlEffect, ProcessFacts,
-        Relation, Report, StoppedBy, SystemFacts, VmaClass, VmaEntry, VmaLive,
+        DisableBitsLayout, FaultFacts, KernelFacts, LiveFacts, ProcessFacts, Report, StoppedBy, SystemFacts, VmaClass,
+        VmaEntry, VmaLive,
     },
-    scan_result::ScanResults,
     sysfs::SystemPolicy,
     verdict::verdict_line,
 };
-use crate::{kernel::layout::ThpDisableBits, probes::Plan, units::format_bytes};
-
-/// prctl arg3 flag of 6.18 (uapi prctl.h).
-const PR_THP_DISABLE_EXCEPT_ADVISED: u64 = 1 << 1;
-
-/// How the target's THP-disable mode was learned.
-#[derive(Clone, Debug)]
-pub struct DisableFacts {
-    pub mode: Option<DisableMode>,
-    pub source: ModeSource,
-    pub mm_flags: Option<u64>,
-    pub status_thp_enabled: Option<bool>,
-}
-
-/// The live run's raw material.
-pub struct LiveInput {
-    pub plan: Plan,
-    pub checks: Vec<(ThpCheckKey, u64)>,
-    pub fault_ranges: Vec<(u64, u64)>,
-    pub counters: Counters,
-    /// Collapse scan results on the target's mm: (`collapse_slot`, count).
-    pub collapse: Vec<(u32, u64)>,
-    pub duration_ns: u64,
-    pub stopped_by: StoppedBy,
-}
-
-/// Everything `build` needs.
-pub struct Inputs {
-    pub pid: u32,
-    pub comm: String,
-    pub cmdline: String,
-    pub kernel_release: String,
-    pub allow_check: AllowCheck,
-    pub bits: ThpDisableBits,
-    /// The sysfs policy at the end of the run (judged) and at its start (for counter deltas).
-    pub policy: SystemPolicy,
-    pub policy_start: SystemPolicy,
-    pub policy_changed: bool,
-    /// This kernel's names of khugepaged's scan results.
-    pub scan_results: ScanResults,
-    pub vmstat_start: BTreeMap<String, u64>,
-    pub vmstat_end: BTreeMap<String, u64>,
-    /// smaps at the start of the run (for AnonHugePages deltas) and at the end (judged).
-    pub vmas_start: Vec<Vma>,
-    pub vmas_end: Vec<Vma>,
-    pub mounts: Vec<Mount>,
-    pub disable: DisableFacts,
-    pub ancestors: Vec<Ancestor>,
-    pub set_by: Option<SetBy>,
-    pub prctl_events: Vec<PrctlEvent>,
-    pub live: Option<LiveInput>,
-    /// Why there is no live part, when there is none.
-    pub live_skipped: Option<String>,
-    pub notes: Vec<String>,
-}
+use crate::{kernel::layout::ThpDisableBits, units::format_bytes};
 
 /// The target's mode: kernel read of mm->flags, else /proc status, refined on 6.18 by smaps
 /// (THP_enabled says 1 in except-advised mode; THPeligible 0 on a VMA nothing else refuses
@@ -135,9 +81,6 @@ pub fn attribute(mut ancestors: Vec<Ancestor>, disable: &DisableFacts) -> (Vec<A
 }
 
 const HUGE_BYTES: u64 = 2 << 20;
-
-pub(super) const NO_THP: &str = "this kernel has no transparent huge pages (CONFIG_TRANSPARENT_HUGEPAGE is off: \
-                      /sys/kernel/mm/transparent_hugepage does not exist)";
 
 pub fn build(input: Inputs) -> Report {
     let mut notes = input.notes.clone();
@@ -419,40 +362,6 @@ fn fault_facts(input: &Inputs, vmas: &[VmaEntry]) -> FaultFacts {
         why_not,
     }
 }
-
-fn prctl_effect(event: &PrctlEvent) -> PrctlEffect {
-    if event.arg2 == 0 {
-        PrctlEffect::Enable
-    } else if event.arg3 & PR_THP_DISABLE_EXCEPT_ADVISED != 0 {
-        PrctlEffect::DisableExceptAdvised
-    } else {
-        PrctlEffect::Disable
-    }
-}
-
-pub(super) fn prctl_calls(input: &Inputs) -> Vec<PrctlCall> {
-    input
-        .prctl_events
-        .iter()
-        .map(|e| PrctlCall {
-            pid: e.pid,
-            tgid: e.tgid,
-            comm: comm_text(&e.comm),
-            arg2: e.arg2,
-            arg3: e.arg3,
-            effect: prctl_effect(e),
-            relation: if e.tgid == input.pid {
-                Relation::Target
-            } else if input.ancestors.iter().any(|a| a.pid == e.tgid) {
-                Relation::Ancestor
-            } else {
-                Relation::Other
-            },
-        })
-        .collect()
-}
-
-pub use crate::kernel::process::comm_text;
 
 #[cfg(test)]
 #[path = "judge_tests.rs"]

@@ -1,10 +1,17 @@
-use mm_probe_common::thp::Counter;
+use mm_probe_common::thp::{Counter, PrctlEvent, ThpCheckKey};
 
 use super::*;
 use crate::{
     kernel::Release,
-    probes::{Outcome, ProbePlan},
-    thp_why::{facts::vm_flags, procfs::parse_smaps, report::LiveCounter, sysfs::tests::sample_tree},
+    probes::{Outcome, Plan, ProbePlan},
+    thp_why::{
+        facts::vm_flags,
+        inputs::LiveInput,
+        procfs::parse_smaps,
+        report::{Counters, LiveCounter, PrctlEffect, Relation},
+        scan_result::ScanResults,
+        sysfs::tests::sample_tree,
+    },
 };
 
 const SMAPS: &str = "\

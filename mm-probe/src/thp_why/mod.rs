@@ -4,11 +4,11 @@
 //! prctl flag, `probes` + `live` run the kernel programs (allow-check, faults, prctl, mm flags)
 //! and read back their raw counts, `facts` is what the allow-check looks at in one VMA,
 //! `checks` + `reasons` hold the kernel's order of checks per version and judge those facts,
-//! `decoder` turns the live keys into per-VMA counts, `judge` decides the mode, every VMA and
-//! the verdict, `rank` orders the reasons and their fixes, `scan_result` + `collapse` explain
-//! khugepaged's scans of the target, `verdict` says it in one line, `per_size` the per-size (mTHP)
-//! policy, `report` is the JSON model, `render` (and `vma_table`) print it; `access` says why a
-//! process's memory map may not be read.
+//! `inputs` is everything gathered, which the judgement reads, `decoder` turns the live keys into
+//! per-VMA counts, `judge` decides the mode, every VMA and the verdict, `rank` orders the reasons
+//! and their fixes, `scan_result` + `collapse` explain khugepaged's scans of the target, `verdict`
+//! says it in one line, `per_size` the per-size (mTHP) policy, `report` is the JSON model,
+//! `render` (and `vma_table`) print it; `access` says why a process's memory map may not be read.
 
 pub mod access;
 pub mod ancestry;
@@ -16,6 +16,7 @@ pub mod checks;
 pub mod collapse;
 pub mod decoder;
 pub mod facts;
+pub mod inputs;
 pub mod judge;
 pub mod live;
 pub mod per_size;
@@ -38,7 +39,8 @@ use mm_probe_common::thp::PrctlEvent;
 
 use self::{
     checks::{AllowCheck, DecidedFrom},
-    judge::{Inputs, LiveInput, attribute, disable_facts},
+    inputs::{Inputs, LiveInput},
+    judge::{attribute, disable_facts},
     live::Live,
     procfs::{Proc, ProcError, Vma},
     reasons::{DisableMode, ModeSource},

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    judge::Inputs,
+    inputs::Inputs,
     reasons::DisableMode,
     report::{SizeFacts, VmaClass, VmaEntry},
     sysfs::{GlobalMode, SizeControl, SizeMode},

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::{
     collapse::Refusal,
-    judge::Inputs,
+    inputs::Inputs,
     reasons::{DisableMode, ModeSource, ReasonCode},
     report::{LiveFacts, NonAnonymous, ReasonEntry, VmaClass, VmaEntry},
 };

@@ -445,6 +445,9 @@ fn non_anonymous_detail(vma: &VmaFacts) -> String {
     }
 }
 
+pub(super) const NO_THP: &str = "this kernel has no transparent huge pages (CONFIG_TRANSPARENT_HUGEPAGE is off: \
+                      /sys/kernel/mm/transparent_hugepage does not exist)";
+
 #[cfg(test)]
 #[path = "reasons_tests.rs"]
 mod tests;

@@ -9,8 +9,9 @@ use crate::{
     report::text::fit,
     thp_why::{
         ancestry::SetBy,
+        inputs::Inputs,
         judge::{
-            Inputs, build,
+            build,
             tests::{inputs, inputs_with, live, smaps_entry},
         },
         reasons::{DisableMode, ReasonCode},

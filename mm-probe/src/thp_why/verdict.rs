@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use super::{
     collapse::Refusal,
-    judge::{Inputs, NO_THP, prctl_calls},
-    reasons::{DisableMode, ReasonCode},
+    inputs::{Inputs, prctl_calls},
+    reasons::{DisableMode, NO_THP, ReasonCode},
     report::{FaultFacts, LiveFacts, PrctlCall, PrctlEffect, Relation, VmaClass, VmaEntry},
     sysfs::GlobalMode,
 };

@@ -13,7 +13,7 @@ use crate::{
     invalidations::{self, aggregator, decoder},
     kernel::layout::ThpDisableBits,
     kernel::{Kallsyms, release::Release},
-    latency::{self, report::FunctionPlan},
+    latency::{self, attach::FunctionPlan},
     probes::Plan,
     retry_storm::{KernelTotals, events::NotifierEvent, report::Observability},
     thp_why::{checks::AllowCheck, decoder::system_wide_outcome, live::read_counts, sysfs::SystemPolicy},

@@ -4,8 +4,8 @@
 //! and traced call, a ring of the last run slices of each CPU, and sends only the events over
 //! the threshold. Here, following the data:
 //!
-//! options (what to measure) → probes (settings, attach) → run (rings, intervals, stop) →
-//! decoder (records → typed spikes, stacks symbolized, syscalls named by `syscalls`) →
+//! options (what to measure) → attach (settings, the hooks of `probes`) → run (rings, intervals,
+//! stop) → decoder (records → typed spikes, stacks symbolized, syscalls named by `syscalls`) →
 //! attribution (who held the CPU during the wait, and why: one task in a function or syscall,
 //! several in turn, idle, time outside the kernel's view; a budget of the wait with what the
 //! kept stays do not cover) → aggregator (distributions, tasks, worst spikes) → judge (verdict,
@@ -13,6 +13,7 @@
 //! report (the JSON lines) → render (text) and plot.
 
 pub mod aggregator;
+pub mod attach;
 pub mod attribution;
 pub mod decoder;
 #[cfg(test)]
@@ -28,10 +29,10 @@ pub mod steal;
 pub mod syscalls;
 
 pub use self::{
-    options::Options,
-    probes::{
+    attach::{
         REQUIRED_PROBES, SCHED_HOOKS_ENV, attach_probes, check_functions_exist, select_pids, settings,
         syscall_attribution,
     },
+    options::Options,
     run::{Totals, counter, read_totals, run},
 };

@@ -103,7 +103,7 @@ mod tests {
             tasks: Vec::new(),
             wakeup_spikes: 0,
             function_spikes: 0,
-            function_attribution: super::super::report::Availability { available: true, reason: None },
+            function_attribution: super::super::attach::Availability { available: true, reason: None },
             verdict: Verdict { level: Level::Ok, text: String::new(), causes: Vec::new(), call_bound: None },
         }
     }

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{
     aggregator::{Distribution, TaskSummary},
+    attach::{Availability, FunctionPlan},
     attribution::Attribution,
     decoder::{FunctionCall, TaskRef, Wakeup, prev_state_name},
     judge::Verdict,
@@ -14,26 +15,6 @@ use crate::{
     probes::Plan,
     report::{Log2Histogram, Percentiles},
 };
-
-/// Whether a facility works here, and why not.
-#[derive(Clone, Debug, Serialize)]
-pub struct Availability {
-    pub available: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// One traced function and how it attached.
-#[derive(Clone, Debug, Serialize)]
-pub struct FunctionPlan {
-    pub slot: usize,
-    pub function: String,
-    pub attached: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mechanism: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
 
 /// The `probe_plan` line.
 #[derive(Clone, Debug, Serialize)]

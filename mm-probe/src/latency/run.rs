@@ -9,13 +9,12 @@ use mm_probe_common::latency::{self as names, COUNTERS_MAP, Counter, FuncSpike, 
 
 use super::{
     aggregator::{self, Distribution, HistReader, Worst},
+    attach::{attach, check_functions_exist, function_availability, select_pids, settings, syscall_attribution},
     attribution::{Attribution, Cause, attribute},
     decoder::{Decoder, FunctionCall, Wakeup},
     judge,
     options::Options,
-    plot,
-    probes::{attach, check_functions_exist, function_availability, select_pids, settings, syscall_attribution},
-    render,
+    plot, render,
     report::{FunctionSpikeJson, Header, Interval, LostEvents, Quantity, Summary, WakeupSpikeJson},
     steal,
 };

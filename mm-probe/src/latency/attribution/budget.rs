@@ -7,7 +7,7 @@
 
 use mm_probe_common::latency::MAX_SLICES;
 
-use super::Holder;
+use super::facts::Holder;
 use crate::units::format_nanos;
 
 /// The time of a wait that no kept stay covers: the wait less every task's time on the CPU

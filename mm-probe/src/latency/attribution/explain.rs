@@ -1,6 +1,9 @@
 //! The one sentence a spike is told in: who held the CPU, what it ran, and for how long.
 
-use super::{CAUSE_SHARE, Cause, Facts, FunctionShare, Holder, Occupancy, running, unseen};
+use super::{
+    facts::{CAUSE_SHARE, Cause, Facts, FunctionShare, Holder, Occupancy, running},
+    unseen,
+};
 use crate::latency::{
     decoder::{Stack, Syscall, prev_state_name},
     syscalls,

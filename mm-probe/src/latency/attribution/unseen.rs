@@ -13,7 +13,7 @@
 //! (sched_rt_runtime_us) and, from 6.12, the fair deadline server, which let fair tasks run ahead
 //! of runnable real-time ones once real-time tasks used 95% of a second.
 
-use super::{FunctionShare, Holder, running};
+use super::facts::{FunctionShare, Holder, running};
 use crate::{
     latency::decoder::{Departure, KernelEntry, Wakeup},
     units::format_nanos,

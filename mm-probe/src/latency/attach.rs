@@ -1,0 +1,252 @@
+//! Latency's settings, and attaching its probes (the hooks of `probes`) for what `options` asks;
+//! whether this kernel lets spikes be attributed to functions and syscalls.
+
+use anyhow::{Context as _, Result};
+use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use mm_probe_common::{
+    latency::{self as names, FILTER_PIDS},
+    layout,
+};
+use serde::Serialize;
+
+use super::{
+    options::Options,
+    probes::{SCHED_PROBES, classic_only, function_probe},
+};
+use crate::{
+    kernel::{Kernel, layout::Layout, tracefs},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner},
+    user_bail,
+};
+
+/// Whether a facility works here, and why not.
+#[derive(Clone, Debug, Serialize)]
+pub struct Availability {
+    pub available: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One traced function and how it attached.
+#[derive(Clone, Debug, Serialize)]
+pub struct FunctionPlan {
+    pub slot: usize,
+    pub function: String,
+    pub attached: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A mistyped `--func` is a usage error, not a silently empty histogram.
+pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
+    if options.functions.len() < 2 {
+        return Ok(());
+    }
+    let Ok(kallsyms) = kernel.kallsyms() else { return Ok(()) };
+    for f in options.functions.iter().skip(1) {
+        if kallsyms.resolve(f).is_none() {
+            user_bail!(
+                "--func {f}: no such kernel function in /proc/kallsyms (inlined, renamed, or its module is not loaded)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Globals: threshold, selection, syscall reading (`syscall_attribution`), and the tracepoint
+/// field offsets of this kernel.
+pub fn settings(options: &Options, syscalls: &Availability) -> Vec<(&'static str, GlobalValue)> {
+    let mut settings = vec![
+        (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
+        (names::FILTER_MODE, GlobalValue::U32(options.filter)),
+        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscalls.available))),
+    ];
+    let Ok(root) = tracefs::root() else { return settings };
+    // (category, event, [(field, global)]).
+    type Fields<'a> = (&'a str, &'a str, &'a [(&'a str, &'static str)]);
+    let fields: &[Fields] = &[
+        (
+            "sched",
+            "sched_wakeup",
+            &[
+                ("comm", names::TP_WAKEUP_COMM),
+                ("pid", names::TP_WAKEUP_PID),
+                ("prio", names::TP_WAKEUP_PRIO),
+                ("target_cpu", names::TP_WAKEUP_TARGET_CPU),
+            ],
+        ),
+        (
+            "sched",
+            "sched_switch",
+            &[
+                ("prev_comm", names::TP_SWITCH_PREV_COMM),
+                ("prev_pid", names::TP_SWITCH_PREV_PID),
+                ("prev_prio", names::TP_SWITCH_PREV_PRIO),
+                ("prev_state", names::TP_SWITCH_PREV_STATE),
+                ("next_comm", names::TP_SWITCH_NEXT_COMM),
+                ("next_pid", names::TP_SWITCH_NEXT_PID),
+                ("next_prio", names::TP_SWITCH_NEXT_PRIO),
+            ],
+        ),
+    ];
+    for (category, event, wanted) in fields {
+        // sched_wakeup_new shares sched_wakeup's record layout (sched_wakeup_template).
+        let Ok(offsets) = tracefs::field_offsets(&root, category, event) else { continue };
+        for (field, global) in *wanted {
+            if let Some((_, offset)) = offsets.iter().find(|(name, _)| name == field) {
+                settings.push((global, GlobalValue::U32(*offset)));
+            }
+        }
+    }
+    settings
+}
+
+/// The probes without which there is no wakeup latency.
+pub const REQUIRED_PROBES: [&str; 2] = ["sched_wakeup", "sched_switch"];
+
+/// Attaches the sched probes, then each function slot; fails (exit 1) only when wakeup latency
+/// itself cannot be measured.
+pub(super) fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, Vec<FunctionPlan>)> {
+    let (plan, functions) = attach_probes(kernel, ebpf, options);
+    for required in REQUIRED_PROBES {
+        if let Some(p) = plan.get(required).filter(|p| !p.attached()) {
+            user_bail!(
+                "cannot measure wakeup latency: {required} did not attach ({}); check that tracefs is mounted \
+                 and this kernel has sched tracepoints (mm-probe doctor shows more)",
+                p.why_unavailable()
+            );
+        }
+    }
+    Ok((plan, functions))
+}
+
+/// Attaches every probe it can: the sched probes, then each function slot.
+pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Plan, Vec<FunctionPlan>) {
+    let planner = Planner::new(kernel);
+    let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
+    let mut functions = Vec::new();
+    for (slot, name) in options.functions.iter().enumerate() {
+        let probe = planner.attach(ebpf, &function_probe(slot, name));
+        functions.push(FunctionPlan {
+            slot,
+            function: name.clone(),
+            attached: probe.attached(),
+            mechanism: probe.mechanism().map(str::to_string),
+            reason: (!probe.attached()).then(|| probe.why_unavailable()),
+        });
+        plan.probes.push(probe);
+    }
+    if functions.iter().any(|f| f.attached) {
+        mark_functions_traced(ebpf);
+    }
+    (plan, functions)
+}
+
+/// Lets the sched programs look for function state (they skip the lookup until then). Should
+/// the map be unwritable, attribution to functions is lost, not the measurement: say so.
+fn mark_functions_traced(ebpf: &mut Ebpf) {
+    let written = ebpf
+        .map_mut(names::FUNCS_TRACED_MAP)
+        .context("map missing")
+        .and_then(|map| Ok(aya::maps::Array::<_, u32>::try_from(map)?))
+        .and_then(|mut flag| Ok(flag.set(0, 1, 0)?));
+    if let Err(e) = written {
+        eprintln!("mm-probe: warning: spikes will not be attributed to functions ({}: {e:#})", names::FUNCS_TRACED_MAP);
+    }
+}
+
+/// Tells the kernel side which threads `-p` selected.
+pub fn select_pids(ebpf: &mut Ebpf, options: &Options) -> Result<()> {
+    if options.filter != FILTER_PIDS {
+        return Ok(());
+    }
+    let mut pids: BpfHashMap<_, u32, u8> =
+        BpfHashMap::try_from(ebpf.map_mut(names::PIDS_MAP).context("pid filter map missing")?)?;
+    for pid in &options.pids {
+        pids.insert(pid, 1, 0).with_context(|| format!("adding pid {pid} to the filter"))?;
+    }
+    Ok(())
+}
+
+/// Set to `tracepoint` to use the classic sched tracepoints even where BTF ones work (the
+/// end-to-end tests exercise the fallback with it).
+pub const SCHED_HOOKS_ENV: &str = "MM_PROBE_SCHED_HOOKS";
+
+/// The sched probes for this kernel: the BTF tracepoint programs read task_struct members, so
+/// where BTF lacks one of them only the classic tracepoints are tried.
+fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
+    let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
+    let members =
+        [layout::TASK_STRUCT_PID, layout::TASK_STRUCT_PRIO, layout::TASK_STRUCT_COMM, layout::TASK_STRUCT_CPU];
+    let btf_usable = kernel.btf().is_ok_and(|btf| members.iter().all(|m| Layout::offset_in(btf, m).is_some()));
+    SCHED_PROBES
+        .iter()
+        .map(|p| if (btf_usable && !forced_classic) || p.candidates.len() == 1 { *p } else { classic_only(p) })
+        .collect()
+}
+
+/// Whether a blocker's syscall can be read from its saved user registers: that needs the
+/// bpf_task_pt_regs helper (5.15+) and x86-64's pt_regs members, both learned from BTF.
+pub fn syscall_attribution(kernel: &Kernel) -> Availability {
+    const MEMBERS: [&str; 6] = [
+        layout::PT_REGS_ORIG_AX,
+        layout::PT_REGS_AX,
+        layout::PT_REGS_DI,
+        layout::PT_REGS_SI,
+        layout::PT_REGS_DX,
+        layout::PT_REGS_R10,
+    ];
+    let unavailable = |reason: String| Availability { available: false, reason: Some(reason) };
+    let btf = match kernel.btf() {
+        Ok(btf) => btf,
+        Err(why) => return unavailable(format!("no kernel BTF to find the saved registers in: {why}")),
+    };
+    if btf.enumerator("BPF_FUNC_task_pt_regs").is_none() {
+        return unavailable(format!("kernel {} has no bpf_task_pt_regs helper (5.15+)", kernel.release));
+    }
+    match MEMBERS.iter().find(|m| Layout::offset_in(btf, m).is_none()) {
+        Some(missing) => unavailable(format!("{missing} is not in this kernel's BTF (x86-64 only)")),
+        None => Availability { available: true, reason: None },
+    }
+}
+
+pub fn function_availability(functions: &[FunctionPlan]) -> Availability {
+    let missing: Vec<String> = functions
+        .iter()
+        .filter(|f| !f.attached)
+        .map(|f| format!("{}: {}", f.function, f.reason.as_deref().unwrap_or("did not attach")))
+        .collect();
+    let available = functions.iter().any(|f| f.attached);
+    let reason = (!missing.is_empty()).then(|| {
+        let mut text = missing.join("; ");
+        if !available {
+            text += ". Wakeup latency, blockers, stacks and syscalls are still measured from tracepoints; \
+                     spikes cannot be attributed to functions";
+        }
+        text
+    });
+    Availability { available, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_functions_are_explained_with_every_attempt() {
+        let functions = vec![FunctionPlan {
+            slot: 0,
+            function: "a".into(),
+            attached: false,
+            mechanism: None,
+            reason: Some("kprobes are not built in".into()),
+        }];
+        let a = function_availability(&functions);
+        assert!(!a.available);
+        let reason = a.reason.unwrap();
+        assert!(reason.starts_with("a: kprobes are not built in."), "{reason}");
+        assert!(reason.contains("still measured from tracepoints"), "{reason}");
+    }
+}

@@ -36,11 +36,37 @@ fn rust_files(dir: &Path, root: &Path, out: &mut Vec<(Vec<String>, String)>) {
     }
 }
 
-/// The code that is compiled into xtask: comments and the unit tests (which may `use super::*`)
-/// left out.
+/// The code that is compiled into the binary: comments and `#[cfg(test)]` items (unit tests may
+/// `use super::*`) left out, wherever in the file they stand.
 fn non_test_code(source: &str) -> String {
-    let code = source.split("#[cfg(test)]").next().unwrap_or_default();
-    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+    let code: String = source.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let mut kept = String::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        kept += &rest[..at];
+        rest = skip_item(&rest[at + "#[cfg(test)]".len()..]);
+    }
+    kept + rest
+}
+
+/// What follows the item at the start of `code`: past its `;`, or past the `}` that closes its
+/// first `{`.
+fn skip_item(code: &str) -> &str {
+    let mut depth = 0;
+    for (i, c) in code.char_indices() {
+        match c {
+            ';' if depth == 0 => return &code[i + 1..],
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &code[i + 1..];
+                }
+            }
+            _ => {}
+        }
+    }
+    ""
 }
 
 /// The tree of each `use` declaration, whitespace removed (`crate::{cmd,vm}`).
@@ -237,6 +263,14 @@ fn a_child_that_uses_its_parent_is_a_cycle() {
         (module("bench::overhead"), "use super::{Binaries, process::Tracer};".to_owned()),
     ];
     assert_eq!(cycles(&graph(&files)), vec![["crate::bench", "crate::bench::overhead"].map(String::from).to_vec()]);
+}
+
+#[test]
+fn only_test_items_are_left_out() {
+    let code = non_test_code(
+        "use a::b;\n#[cfg(test)]\nmod tests { fn f() { use crate::x; } }\nuse c::d;\n#[cfg(test)]\nuse e::f;\nuse g::h;",
+    );
+    assert_eq!(use_trees(&code), ["a::b", "c::d", "g::h"]);
 }
 
 #[test]

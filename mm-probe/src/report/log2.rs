@@ -106,6 +106,26 @@ impl Log2Histogram {
     }
 }
 
+/// A log2 histogram as JSON says it: `{"base": 2, "unit": "ns", "buckets": [...]}`, slot k
+/// counting values in [2^k, 2^(k+1)) (slot 0 also 0), so a reader needs no documentation to
+/// read the bare counts. For `#[serde(serialize_with = ...)]` on a `Vec<u64>` of buckets.
+pub fn serialize_log2<S: serde::Serializer>(unit: &str, buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct as _;
+    let mut object = serializer.serialize_struct("Log2Histogram", 3)?;
+    object.serialize_field("base", &2)?;
+    object.serialize_field("unit", unit)?;
+    object.serialize_field("buckets", buckets)?;
+    object.end()
+}
+
+pub fn log2_ns<S: serde::Serializer>(buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
+    serialize_log2("ns", buckets, serializer)
+}
+
+pub fn log2_bytes<S: serde::Serializer>(buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
+    serialize_log2("bytes", buckets, serializer)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,24 +198,4 @@ mod tests {
     fn empty_histogram_says_so() {
         assert!(Log2Histogram::new(vec![0; 4]).render("usecs", None).contains("no samples"));
     }
-}
-
-/// A log2 histogram as JSON says it: `{"base": 2, "unit": "ns", "buckets": [...]}`, slot k
-/// counting values in [2^k, 2^(k+1)) (slot 0 also 0), so a reader needs no documentation to
-/// read the bare counts. For `#[serde(serialize_with = ...)]` on a `Vec<u64>` of buckets.
-pub fn serialize_log2<S: serde::Serializer>(unit: &str, buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeStruct as _;
-    let mut object = serializer.serialize_struct("Log2Histogram", 3)?;
-    object.serialize_field("base", &2)?;
-    object.serialize_field("unit", unit)?;
-    object.serialize_field("buckets", buckets)?;
-    object.end()
-}
-
-pub fn log2_ns<S: serde::Serializer>(buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
-    serialize_log2("ns", buckets, serializer)
-}
-
-pub fn log2_bytes<S: serde::Serializer>(buckets: &[u64], serializer: S) -> Result<S::Ok, S::Error> {
-    serialize_log2("bytes", buckets, serializer)
 }

@@ -30,13 +30,16 @@ pub enum Command {
     ThpWhy(ThpWhyArgs),
     /// Wakeup latency of real-time tasks and the mm code that delays them.
     #[command(after_help = LATENCY_EXAMPLES)]
+    #[command(mut_arg("pids", |a| a.help(LATENCY_PIDS)), mut_arg("plot", |a| a.help(LATENCY_PLOT)))]
     Latency(LatencyArgs),
     /// HMM / MMU-notifier retry storms: how bad, who causes them, what to change.
     #[command(after_help = RETRY_STORM_EXAMPLES)]
+    #[command(mut_arg("pids", |a| a.help(RETRY_STORM_PIDS)), mut_arg("plot", |a| a.help(RETRY_STORM_PLOT)))]
     RetryStorm(RetryStormArgs),
     /// Where MMU-notifier invalidations spend their time: per subscriber, lock contention
     /// inside and against the callbacks (kvm->mmu_lock), device-flush amplification.
     #[command(after_help = INVALIDATIONS_EXAMPLES)]
+    #[command(mut_arg("pids", |a| a.help(INVALIDATIONS_PIDS)), mut_arg("plot", |a| a.help(INVALIDATIONS_PLOT)))]
     Invalidations(InvalidationsArgs),
     /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
     #[command(after_help = EXPORTER_EXAMPLES)]
@@ -133,6 +136,40 @@ fn pid(text: &str) -> Result<u32, String> {
     parse_pid(text).map_err(|e| e.to_string())
 }
 
+/// Each watching command's `-p` and `--plot`, said in its own terms.
+const LATENCY_PIDS: &str =
+    "Only these processes, every thread of each (repeatable, or comma-separated); default: every real-time task";
+const LATENCY_PLOT: &str = "At the end, draw the latency histograms (one panel per quantity, threshold marked) here";
+const RETRY_STORM_PIDS: &str =
+    "Only these processes (repeatable, or comma-separated); default: every process that mirrors memory";
+const RETRY_STORM_PLOT: &str = "At the end, draw retry rate, -EBUSY returns and invalidations per second over the run, \
+                                with the WARN/CRIT limits, here";
+const INVALIDATIONS_PIDS: &str = "Only these processes (repeatable, or comma-separated), as invalidator, waiter, or \
+                                  owner of the memory or the VM; default: every process";
+const INVALIDATIONS_PLOT: &str = "At the end, draw the callbacks' times (WARN limit marked) and the lock waits, one \
+                                  histogram per subscriber and per contended lock, here";
+
+/// The options every watching command takes, declared once and flattened into each command's
+/// own (`-p`'s and `--plot`'s help are each command's, set where the command is declared).
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    /// Stop after this long (default: until Ctrl-C).
+    #[arg(long, value_name = "DURATION", value_parser = run_duration)]
+    pub duration: Option<Duration>,
+    /// Print a line per interval (at least 100ms).
+    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    pub interval: Option<Duration>,
+    /// Only these processes (repeatable, or comma-separated).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
+    pub pids: Vec<u32>,
+    /// Newline-delimited JSON instead of text (schemas/ at the repository root).
+    #[arg(long)]
+    pub json: bool,
+    /// At the end, draw the run's figure here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub struct ThpWhyArgs {
     /// The process to examine.
@@ -165,9 +202,6 @@ pub struct LatencySelection {
     /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s, m, h).
     #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = limit)]
     pub threshold: Duration,
-    /// Only these processes, every thread of each (repeatable, or comma-separated); default: every real-time task.
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
-    pub pids: Vec<u32>,
     /// Measure every task's wakeup latency, not only real-time ones.
     #[arg(long)]
     pub all_tasks: bool,
@@ -179,45 +213,21 @@ pub struct LatencySelection {
 #[derive(Debug, Args)]
 pub struct LatencyArgs {
     #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
     pub selection: LatencySelection,
-    /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_name = "DURATION", value_parser = run_duration)]
-    pub duration: Option<Duration>,
-    /// Print a line per interval (at least 100ms).
-    #[arg(long, value_name = "DURATION", value_parser = interval)]
-    pub interval: Option<Duration>,
     /// How many spikes to list, worst first (0: none).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
-    /// Newline-delimited JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-    /// At the end, draw the latency histograms (one panel per quantity, threshold marked) here.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub struct RetryStormArgs {
-    /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_name = "DURATION", value_parser = run_duration)]
-    pub duration: Option<Duration>,
-    /// Print a line per interval (at least 100ms).
-    #[arg(long, value_name = "DURATION", value_parser = interval)]
-    pub interval: Option<Duration>,
-    /// Only these processes (repeatable, or comma-separated); default: every process that mirrors memory.
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
-    pub pids: Vec<u32>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// A retry chain longer than this counts as a timeout (the driver's HMM timeout).
     #[arg(long, default_value = "1000ms", value_name = "DURATION", value_parser = limit)]
     pub timeout: Duration,
-    /// Newline-delimited JSON: one object per interval, then a summary.
-    #[arg(long)]
-    pub json: bool,
-    /// At the end, draw retry rate, -EBUSY returns and invalidations per second over the run,
-    /// with the WARN/CRIT limits, here.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
     /// retry_rate (-EBUSY ÷ invalidations), in percent, from which the verdict is WARN.
     #[arg(long, default_value_t = 5.0, value_parser = limit_number, value_name = "PERCENT")]
     pub retry_rate_warn: f64,
@@ -246,23 +256,8 @@ pub struct RetryStormArgs {
 
 #[derive(Debug, Args)]
 pub struct InvalidationsArgs {
-    /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_name = "DURATION", value_parser = run_duration)]
-    pub duration: Option<Duration>,
-    /// Print a line per interval (at least 100ms).
-    #[arg(long, value_name = "DURATION", value_parser = interval)]
-    pub interval: Option<Duration>,
-    /// Only these processes (repeatable, or comma-separated), as invalidator, waiter, or owner of
-    /// the memory or the VM; default: every process.
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
-    pub pids: Vec<u32>,
-    /// Newline-delimited JSON: a plan, one object per interval, then a summary.
-    #[arg(long)]
-    pub json: bool,
-    /// At the end, draw the callbacks' times (WARN limit marked) and the lock waits, one
-    /// histogram per subscriber and per contended lock, here.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Invalidations per second (of one process's memory) from which the verdict is WARN.
     #[arg(long, default_value_t = 1000.0, value_parser = limit_number, value_name = "PER_SECOND")]
     pub invalidate_freq_warn: f64,
@@ -542,10 +537,10 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!(latency.duration, Some(Duration::from_secs(90)));
-        assert_eq!(latency.interval, Some(Duration::from_millis(1500)));
+        assert_eq!(latency.run.duration, Some(Duration::from_secs(90)));
+        assert_eq!(latency.run.interval, Some(Duration::from_millis(1500)));
         let Command::RetryStorm(storm) = accepted(&["retry-storm", "--duration", "1h2m"]).command else { panic!() };
-        assert_eq!(storm.duration, Some(Duration::from_secs(3720)));
+        assert_eq!(storm.run.duration, Some(Duration::from_secs(3720)));
         let refused = refusal(&["latency", "--duration", "1m30"]);
         assert!(refused.contains("'1m30' for '--duration") && refused.contains("without a unit"), "{refused}");
     }

@@ -2,6 +2,7 @@
 //! skeleton every command shares (`run`: runtime, stop handlers, ticks, the end of a run).
 
 pub mod counters;
+pub mod driver;
 pub mod ringbuf;
 pub mod run;
 pub mod shutdown;

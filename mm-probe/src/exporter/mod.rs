@@ -102,12 +102,12 @@ fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[Capability]) -> Res
 
 /// The latency selection, checked exactly as `mm-probe latency` checks it.
 fn latency_options(args: &ExporterArgs) -> Result<latency::Options> {
-    latency::Options::from_selection(&LatencySelection {
+    let selection = LatencySelection {
         threshold: args.threshold.unwrap_or(DEFAULT_THRESHOLD),
-        pids: args.pids.clone(),
         all_tasks: args.all_tasks,
         functions: args.functions.clone(),
-    })
+    };
+    latency::Options::from_selection(&selection, &args.pids)
 }
 
 async fn export(
@@ -167,7 +167,7 @@ fn settings(
         settings.push((hmm::STREAM_EVENTS, GlobalValue::U32(0)));
     }
     if capabilities.contains(&Capability::Invalidations) {
-        settings.extend(invalidations::settings(kernel, &[]));
+        settings.extend(invalidations::attach::settings(kernel, &[]));
     }
     if let Some((allow_check, bits)) = thp_check {
         // No target process: the allow-check counts every mm (THP_EVERY_MM).
@@ -225,13 +225,13 @@ fn attach(
     let invalidations = invalidations_chosen.then(|| {
         let plan = planner.attach_all(ebpf, invalidations::probes::PROBES);
         let callbacks = invalidations::probes::attach_callbacks(kernel, ebpf);
-        let seen = invalidations::probes::observability(&plan, &callbacks, invalidations::kvm_locks_nameable(kernel));
+        let seen = invalidations::probes::observability(&plan, &callbacks, invalidations::attach::kvm_locks_nameable(kernel));
         // Read again rather than borrowed: the sources outlive this function's kernel borrow.
         InvalidationsSource {
             plan,
             seen,
             kallsyms: Kallsyms::read().ok(),
-            kvm_members: invalidations::kvm_members(kernel),
+            kvm_members: invalidations::attach::kvm_members(kernel),
             drain: Default::default(),
         }
     });

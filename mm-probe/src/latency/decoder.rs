@@ -190,8 +190,8 @@ pub struct FunctionCall {
 }
 
 /// What decoding needs besides the record.
-pub struct Decoder<'a> {
-    pub kallsyms: Option<&'a Kallsyms>,
+pub struct Decoder {
+    pub kallsyms: Option<Kallsyms>,
     pub stacks: Option<StackTraceMap<MapData>>,
     /// Stacks already read, by id.
     pub symbolized: std::collections::HashMap<u32, Vec<String>>,
@@ -201,7 +201,7 @@ pub struct Decoder<'a> {
     pub run_time_is_charged: bool,
 }
 
-impl Decoder<'_> {
+impl Decoder {
     pub fn wakeup(&mut self, raw: &WakeupSpike) -> Wakeup {
         Wakeup {
             task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
@@ -280,7 +280,7 @@ impl Decoder<'_> {
 
     /// Return addresses, innermost first, as symbols, without the tracing machinery's frames.
     fn frames(&self, ips: &[u64]) -> Vec<String> {
-        let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(self.kallsyms, ip)).collect();
+        let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(self.kallsyms.as_ref(), ip)).collect();
         let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
         frames.drain(..machinery);
         frames

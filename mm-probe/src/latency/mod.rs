@@ -34,5 +34,10 @@ pub use self::{
         syscall_attribution,
     },
     options::Options,
-    run::{Totals, counter, read_totals, run},
+    run::{Totals, counter, read_totals},
 };
+
+/// `mm-probe latency`.
+pub fn run(args: &crate::cli::LatencyArgs) -> anyhow::Result<()> {
+    crate::collect::driver::drive(&run::Latency::from_args(args)?)
+}

@@ -1,7 +1,5 @@
 //! What `mm-probe latency` measures, from the command line, checked before anything loads.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use mm_probe_common::latency::{FILTER_ALL, FILTER_PIDS, FILTER_RT, MAX_FUNCS};
 
@@ -9,7 +7,6 @@ use super::probes;
 use crate::{
     cli::{LatencyArgs, LatencySelection},
     error::UserError,
-    report::plot::PlotFile,
     user_bail,
 };
 
@@ -23,28 +20,17 @@ pub struct Options {
     pub requested_pids: Vec<u32>,
     /// Function per slot: the default first, then each distinct `--func`.
     pub functions: Vec<String>,
-    pub duration: Option<Duration>,
-    pub interval: Option<Duration>,
+    /// How many spikes to list, worst first.
     pub top: usize,
-    pub json: bool,
-    /// Where `--plot` draws the histograms at the end.
-    pub plot: Option<PlotFile>,
 }
 
 impl Options {
     pub fn from_args(args: &LatencyArgs) -> Result<Self> {
-        Ok(Self {
-            duration: args.duration,
-            interval: args.interval.filter(|i| !i.is_zero()),
-            top: args.top,
-            json: args.json,
-            plot: args.plot.as_deref().map(PlotFile::check).transpose()?,
-            ..Self::from_selection(&args.selection)?
-        })
+        Ok(Self { top: args.top, ..Self::from_selection(&args.selection, &args.run.pids)? })
     }
 
     /// What to measure, checked, without a run length or output choices (the exporter's case).
-    pub fn from_selection(args: &LatencySelection) -> Result<Self> {
+    pub fn from_selection(args: &LatencySelection, requested_pids: &[u32]) -> Result<Self> {
         if args.threshold.is_zero() {
             user_bail!("--threshold must be above zero (e.g. 500us)");
         }
@@ -62,14 +48,14 @@ impl Options {
                 args.functions.len()
             );
         }
-        if !args.pids.is_empty() && args.all_tasks {
+        if !requested_pids.is_empty() && args.all_tasks {
             user_bail!("-p and --all-tasks exclude each other: -p measures only the given processes");
         }
         let mut pids = Vec::new();
-        for &pid in &args.pids {
+        for &pid in requested_pids {
             pids.extend(threads_of(pid)?);
         }
-        let filter = match (args.pids.is_empty(), args.all_tasks) {
+        let filter = match (requested_pids.is_empty(), args.all_tasks) {
             (false, _) => FILTER_PIDS,
             (true, true) => FILTER_ALL,
             (true, false) => FILTER_RT,
@@ -78,13 +64,9 @@ impl Options {
             threshold_ns: u64::try_from(args.threshold.as_nanos()).unwrap_or(u64::MAX),
             filter,
             pids,
-            requested_pids: args.pids.clone(),
+            requested_pids: requested_pids.to_vec(),
             functions,
-            duration: None,
-            interval: None,
             top: 0,
-            json: false,
-            plot: None,
         })
     }
 
@@ -159,17 +141,5 @@ mod tests {
         let err = options(&["-p", "999999999"]).unwrap_err().to_string();
         assert!(err.contains("does not exist"), "{err}");
         assert!(options(&["-p", &me, "--all-tasks"]).is_err());
-    }
-
-    #[test]
-    fn a_plot_must_be_an_svg_file_that_can_be_written() {
-        let error = options(&["--plot", "latency.png"]).unwrap_err();
-        assert!(error.to_string().contains("ending in .svg"), "{error}");
-        assert_eq!(crate::error::exit_code(&error), crate::error::EXIT_USAGE);
-        let error = options(&["--plot", "/nonexistent-mm-probe-dir/latency.svg"]).unwrap_err();
-        assert!(error.to_string().contains("does not exist"), "{error}");
-        let target = std::env::temp_dir().join(format!("mm-probe-latency-options-{}.svg", std::process::id()));
-        let o = options(&["--plot", target.to_str().unwrap()]).unwrap();
-        assert_eq!(o.plot.unwrap().path(), target);
     }
 }

@@ -1,5 +1,6 @@
-//! The run: load and attach, read the rings until told to stop, print intervals, then the
-//! summary.
+//! latency as the run driver runs it: its options, its attach (the sched probes, then each
+//! function slot), and what it does at each step of a run (read the spike rings, take the
+//! histograms' change per interval, rank the worst spikes and judge the totals at the end).
 
 use std::collections::BTreeMap;
 
@@ -19,25 +20,105 @@ use super::{
     steal,
 };
 use crate::{
-    cli::LatencyArgs,
+    capability::{Capability as Id, Definition},
+    cli::{LatencyArgs, RunArgs},
     collect::{
-        RingReader, Stop,
+        RingReader,
         counters::{self, percpu_sums},
+        driver::{Capability, End, Printout, Session},
         monotonic_ns,
-        run::{Limits, Stopper, Ticker},
     },
-    kernel::{Kallsyms, Kernel, config::KernelConfig, privileges},
-    probes::{MapFamily, detach_all, load_object},
-    report::{json, plot::histogram_svg, text},
+    kernel::{Kallsyms, Kernel, config::KernelConfig},
+    probes::GlobalValue,
+    report::{json, plot::histogram_svg},
 };
 
-pub fn run(args: &LatencyArgs) -> Result<()> {
-    let options = Options::from_args(args)?;
-    privileges::require_tracing()?;
-    let kernel = Kernel::running()?;
-    check_functions_exist(&kernel, &options)?;
-    let limits = Limits { duration: options.duration, targets: options.requested_pids.clone() };
-    crate::collect::run::run(limits, async |stopper: &mut Stopper| trace(&kernel, &options, stopper).await)
+/// `mm-probe latency`, its options checked.
+pub struct Latency {
+    run: RunArgs,
+    options: Options,
+}
+
+impl Latency {
+    pub fn from_args(args: &LatencyArgs) -> Result<Self> {
+        Ok(Self { run: args.run.clone(), options: Options::from_args(args)? })
+    }
+}
+
+impl Capability for Latency {
+    type Session<'k> = Watch;
+    const PLOT_LINE: json::Line = json::Line::LatencyPlot;
+
+    fn definition(&self) -> Definition {
+        Id::Latency.definition()
+    }
+
+    fn run_args(&self) -> &RunArgs {
+        &self.run
+    }
+
+    fn check(&self, kernel: &Kernel) -> Result<()> {
+        check_functions_exist(kernel, &self.options)
+    }
+
+    fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
+        settings(&self.options, &syscall_attribution(kernel))
+    }
+
+    fn attach(&self, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Watch> {
+        select_pids(ebpf, &self.options)?;
+        let (plan, functions) = attach(kernel, ebpf, &self.options)?;
+        // Read the symbols again now that the programs are attached (stacks through fentry pass
+        // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on),
+        // and before the plan is out, so that the reading does not compete with what is
+        // measured.
+        let kallsyms = Kallsyms::read().ok();
+        // The rings are mapped before the plan too: mapping them runs in the kernel without
+        // rescheduling (1.3 ms of a woken real-time task's wait in an emulated 6.12 guest, when
+        // a workload started on the plan line).
+        let wakeup_ring = RingReader::new(ebpf.take_map(names::WAKEUP_SPIKES_RING).context("wakeup spike ring missing")?)?;
+        let call_ring = RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
+        let hists = HistReader::new(ebpf)?;
+        let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
+        let run_time_is_charged =
+            KernelConfig::running(&kernel.release.text).is_some_and(|config| config.charges_less_than_wall_time());
+        let decoder = Decoder { kallsyms, stacks, symbolized: Default::default(), run_time_is_charged };
+        let header = Header {
+            kernel: kernel.release.to_string(),
+            threshold_ns: self.options.threshold_ns,
+            selection: self.options.selection(),
+            pids: self.options.requested_pids.clone(),
+            function_attribution: function_availability(&functions),
+            syscall_attribution: syscall_attribution(kernel),
+            functions,
+            plan,
+        };
+        let previous = read_all(&hists, header.functions.len())?;
+        let start_ns = monotonic_ns();
+        Ok(Watch {
+            options: self.options.clone(),
+            spikes_as_text: self.run.interval.is_some() && !self.run.json,
+            names: header.functions.iter().map(|f| f.function.clone()).collect(),
+            header,
+            decoder,
+            wakeup_ring,
+            call_ring,
+            hists,
+            collected: Collected {
+                wakeups: Worst::new(self.options.top),
+                calls: Worst::new(self.options.top),
+                causes: BTreeMap::new(),
+                steal_at_start_ns: steal::read(),
+                interval_wakeup_spikes: 0,
+                interval_function_spikes: 0,
+            },
+            start_ns,
+            previous,
+            previous_ns: start_ns,
+            skipped: 0,
+            last: None,
+        })
+    }
 }
 
 /// Everything gathered from the ring buffers.
@@ -52,111 +133,197 @@ struct Collected {
     interval_function_spikes: u64,
 }
 
-async fn trace(kernel: &Kernel, options: &Options, stopper: &mut Stopper) -> Result<()> {
-    let syscalls = syscall_attribution(kernel);
-    let mut ebpf = load_object(kernel, &[MapFamily::Latency], &settings(options, &syscalls))?;
-    select_pids(&mut ebpf, options)?;
-    let (plan, functions) = attach(kernel, &mut ebpf, options)?;
-    // Read the symbols again now that the programs are attached (stacks through fentry pass
-    // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on), and
-    // before the plan is out, so that the reading does not compete with what is measured.
-    let symbols = Kallsyms::read().ok();
-    // The rings are mapped before the plan too: mapping them runs in the kernel without
-    // rescheduling (1.3 ms of a woken real-time task's wait in an emulated 6.12 guest, when a
-    // workload started on the plan line).
-    let mut wakeup_ring: RingReader<WakeupSpike> =
-        RingReader::new(ebpf.take_map(names::WAKEUP_SPIKES_RING).context("wakeup spike ring missing")?)?;
-    let mut call_ring: RingReader<FuncSpike> =
-        RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
-    let hists = HistReader::new(&mut ebpf)?;
-    let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
-    let run_time_is_charged =
-        KernelConfig::running(&kernel.release.text).is_some_and(|config| config.charges_less_than_wall_time());
-    let mut decoder =
-        Decoder { kallsyms: symbols.as_ref(), stacks, symbolized: Default::default(), run_time_is_charged };
-    let start_ns = monotonic_ns();
-    let header = Header {
-        kernel: kernel.release.to_string(),
-        threshold_ns: options.threshold_ns,
-        selection: options.selection(),
-        pids: options.requested_pids.clone(),
-        function_attribution: function_availability(&functions),
-        syscall_attribution: syscalls,
-        functions,
-        plan,
-    };
-    // The stop handlers have been in place since before loading: a SIGINT while attaching or
-    // right after the plan ends the run here, with its summary.
-    let stopped_early = stopper.poll_now().await;
-    if options.json {
-        println!("{}", json::line(json::Line::LatencyProbePlan, &header));
-    } else {
-        text::eprint(&render::header_text(&header));
+/// latency while it watches.
+pub struct Watch {
+    options: Options,
+    /// Each spike as a line of text as it comes (`--interval` without `--json`).
+    spikes_as_text: bool,
+    header: Header,
+    /// The function of each slot.
+    names: Vec<String>,
+    decoder: Decoder,
+    wakeup_ring: RingReader<WakeupSpike>,
+    call_ring: RingReader<FuncSpike>,
+    hists: HistReader,
+    collected: Collected,
+    start_ns: u64,
+    /// The histograms at the previous interval's end.
+    previous: Vec<Distribution>,
+    previous_ns: u64,
+    /// Runs the kernel's recursion guard skipped (read before the detach unloads them).
+    skipped: u64,
+    /// What the summary judged, for the figure.
+    last: Option<(Summary, Vec<Distribution>)>,
+}
+
+impl Session for Watch {
+    fn plan(&self) -> Printout {
+        Printout::new(json::line(json::Line::LatencyProbePlan, &self.header), render::header_text(&self.header))
     }
 
-    let mut collected = Collected {
-        wakeups: Worst::new(options.top),
-        calls: Worst::new(options.top),
-        causes: BTreeMap::new(),
-        steal_at_start_ns: steal::read(),
-        interval_wakeup_spikes: 0,
-        interval_function_spikes: 0,
-    };
-    let function_count = header.functions.len();
-
-    let mut ticker = Ticker::every(options.interval);
-    let mut previous = read_all(&hists, function_count)?;
-    let mut previous_ns = start_ns;
-    let stopped_by = loop {
-        if let Some(stopped) = stopped_early {
-            break stopped;
-        }
-        let mut wakeup_batch = Vec::new();
-        let mut call_batch = Vec::new();
+    async fn turn(&mut self, _ebpf: &mut Ebpf) -> Result<()> {
+        let (mut wakeups, mut calls) = (Vec::new(), Vec::new());
         tokio::select! {
-            stopped = stopper.wait() => break stopped,
-            read = wakeup_ring.read(|r| wakeup_batch.push(r)) => { read?; }
-            read = call_ring.read(|r| call_batch.push(r)) => { read?; }
-            () = ticker.tick() => {
-                let now = read_all(&hists, function_count)?;
-                let now_ns = monotonic_ns();
-                print_interval(options, &header, &now, &previous, now_ns - start_ns, now_ns - previous_ns, &mut collected);
-                previous = now;
-                previous_ns = now_ns;
-            }
+            read = self.wakeup_ring.read(|r| wakeups.push(r)) => { read?; }
+            read = self.call_ring.read(|r| calls.push(r)) => { read?; }
         }
-        absorb(&mut decoder, &mut collected, &header, options, start_ns, wakeup_batch, call_batch);
-    };
-    let skipped = recursion_misses(&ebpf);
-    detach_all(&mut ebpf).await;
-    let mut wakeup_batch = Vec::new();
-    let mut call_batch = Vec::new();
-    wakeup_ring.drain_now(|r| wakeup_batch.push(r));
-    call_ring.drain_now(|r| call_batch.push(r));
-    absorb(&mut decoder, &mut collected, &header, options, start_ns, wakeup_batch, call_batch);
+        self.absorb(wakeups, calls);
+        Ok(())
+    }
 
-    let totals = read_all(&hists, function_count)?;
-    if options.interval.is_some() {
-        // The stretch since the last tick, so that the interval lines add up to the summary.
-        let now_ns = monotonic_ns();
-        print_interval(options, &header, &totals, &previous, now_ns - start_ns, now_ns - previous_ns, &mut collected);
+    fn interval(&mut self, _ebpf: &mut Ebpf, now_ns: u64) -> Result<Printout> {
+        let now = read_all(&self.hists, self.header.functions.len())?;
+        let threshold_ns = self.options.threshold_ns;
+        let quantity = |slot: usize, name: &str| {
+            Quantity::new(name, &now[slot].since(&self.previous[slot]), threshold_ns, false)
+        };
+        let interval = Interval {
+            elapsed_ns: now_ns - self.start_ns,
+            interval_ns: now_ns - self.previous_ns,
+            wakeup: quantity(0, "wakeup"),
+            functions: self
+                .header
+                .functions
+                .iter()
+                .filter(|f| f.attached)
+                .map(|f| quantity(f.slot + 1, &f.function))
+                .collect(),
+            wakeup_spikes: std::mem::take(&mut self.collected.interval_wakeup_spikes),
+            function_spikes: std::mem::take(&mut self.collected.interval_function_spikes),
+        };
+        (self.previous, self.previous_ns) = (now, now_ns);
+        Ok(Printout::new(json::line(json::Line::LatencyInterval, &interval), render::interval_text(&interval)))
     }
-    let counters = percpu_sums(&ebpf, COUNTERS_MAP)?;
-    let lost = LostEvents {
-        wakeup_spikes: counter(&counters, Counter::LostWakeupSpikes),
-        function_spikes: counter(&counters, Counter::LostFuncSpikes),
-        wakeups: counter(&counters, Counter::LostWakeups),
-        function_entries: counter(&counters, Counter::LostFuncEntries),
-        stack_errors: counter(&counters, Counter::StackErrors),
-        malformed_records: wakeup_ring.malformed + call_ring.malformed,
-        skipped_by_recursion_guard: skipped,
-    };
-    let tasks = aggregator::tasks(&ebpf)?;
-    for pid in stopper.exited_targets() {
-        text::eprintln(&format!("mm-probe: process {pid} exited while being traced; partial results below"));
+
+    fn before_detach(&mut self, ebpf: &Ebpf) {
+        self.skipped = recursion_misses(ebpf);
     }
-    let duration_ns = monotonic_ns() - start_ns;
-    report(options, &header, &totals, tasks, &collected, &lost, duration_ns, stopped_by, start_ns)
+
+    fn drain(&mut self, _ebpf: &mut Ebpf) -> Result<()> {
+        let (mut wakeups, mut calls) = (Vec::new(), Vec::new());
+        self.wakeup_ring.drain_now(|r| wakeups.push(r));
+        self.call_ring.drain_now(|r| calls.push(r));
+        self.absorb(wakeups, calls);
+        Ok(())
+    }
+
+    fn summary(&mut self, ebpf: &mut Ebpf, end: &End) -> Result<Printout> {
+        let totals = read_all(&self.hists, self.header.functions.len())?;
+        let counters = percpu_sums(ebpf, COUNTERS_MAP)?;
+        let lost = LostEvents {
+            wakeup_spikes: counter(&counters, Counter::LostWakeupSpikes),
+            function_spikes: counter(&counters, Counter::LostFuncSpikes),
+            wakeups: counter(&counters, Counter::LostWakeups),
+            function_entries: counter(&counters, Counter::LostFuncEntries),
+            stack_errors: counter(&counters, Counter::StackErrors),
+            malformed_records: self.wakeup_ring.malformed + self.call_ring.malformed,
+            skipped_by_recursion_guard: self.skipped,
+        };
+        let tasks = aggregator::tasks(ebpf)?;
+        let summary = self.judged(&totals, tasks, end);
+        let printout = Printout::new(self.summary_json(&summary, &lost), self.summary_text(&summary, &totals, &lost));
+        self.last = Some((summary, totals));
+        Ok(printout)
+    }
+
+    fn plot(&self, _end: &End) -> Result<String> {
+        let Some((summary, totals)) = &self.last else { anyhow::bail!("no summary to draw") };
+        let figure = plot::histogram_plot(&self.header.kernel, summary, &totals[0], &self.functions(totals));
+        Ok(histogram_svg(&figure)?)
+    }
+}
+
+impl Watch {
+    fn absorb(&mut self, wakeups: Vec<WakeupSpike>, calls: Vec<FuncSpike>) {
+        for raw in wakeups {
+            let wakeup = self.decoder.wakeup(&raw);
+            let attribution = attribute(&wakeup, &self.names, std::process::id());
+            *self.collected.causes.entry(attribution.cause).or_default() += 1;
+            self.collected.interval_wakeup_spikes += 1;
+            if self.spikes_as_text {
+                crate::report::text::println(&format!(
+                    "         +{:.3}s spike: {}",
+                    wakeup.wakeup_ns.saturating_sub(self.start_ns) as f64 / 1e9,
+                    attribution.explanation
+                ));
+            }
+            self.collected.wakeups.offer(wakeup.latency_ns, (wakeup, attribution));
+        }
+        for raw in calls {
+            let call = self.decoder.function_call(&raw);
+            self.collected.interval_function_spikes += 1;
+            self.collected.calls.offer(call.duration_ns, call);
+        }
+    }
+
+    /// Each attached function with its distribution.
+    fn functions(&self, totals: &[Distribution]) -> Vec<(String, Distribution)> {
+        self.header
+            .functions
+            .iter()
+            .filter(|f| f.attached)
+            .map(|f| (f.function.clone(), totals[f.slot + 1].clone()))
+            .collect()
+    }
+
+    fn judged(&self, totals: &[Distribution], tasks: Vec<aggregator::TaskSummary>, end: &End) -> Summary {
+        let threshold_ns = self.options.threshold_ns;
+        let functions = self.functions(totals);
+        let steal_ns = self
+            .collected
+            .steal_at_start_ns
+            .as_ref()
+            .zip(steal::read())
+            .map(|(before, now)| steal::since(&now, before))
+            .unwrap_or_default();
+        let verdict = judge::judge(&totals[0], threshold_ns, &self.collected.causes, &self.names, &functions, &steal_ns);
+        Summary {
+            duration_ns: end.end_ns.saturating_sub(self.start_ns),
+            stopped_by: end.stopped_by.name(),
+            threshold_ns,
+            wakeup: Quantity::new("wakeup", &totals[0], threshold_ns, true),
+            functions: functions.iter().map(|(name, d)| Quantity::new(name, d, threshold_ns, true)).collect(),
+            tasks,
+            wakeup_spikes: self.collected.wakeups.seen(),
+            function_spikes: self.collected.calls.seen(),
+            function_attribution: self.header.function_attribution.clone(),
+            verdict,
+        }
+    }
+
+    /// The summary, each kept spike worst first, then the lost events.
+    fn summary_json(&self, summary: &Summary, lost: &LostEvents) -> String {
+        let mut lines = vec![json::line(json::Line::LatencySummary, summary)];
+        for (rank, (w, a)) in self.collected.wakeups.ranked().iter().map(|x| (&x.0, &x.1)).enumerate() {
+            let spike = WakeupSpikeJson::new(rank + 1, w, a, &self.names, self.start_ns);
+            lines.push(json::line(json::Line::LatencySpike, &spike));
+        }
+        for (rank, call) in self.collected.calls.ranked().iter().enumerate() {
+            let spike = FunctionSpikeJson {
+                kind: "function",
+                rank: rank + 1,
+                function: self.names.get(call.slot).map_or("?", String::as_str),
+                entered_at_ns: call.entry_ns.saturating_sub(self.start_ns),
+                call,
+            };
+            lines.push(json::line(json::Line::LatencySpike, &spike));
+        }
+        lines.push(json::line(json::Line::LatencyLostEvents, lost));
+        lines.join("\n")
+    }
+
+    fn summary_text(&self, summary: &Summary, totals: &[Distribution], lost: &LostEvents) -> String {
+        render::summary_text(&render::SummaryText {
+            summary,
+            wakeups: &totals[0],
+            functions: &self.functions(totals),
+            wakeup_spikes: &self.collected.wakeups.ranked(),
+            function_spikes: &self.collected.calls.ranked(),
+            function_names: &self.names,
+            lost,
+            start_ns: self.start_ns,
+        })
+    }
 }
 
 /// Runs of our programs the kernel skipped because another tracing program was running on
@@ -191,140 +358,4 @@ pub fn read_totals(ebpf: &Ebpf, function_slots: usize) -> Result<Totals> {
 /// Wakeup distribution first, then one per function slot.
 fn read_all(hists: &HistReader, functions: usize) -> Result<Vec<Distribution>> {
     (0..=functions as u32).map(|q| hists.read(if q == 0 { QUANTITY_WAKEUP } else { q })).collect()
-}
-
-fn absorb(
-    decoder: &mut Decoder,
-    collected: &mut Collected,
-    header: &Header,
-    options: &Options,
-    start_ns: u64,
-    wakeups: Vec<WakeupSpike>,
-    calls: Vec<FuncSpike>,
-) {
-    let names: Vec<String> = header.functions.iter().map(|f| f.function.clone()).collect();
-    for raw in wakeups {
-        let wakeup = decoder.wakeup(&raw);
-        let attribution = attribute(&wakeup, &names, std::process::id());
-        *collected.causes.entry(attribution.cause).or_default() += 1;
-        collected.interval_wakeup_spikes += 1;
-        if options.interval.is_some() && !options.json {
-            text::println(&format!(
-                "         +{:.3}s spike: {}",
-                wakeup.wakeup_ns.saturating_sub(start_ns) as f64 / 1e9,
-                attribution.explanation
-            ));
-        }
-        collected.wakeups.offer(wakeup.latency_ns, (wakeup, attribution));
-    }
-    for raw in calls {
-        let call = decoder.function_call(&raw);
-        collected.interval_function_spikes += 1;
-        collected.calls.offer(call.duration_ns, call);
-    }
-}
-
-fn print_interval(
-    options: &Options,
-    header: &Header,
-    now: &[Distribution],
-    previous: &[Distribution],
-    elapsed_ns: u64,
-    interval_ns: u64,
-    collected: &mut Collected,
-) {
-    let quantity =
-        |slot: usize, name: &str| Quantity::new(name, &now[slot].since(&previous[slot]), options.threshold_ns, false);
-    let interval = Interval {
-        elapsed_ns,
-        interval_ns,
-        wakeup: quantity(0, "wakeup"),
-        functions: header.functions.iter().filter(|f| f.attached).map(|f| quantity(f.slot + 1, &f.function)).collect(),
-        wakeup_spikes: std::mem::take(&mut collected.interval_wakeup_spikes),
-        function_spikes: std::mem::take(&mut collected.interval_function_spikes),
-    };
-    if options.json {
-        println!("{}", json::line(json::Line::LatencyInterval, &interval));
-    } else {
-        text::print(&render::interval_text(&interval));
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn report(
-    options: &Options,
-    header: &Header,
-    totals: &[Distribution],
-    tasks: Vec<aggregator::TaskSummary>,
-    collected: &Collected,
-    lost: &LostEvents,
-    duration_ns: u64,
-    stopped_by: Stop,
-    start_ns: u64,
-) -> Result<()> {
-    let functions: Vec<(String, Distribution)> = header
-        .functions
-        .iter()
-        .filter(|f| f.attached)
-        .map(|f| (f.function.clone(), totals[f.slot + 1].clone()))
-        .collect();
-    let names: Vec<String> = header.functions.iter().map(|f| f.function.clone()).collect();
-    let steal_ns = collected
-        .steal_at_start_ns
-        .as_ref()
-        .zip(steal::read())
-        .map(|(before, now)| steal::since(&now, before))
-        .unwrap_or_default();
-    let verdict = judge::judge(&totals[0], options.threshold_ns, &collected.causes, &names, &functions, &steal_ns);
-    let summary = Summary {
-        duration_ns,
-        stopped_by: stopped_by.name(),
-        threshold_ns: options.threshold_ns,
-        wakeup: Quantity::new("wakeup", &totals[0], options.threshold_ns, true),
-        functions: functions.iter().map(|(name, d)| Quantity::new(name, d, options.threshold_ns, true)).collect(),
-        tasks,
-        wakeup_spikes: collected.wakeups.seen(),
-        function_spikes: collected.calls.seen(),
-        function_attribution: header.function_attribution.clone(),
-        verdict,
-    };
-    let wakeup_spikes = collected.wakeups.ranked();
-    let function_spikes = collected.calls.ranked();
-    if options.json {
-        println!("{}", json::line(json::Line::LatencySummary, &summary));
-        for (rank, (w, a)) in wakeup_spikes.iter().map(|x| (&x.0, &x.1)).enumerate() {
-            println!(
-                "{}",
-                json::line(json::Line::LatencySpike, &WakeupSpikeJson::new(rank + 1, w, a, &names, start_ns))
-            );
-        }
-        for (rank, call) in function_spikes.iter().enumerate() {
-            let spike = FunctionSpikeJson {
-                kind: "function",
-                rank: rank + 1,
-                function: names.get(call.slot).map_or("?", String::as_str),
-                entered_at_ns: call.entry_ns.saturating_sub(start_ns),
-                call,
-            };
-            println!("{}", json::line(json::Line::LatencySpike, &spike));
-        }
-        println!("{}", json::line(json::Line::LatencyLostEvents, lost));
-    } else {
-        text::print(&render::summary_text(&render::SummaryText {
-            summary: &summary,
-            wakeups: &totals[0],
-            functions: &functions,
-            wakeup_spikes: &wakeup_spikes,
-            function_spikes: &function_spikes,
-            function_names: &names,
-            lost,
-            start_ns,
-        }));
-    }
-    if let Some(file) = &options.plot {
-        let figure = plot::histogram_plot(&header.kernel, &summary, &totals[0], &functions);
-        file.write(&histogram_svg(&figure)?)?;
-        println!("{}", file.written_line(options.json.then_some(json::Line::LatencyPlot)));
-    }
-    Ok(())
 }

@@ -47,10 +47,21 @@ fn traced_workload(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (V
 
 /// As [`traced_workload`], with every line the tool printed after its plan.
 fn traced_lines(name: &str, workload_args: &[&str], tool_args: &[&str]) -> (Value, Vec<Value>) {
+    traced_lines_with(name, workload_args, tool_args, &[])
+}
+
+/// As [`traced_lines`], the tool run with `env` added to its environment.
+fn traced_lines_with(
+    name: &str,
+    workload_args: &[&str],
+    tool_args: &[&str],
+    env: &[(&str, &str)],
+) -> (Value, Vec<Value>) {
     let storm = Waiting::start(name, workload_args);
     let mut tool = Command::new(mm_probe())
         .args(["invalidations", "--json", "--duration", "120s", "-p", &storm.pid])
         .args(tool_args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .expect("starting mm-probe");
@@ -144,6 +155,32 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
         let callback = summary["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
         assert!(callback["value"].is_null(), "{callback}");
     }
+}
+
+/// A table filled on purpose: with room for one key a second in each generation of the
+/// invalidation table, the storm's other keys (each thread's own unmaps beside the madvise
+/// thread's, under other names) are refused. The refusals are in the lost_events line and in
+/// the summary, and the invalidation rate, built on that table, is UNKNOWN with the reason:
+/// never a smaller rate judged OK.
+#[test]
+fn a_full_table_is_counted_as_lost_and_the_rate_built_on_it_is_unknown() {
+    require_root();
+    if !kvm_available() {
+        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+        return;
+    }
+    let one_key = "INV_INVALIDATIONS_0=1,INV_INVALIDATIONS_1=1";
+    let storm = ["--threads", "2", "--passes", "3", "--size", "32M"];
+    let (_, lines) = traced_lines_with("kvm_storm", &storm, &[], &[("MM_PROBE_MAP_ENTRIES", one_key)]);
+    let summary = lines.iter().find(|l| l["type"] == "summary").expect("a summary line");
+    let lost = lines.iter().find(|l| l["type"] == "lost_events").expect("a lost_events line");
+    assert!(u(&lost["invalidations"]) > 0, "the refused keys are counted: {lost}");
+    assert_eq!(summary["lost_events"]["invalidations"], lost["invalidations"], "{summary}");
+    let metrics = summary["metrics"].as_array().unwrap();
+    let rate = metrics.iter().find(|m| m["metric"] == "invalidate_freq").expect("an invalidate_freq metric");
+    assert_eq!(rate["level"], "UNKNOWN", "{rate}");
+    assert!(rate["value"].is_null(), "{rate}");
+    assert!(rate["unknown_because"].as_str().is_some_and(|why| why.contains("lost")), "{rate}");
 }
 
 /// Where KVM's callbacks are timed (function probes): its row names KVM and its module, was

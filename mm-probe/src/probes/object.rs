@@ -69,10 +69,23 @@ pub fn load_object(kernel: &Kernel, families: &[MapFamily], settings: &[(&'stati
         };
     }
     let unused = unused_map_sizes(families)?;
-    for (name, entries) in &unused {
+    let shrunk = std::env::var(MAP_ENTRIES_ENV).map(|sizes| map_sizes(&sizes)).unwrap_or_default();
+    for (name, entries) in unused.iter().chain(&shrunk) {
         loader.map_max_entries(name, *entries);
     }
     loader.load(OBJECT).context("loading mm-probe's eBPF object (creating its maps)")
+}
+
+/// Sets maps' sizes for this run, `NAME=ENTRIES,NAME=ENTRIES`: the end-to-end tests shrink a
+/// table to fill it on purpose and see its loss counted and the figure built on it UNKNOWN.
+pub const MAP_ENTRIES_ENV: &str = "MM_PROBE_MAP_ENTRIES";
+
+/// `NAME=ENTRIES` pairs; a malformed pair is ignored (a test hook, not a user option).
+fn map_sizes(text: &str) -> Vec<(String, u32)> {
+    text.split(',')
+        .filter_map(|pair| pair.split_once('='))
+        .filter_map(|(name, entries)| Some((name.trim().to_string(), entries.trim().parse().ok()?)))
+        .collect()
 }
 
 /// Fills a capability's `-p` map (tgid → 1), which its programs consult when filtering.
@@ -114,6 +127,16 @@ fn page_size() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn map_sizes_for_a_test_are_name_entries_pairs() {
+        assert_eq!(map_sizes("INV_INVALIDATIONS_0=1, INV_INVALIDATIONS_1=2"), [
+            ("INV_INVALIDATIONS_0".to_string(), 1),
+            ("INV_INVALIDATIONS_1".to_string(), 2)
+        ]);
+        assert!(map_sizes("").is_empty());
+        assert!(map_sizes("INV_WAITS_0,INV_WAITS_1=x").is_empty());
+    }
 
     #[test]
     fn every_map_of_the_object_belongs_to_a_family_or_is_a_global_section() {

@@ -167,7 +167,7 @@ fn settings(
         settings.push((hmm::STREAM_EVENTS, GlobalValue::U32(0)));
     }
     if capabilities.contains(&Capability::Invalidations) {
-        settings.extend(invalidations::attach::settings(kernel, &[]));
+        settings.extend(invalidations::globals::settings(kernel, &[]));
     }
     if let Some((allow_check, bits)) = thp_check {
         // No target process: the allow-check counts every mm (THP_EVERY_MM).
@@ -181,7 +181,7 @@ fn settings(
 fn thp_allow_check(kernel: &Kernel) -> ThpDecoding {
     let allow_check =
         kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
-    (allow_check, thp_why::disable_bits(kernel))
+    (allow_check, thp_why::checks::disable_bits(kernel))
 }
 
 /// Attaches each chosen capability through its own catalog; what cannot attach is in its plan.
@@ -225,13 +225,14 @@ fn attach(
     let invalidations = invalidations_chosen.then(|| {
         let plan = planner.attach_all(ebpf, invalidations::probes::PROBES);
         let callbacks = invalidations::probes::attach_callbacks(kernel, ebpf);
-        let seen = invalidations::probes::observability(&plan, &callbacks, invalidations::attach::kvm_locks_nameable(kernel));
+        let seen =
+            invalidations::probes::observability(&plan, &callbacks, invalidations::globals::kvm_locks_nameable(kernel));
         // Read again rather than borrowed: the sources outlive this function's kernel borrow.
         InvalidationsSource {
             plan,
             seen,
             kallsyms: Kallsyms::read().ok(),
-            kvm_members: invalidations::attach::kvm_members(kernel),
+            kvm_members: invalidations::globals::kvm_members(kernel),
             drain: Default::default(),
         }
     });

@@ -7,10 +7,10 @@
 //! (report.rs) or text (render.rs), and with `--plot` a figure of the distributions (plot.rs).
 
 pub mod aggregator;
-pub mod attach;
 pub mod callbacks;
 pub mod contention;
 pub mod decoder;
+pub mod globals;
 pub mod judge;
 pub mod locks;
 pub mod plot;

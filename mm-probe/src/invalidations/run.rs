@@ -8,7 +8,7 @@ use mm_probe_common::invalidations as names;
 
 use super::{
     aggregator::{self, PeakRate, Scope},
-    attach::{kvm_locks_nameable, kvm_members, settings},
+    globals::{kvm_locks_nameable, kvm_members, settings},
     callbacks::{self, CallbackTimer},
     contention,
     decoder::{DRAIN_PERIOD, Drain, Tables},

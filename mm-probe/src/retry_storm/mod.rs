@@ -22,7 +22,10 @@ pub mod report;
 pub mod run;
 pub mod timeline;
 
-pub use self::{counters::KernelTotals, probes::observability, run::settings};
+pub use self::{
+    counters::KernelTotals,
+    probes::{observability, settings},
+};
 use crate::{cli::RetryStormArgs, collect::driver};
 
 pub fn run(args: &RetryStormArgs) -> anyhow::Result<()> {

@@ -1,13 +1,16 @@
-//! The kernel hooks retry-storm uses, best first, and what an attach plan of them lets it see.
+//! The kernel hooks retry-storm uses, best first, what an attach plan of them lets it see, and
+//! the settings its programs are loaded with.
 //! None of these functions has a tracepoint upstream (no `mmu_notifier:*` events from 5.15 to
 //! 6.18: docs/kernel-facts.md, "MMU-notifier invalidations"), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
 //! tracepoints add the secondary-MMU view where kvm is loaded.
+
+use mm_probe_common::hmm as names;
 
 use super::report::{Observability, Statement};
 use crate::{
     function_probe,
     kernel::Kernel,
-    probes::{LogicalProbe, Plan, Target},
+    probes::{GlobalValue, LogicalProbe, Plan, Target},
     tracepoint_probe,
 };
 
@@ -149,4 +152,9 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         ));
     }
     seen
+}
+
+/// Globals: whether only the `-p` processes are watched.
+pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
+    vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
 }

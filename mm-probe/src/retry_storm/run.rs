@@ -49,11 +49,6 @@ impl RetryStorm {
     }
 }
 
-/// Globals: whether only the `-p` processes are watched.
-pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
-    vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
-}
-
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
     let band = Band::checked;
     Ok(Thresholds {
@@ -81,7 +76,7 @@ impl Capability for RetryStorm {
     }
 
     fn settings(&self, _kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-        settings(&self.run.pids)
+        probes::settings(&self.run.pids)
     }
 
     fn attach<'k>(&self, kernel: &'k Kernel, ebpf: &mut Ebpf) -> Result<Watch<'k>> {

@@ -1,11 +1,12 @@
 //! The kernel's THP allow-check, per version, stated as data: which function it is, how its
 //! arguments say who is asking (page fault, smaps, khugepaged, MADV_COLLAPSE), and the order in
 //! which it returns "no" (docs/kernel-facts.md#thp-check-order). The argument layout is read from the
-//! function's BTF parameter names; the release number is only a fallback without BTF.
+//! function's BTF parameter names; the release number is only a fallback without BTF. The mm->flags
+//! bits that disable THP (6.18 split them in two) are read the same way.
 
 use serde::Serialize;
 
-use crate::kernel::{KernelBtf, Release};
+use crate::kernel::{Kernel, KernelBtf, Release, layout::ThpDisableBits};
 
 /// Who asked: the allow-check is called from these paths with different arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -278,6 +279,15 @@ impl AllowCheck {
             ("hugepage_vma_check", bools, HUGEPAGE_VMA_CHECK_ORDER)
         };
         Self { function, params: Vec::new(), encoding, order, decided_from: DecidedFrom::Release }
+    }
+}
+
+/// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
+pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
+    match kernel.btf() {
+        Ok(btf) => ThpDisableBits::from_btf(btf),
+        Err(_) if kernel.release.at_least(6, 18) => ThpDisableBits::Split { completely: 24, except_advised: 23 },
+        Err(_) => ThpDisableBits::Single { disable: 24 },
     }
 }
 

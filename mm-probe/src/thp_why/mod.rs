@@ -38,7 +38,7 @@ use anyhow::Result;
 use mm_probe_common::thp::PrctlEvent;
 
 use self::{
-    checks::{AllowCheck, DecidedFrom},
+    checks::{AllowCheck, DecidedFrom, disable_bits},
     inputs::{Inputs, LiveInput},
     judge::{attribute, disable_facts},
     live::Live,
@@ -126,15 +126,6 @@ fn user_error(pid: u32, error: ProcError) -> anyhow::Error {
         }
         ProcError::Denied { .. } => UserError::new(error.to_string()).into(),
         other => anyhow::Error::new(other),
-    }
-}
-
-/// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
-pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
-    match kernel.btf() {
-        Ok(btf) => ThpDisableBits::from_btf(btf),
-        Err(_) if kernel.release.at_least(6, 18) => ThpDisableBits::Split { completely: 24, except_advised: 23 },
-        Err(_) => ThpDisableBits::Single { disable: 24 },
     }
 }
 

@@ -1,6 +1,6 @@
-//! What invalidations' kernel programs are given before they attach: the globals (the `-p`
-//! filter, KVM's callback address, the kernel image's bounds, this kernel's tracepoint field
-//! offsets, the notifier ops' members), and the kernel facts that name VMs' locks.
+//! The globals the invalidations programs are loaded with, and the kernel facts beside them:
+//! KVM's callback address, the kernel image, this kernel's tracepoint field offsets, the
+//! subscribers' ops tables; whether VMs' locks can be named and `struct kvm`'s members.
 
 use mm_probe_common::{invalidations as names, layout as offsets};
 

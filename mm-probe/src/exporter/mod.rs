@@ -1,13 +1,15 @@
-//! `mm-probe exporter`: keeps the latency, retry-storm and thp probes attached and serves what
-//! their kernel programs count to Prometheus.
+//! `mm-probe exporter`: keeps the chosen capabilities' probes attached and serves what their
+//! kernel programs count to Prometheus.
 //!
-//! One object is loaded with every chosen capability's settings and attached through each
-//! capability's own catalog; the rings stay off (the programs' STREAM globals), so the kernel
-//! side only aggregates. Stages, one per file: `scrape` reads the maps into a snapshot,
-//! `buckets` turns kernel histograms into exact `le` buckets, `families` encodes the snapshot,
-//! `http` serves it (`listen` reads `--listen`, `negotiate` picks the format); `startup` says
-//! what attached. A selection of which nothing attaches is an error (unless `--allow-empty`),
-//! and so is a flag the chosen capabilities would ignore.
+//! Each capability owns its slice of the exporter (its `export` module: settings, attach and the
+//! series it reads); this module is the transport. One object is loaded with every chosen slice's
+//! settings, the rings off (the programs' STREAM globals), so the kernel side only aggregates;
+//! each slice attaches through its own catalog. Stages, one per file: `scrape` is what the slices
+//! share (the snapshot they read into, the traits they implement), `buckets` the histograms'
+//! exact `le` buckets, `families` encodes the snapshot, `http` serves it (`listen` reads
+//! `--listen`, `negotiate` picks the format); `startup` says what attached. A selection of which
+//! nothing attaches is an error (unless `--allow-empty`), and so is a flag the chosen
+//! capabilities would ignore.
 
 pub mod buckets;
 pub mod families;
@@ -17,33 +19,27 @@ pub mod negotiate;
 pub mod scrape;
 pub mod startup;
 
-use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Duration};
+use std::{cell::RefCell, net::SocketAddr, rc::Rc};
 
 use anyhow::{Context as _, Result};
 use aya::Ebpf;
-use mm_probe_common::{hmm, latency as lat, thp};
 
 use self::{
     http::{Exposition, Format},
-    scrape::{InvalidationsSource, LatencySource, RetryStormSource, Sources, ThpSource},
+    scrape::{Choice, Slice, Snapshot, Source},
 };
 use crate::{
-    cli::{Capability, ExporterArgs, LatencySelection},
+    cli::{Capability, ExporterArgs},
     collect::run::{Limits, Stopper, Ticker},
     error::UserError,
-    invalidations,
-    kernel::{Kallsyms, Kernel, layout::ThpDisableBits, privileges, process::running_process},
-    latency,
-    probes::{GlobalValue, LogicalProbe, MapFamily, Planner, detach_all, load_object},
-    retry_storm,
-    thp_why::{self, checks::AllowCheck, reasons::DisableMode},
+    kernel::{Kernel, privileges, process::running_process, release::Release},
+    probes::{MapFamily, detach_all, load_object},
 };
 
-/// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
-type ThpDecoding = (AllowCheck, ThpDisableBits);
-
-/// `--threshold` when not given, as `mm-probe latency` has it.
-const DEFAULT_THRESHOLD: Duration = Duration::from_micros(500);
+/// The order the slices attach, say what attached and are read in (so the series of a family
+/// shared by several, e.g. `mm_probe_probe_attached`, keep their order).
+const SLICE_ORDER: [Capability; 4] =
+    [Capability::Latency, Capability::RetryStorm, Capability::Thp, Capability::Invalidations];
 
 pub fn run(args: &ExporterArgs) -> Result<()> {
     let listen = listen::parse_listen(&args.listen)?;
@@ -52,18 +48,24 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
     for &pid in &args.pids {
         running_process(pid)?;
     }
-    let latency_options = capabilities.contains(&Capability::Latency).then(|| latency_options(args)).transpose()?;
+    // Each slice checks its own options here, before the privileges.
+    let choice = Choice { args, capabilities: &capabilities };
+    let slices = SLICE_ORDER
+        .into_iter()
+        .filter(|c| capabilities.contains(c))
+        .map(|capability| slice(capability, &choice))
+        .collect::<Result<Vec<_>>>()?;
     privileges::require_tracing()?;
     let kernel = Kernel::running()?;
-    if let Some(options) = &latency_options {
-        latency::check_functions_exist(&kernel, options)?;
+    for slice in &slices {
+        slice.check(&kernel)?;
     }
     // Runs until a signal: the exporter has no duration, and -p's exit does not end it (a
     // restarted process is measured again once the exporter is restarted with its new pid).
     // The HTTP connections are served on the skeleton's one thread, next to the maps they read.
     let limits = Limits { duration: None, targets: vec![] };
     crate::collect::run::run(limits, async |stopper: &mut Stopper| {
-        export(&kernel, &listen, &capabilities, latency_options.as_ref(), args.allow_empty, stopper).await
+        export(&kernel, &listen, &capabilities, slices, args.allow_empty, stopper).await
     })
 }
 
@@ -73,6 +75,16 @@ fn chosen(only: &[Capability]) -> Vec<Capability> {
     capabilities.sort_unstable();
     capabilities.dedup();
     capabilities
+}
+
+/// The chosen capability's slice, from its own `export` module.
+fn slice(capability: Capability, choice: &Choice) -> Result<Box<dyn Slice>> {
+    match capability {
+        Capability::Latency => crate::latency::export::slice(choice),
+        Capability::RetryStorm => crate::retry_storm::export::slice(choice),
+        Capability::Thp => crate::thp_why::export::slice(choice),
+        Capability::Invalidations => crate::invalidations::export::slice(choice),
+    }
 }
 
 /// Latency's flags are latency's only: given with an `--only` that leaves latency out, they
@@ -100,32 +112,21 @@ fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[Capability]) -> Res
     )))
 }
 
-/// The latency selection, checked exactly as `mm-probe latency` checks it.
-fn latency_options(args: &ExporterArgs) -> Result<latency::Options> {
-    let selection = LatencySelection {
-        threshold: args.threshold.unwrap_or(DEFAULT_THRESHOLD),
-        all_tasks: args.all_tasks,
-        functions: args.functions.clone(),
-    };
-    latency::Options::from_selection(&selection, &args.pids)
-}
-
 async fn export(
     kernel: &Kernel,
     listen: &[SocketAddr],
     capabilities: &[Capability],
-    latency_options: Option<&latency::Options>,
+    slices: Vec<Box<dyn Slice>>,
     allow_empty: bool,
     stopper: &mut Stopper,
 ) -> Result<()> {
     let listener = http::bind(listen).await?;
     let address = listener.local_addr().context("reading the listening address")?;
-    let thp_check = capabilities.contains(&Capability::Thp).then(|| thp_allow_check(kernel));
     let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
-    let mut ebpf =
-        load_object(kernel, &families, &settings(kernel, capabilities, latency_options, thp_check.as_ref()))?;
-    let sources = attach(kernel, &mut ebpf, latency_options, capabilities, thp_check)?;
-    let plans = sources.plans();
+    let settings: Vec<_> = slices.iter().flat_map(|slice| slice.settings(kernel)).collect();
+    let mut ebpf = load_object(kernel, &families, &settings)?;
+    let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;
+    let plans: Vec<_> = sources.iter().map(|source| (source.capability(), source.plan())).collect();
     if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
         detach_all(&mut ebpf).await;
         return Err(error.into());
@@ -134,7 +135,7 @@ async fn export(
         println!("{line}");
     }
     let object = Rc::new(RefCell::new(Some(ebpf)));
-    let exporter = Rc::new(Exporter { sources, object: object.clone() });
+    let exporter = Rc::new(Exporter { release: kernel.release.clone(), sources, object: object.clone() });
     let served = tokio::select! {
         _ = stopper.wait() => Ok(()),
         drained = drain_every_period(&exporter) => drained,
@@ -150,111 +151,20 @@ async fn export(
     served
 }
 
-/// Every chosen capability's globals, with its rings switched off: the exporter reads only maps.
-fn settings(
-    kernel: &Kernel,
-    capabilities: &[Capability],
-    latency_options: Option<&latency::Options>,
-    thp_check: Option<&ThpDecoding>,
-) -> Vec<(&'static str, GlobalValue)> {
-    let mut settings = Vec::new();
-    if let Some(options) = latency_options {
-        settings.extend(latency::settings(options, &latency::syscall_attribution(kernel)));
-        settings.push((lat::STREAM_SPIKES, GlobalValue::U32(0)));
-    }
-    if capabilities.contains(&Capability::RetryStorm) {
-        settings.extend(retry_storm::settings(&[]));
-        settings.push((hmm::STREAM_EVENTS, GlobalValue::U32(0)));
-    }
-    if capabilities.contains(&Capability::Invalidations) {
-        settings.extend(invalidations::globals::settings(kernel, &[]));
-    }
-    if let Some((allow_check, bits)) = thp_check {
-        // No target process: the allow-check counts every mm (THP_EVERY_MM).
-        settings.extend(thp_why::live::settings(0, allow_check, DisableMode::mask(*bits)));
-        settings.push((thp::EVERY_MM, GlobalValue::U32(1)));
-    }
-    settings
-}
-
-/// The running kernel's allow-check and THP-disable bits, as thp-why decides them.
-fn thp_allow_check(kernel: &Kernel) -> ThpDecoding {
-    let allow_check =
-        kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
-    (allow_check, thp_why::checks::disable_bits(kernel))
-}
-
-/// Attaches each chosen capability through its own catalog; what cannot attach is in its plan.
-fn attach(
-    kernel: &Kernel,
-    ebpf: &mut Ebpf,
-    latency_options: Option<&latency::Options>,
-    capabilities: &[Capability],
-    thp_check: Option<ThpDecoding>,
-) -> Result<Sources> {
-    let retry_storm = capabilities.contains(&Capability::RetryStorm);
-    let planner = Planner::new(kernel);
-    let latency = match latency_options {
-        Some(options) => {
-            latency::select_pids(ebpf, options)?;
-            let (plan, functions) = latency::attach_probes(kernel, ebpf, options);
-            Some(LatencySource { plan, functions, threshold_ns: options.threshold_ns })
-        }
-        None => None,
-    };
-    let invalidations_chosen = capabilities.contains(&Capability::Invalidations);
-    let retry_storm = retry_storm.then(|| {
-        // One attach per tracepoint: with invalidations chosen, KVM's tracepoints are its own
-        // (it learns each VM's lock there) and serve the one KVM family.
-        let kvm = [retry_storm::probes::KVM_UNMAP_PROBE, retry_storm::probes::KVM_AGE_PROBE];
-        let probes: Vec<LogicalProbe> = retry_storm::probes::PROBES
-            .iter()
-            .filter(|p| !(invalidations_chosen && kvm.contains(&p.name)))
-            .copied()
-            .collect();
-        let plan = planner.attach_all(ebpf, &probes);
-        let seen = retry_storm::observability(kernel, &plan);
-        RetryStormSource { plan, seen, programs: programs(retry_storm::probes::PROBES) }
-    });
-    // Only the allow-check: the faults, prctl and mmap_lock probes serve one target process.
-    let thp = thp_check.map(|(allow_check, bits)| {
-        let probes = [thp_why::probes::ALLOW_CHECK];
-        let plan = planner.attach_all(ebpf, &probes);
-        ThpSource { plan, allow_check, bits, programs: programs(&probes) }
-    });
-    let invalidations = invalidations_chosen.then(|| {
-        let plan = planner.attach_all(ebpf, invalidations::probes::PROBES);
-        let callbacks = invalidations::probes::attach_callbacks(kernel, ebpf);
-        let seen =
-            invalidations::probes::observability(&plan, &callbacks, invalidations::globals::kvm_locks_nameable(kernel));
-        // Read again rather than borrowed: the sources outlive this function's kernel borrow.
-        InvalidationsSource {
-            plan,
-            seen,
-            kallsyms: Kallsyms::read().ok(),
-            kvm_members: invalidations::globals::kvm_members(kernel),
-            drain: Default::default(),
-        }
-    });
-    Ok(Sources { release: kernel.release.clone(), latency, retry_storm, thp, invalidations })
-}
-
-/// Every program a catalog may attach.
-fn programs(probes: &[LogicalProbe]) -> Vec<&'static str> {
-    probes.iter().flat_map(|p| p.candidates).flat_map(|c| c.hooks).map(|h| h.program).collect()
-}
-
 /// What answers the scrapes: the attached sources and the object whose maps they read (`None`
 /// once shutting down).
 struct Exporter {
-    sources: Sources,
+    release: Release,
+    sources: Vec<Box<dyn Source>>,
     object: Rc<RefCell<Option<Ebpf>>>,
 }
 
 /// Drains the kernel's tables once a period whether or not anyone scrapes: a table must never
-/// hold more than one period's keys. Returns only on an error.
+/// hold more than one period's keys (the shortest period any source asks for; none, when no
+/// source keeps tables). Returns only on an error.
 async fn drain_every_period(exporter: &Exporter) -> Result<()> {
-    let mut tick = Ticker::every(Some(invalidations::decoder::DRAIN_PERIOD));
+    let period = exporter.sources.iter().filter_map(|source| source.drain_period()).min();
+    let mut tick = Ticker::every(period);
     loop {
         tick.tick().await;
         exporter.drain().map_err(anyhow::Error::msg)?;
@@ -265,10 +175,20 @@ impl Exporter {
     /// Moves the kernel's drained tables into the totals (nothing once shutting down).
     fn drain(&self) -> Result<(), String> {
         let mut object = self.object.borrow_mut();
-        match object.as_mut() {
-            Some(ebpf) => self.sources.drain(ebpf).map_err(|e| format!("draining the kernel maps: {e:#}")),
-            None => Ok(()),
+        let Some(ebpf) = object.as_mut() else { return Ok(()) };
+        for source in &self.sources {
+            source.drain(ebpf).map_err(|e| format!("draining the kernel maps: {e:#}"))?;
         }
+        Ok(())
+    }
+
+    /// Every attached capability's series, in [`SLICE_ORDER`].
+    fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
+        let mut snapshot = Snapshot::new(&self.release);
+        for source in &self.sources {
+            source.read(ebpf, &self.release, &mut snapshot)?;
+        }
+        Ok(snapshot)
     }
 }
 
@@ -277,7 +197,7 @@ impl Exposition for Exporter {
         self.drain()?;
         let object = self.object.borrow();
         let ebpf = object.as_ref().ok_or_else(|| "mm-probe exporter is shutting down".to_string())?;
-        let snapshot = self.sources.read(ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;
+        let snapshot = self.read(ebpf).map_err(|e| format!("reading the kernel maps: {e:#}"))?;
         let text = families::openmetrics(snapshot).map_err(|e| format!("encoding the metrics: {e}"))?;
         Ok(if format == Format::OpenMetrics { text } else { families::classic(&text) })
     }

@@ -10,6 +10,7 @@ pub mod aggregator;
 pub mod callbacks;
 pub mod contention;
 pub mod decoder;
+pub mod export;
 pub mod globals;
 pub mod judge;
 pub mod locks;

@@ -16,6 +16,7 @@ pub mod aggregator;
 pub mod attach;
 pub mod attribution;
 pub mod decoder;
+pub mod export;
 #[cfg(test)]
 mod fixtures;
 pub mod judge;

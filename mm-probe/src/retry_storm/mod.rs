@@ -11,6 +11,7 @@ pub mod aggregator;
 pub mod chains;
 pub mod counters;
 pub mod events;
+pub mod export;
 pub mod judge;
 pub mod metrics;
 pub mod overlap;

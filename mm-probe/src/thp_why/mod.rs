@@ -15,6 +15,7 @@ pub mod ancestry;
 pub mod checks;
 pub mod collapse;
 pub mod decoder;
+pub mod export;
 pub mod facts;
 pub mod inputs;
 pub mod judge;

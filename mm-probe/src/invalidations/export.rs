@@ -1,0 +1,158 @@
+//! Invalidations' slice of `mm-probe exporter`: its probes and the known subscribers' callbacks
+//! attached, its tables drained every period into totals kept since attach, and on every scrape
+//! the notifier's invalidations by event, KVM's tracepoints, contended locks by class and waiting
+//! path, and the subscribers' callbacks.
+
+use std::{cell::RefCell, collections::BTreeMap, time::Duration};
+
+use anyhow::Result;
+use aya::Ebpf;
+use mm_probe_common::invalidations::{self as names, Counter};
+
+use super::{
+    aggregator::{self, Scope},
+    contention,
+    decoder::{DRAIN_PERIOD, Drain, Tables},
+    globals::{kvm_locks_nameable, kvm_members, settings},
+    locks::KvmMembers,
+    probes::{Observability, PROBES, attach_callbacks, observability},
+};
+use crate::{
+    capability::Capability,
+    collect::counters::program_runs_skipped,
+    exporter::scrape::{
+        Choice, FloatSeries, Series, Slice, Snapshot, Source, kvm_events, probe_series, recursion_guard,
+    },
+    kernel::{Kallsyms, Kernel, release::Release},
+    probes::{GlobalValue, Plan, Planner},
+};
+
+/// Invalidations as the exporter was asked for it.
+pub fn slice(_choice: &Choice) -> Result<Box<dyn Slice>> {
+    Ok(Box::new(InvalidationsSlice))
+}
+
+struct InvalidationsSlice;
+
+impl Slice for InvalidationsSlice {
+    fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
+        settings(kernel, &[])
+    }
+
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+        let plan = Planner::new(kernel).attach_all(ebpf, PROBES);
+        let callbacks = attach_callbacks(kernel, ebpf);
+        let seen = observability(&plan, &callbacks, kvm_locks_nameable(kernel));
+        // Read again rather than borrowed: the source outlives the kernel's borrow.
+        Ok(Box::new(InvalidationsSource {
+            plan,
+            seen,
+            kallsyms: Kallsyms::read().ok(),
+            kvm_members: kvm_members(kernel),
+            drain: RefCell::default(),
+        }))
+    }
+}
+
+/// Invalidations as attached: its plan, what it lets the exporter see, and the symbols that
+/// name the waiters' paths and the subscribers' callbacks.
+struct InvalidationsSource {
+    plan: Plan,
+    seen: Observability,
+    kallsyms: Option<Kallsyms>,
+    kvm_members: KvmMembers,
+    /// The totals since attach: the kernel's tables are drained into them every period and at
+    /// each scrape, so that weeks of a busy node never fill a table.
+    drain: RefCell<Drain>,
+}
+
+impl Source for InvalidationsSource {
+    fn capability(&self) -> Capability {
+        Capability::Invalidations
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn drain_period(&self) -> Option<Duration> {
+        Some(DRAIN_PERIOD)
+    }
+
+    fn drain(&self, ebpf: &mut Ebpf) -> Result<()> {
+        self.drain.borrow_mut().drain(ebpf, self.kallsyms.as_ref())
+    }
+
+    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+        let name = Capability::Invalidations.name();
+        snapshot.probe_attached.extend(probe_series(Capability::Invalidations, &self.plan));
+        let drain = self.drain.borrow();
+        let tables = &drain.totals;
+        let lost = aggregator::lost_events(tables);
+        let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("inv_"));
+        snapshot.lost_events.extend(recursion_guard(Capability::Invalidations, skipped));
+        snapshot.lost_events.extend([
+            Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
+            Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),
+            Series::new(&[("capability", name), ("kind", "folded_waits")], lost.folded_waits),
+            Series::new(&[("capability", name), ("kind", "callbacks_undiscovered")], lost.callbacks_undiscovered),
+        ]);
+        snapshot.map_update_failures.extend([
+            Series::new(&[("capability", name), ("map", "INV_WAITS")], lost.waits),
+            Series::new(&[("capability", name), ("map", "INV_INVALIDATIONS")], lost.invalidations),
+            Series::new(&[("capability", name), ("map", names::CALLBACKS_MAP)], lost.callback_calls),
+            Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.vm_locks),
+        ]);
+        let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        let scope = Scope { range_starts: self.seen.range_starts, kvm_unmaps: self.seen.kvm_unmaps, pids: &[] };
+        // KVM's tracepoints are served once, in the KVM family below; this family is the
+        // notifier's.
+        for row in aggregator::invalidations(tables, 0.0, scope).by_invalidator {
+            if row.source == "invalidate_range_start" {
+                *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
+            }
+        }
+        snapshot.kvm_notifier_events.extend(kvm_events(
+            self.seen.kvm_unmaps.then(|| tables.counter(Counter::KvmUnmaps)),
+            self.seen.kvm_ages.then(|| tables.counter(Counter::KvmAges)),
+        ));
+        snapshot.notifier_invalidations = by_event
+            .into_iter()
+            .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))
+            .collect();
+        if self.seen.lock_waits {
+            read_lock_waits(tables, &self.kvm_members, snapshot);
+        }
+        if self.seen.callbacks {
+            for row in aggregator::subscribers(tables, self.kallsyms.as_ref(), self.seen.lock_waits) {
+                let labels = [("subscriber", row.subscriber.as_str()), ("callback", row.callback.as_str())];
+                snapshot.callback_calls.push(Series::new(&labels, row.calls));
+                let seconds = row.mean_ns * row.calls as f64 / 1e9;
+                snapshot.callback_seconds.push(FloatSeries::new(&labels, seconds));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Contended acquisitions and their waits by lock class and waiting path.
+fn read_lock_waits(tables: &Tables, kvm_members: &KvmMembers, snapshot: &mut Snapshot) {
+    let (locks, other) = contention::locks(tables, kvm_members);
+    let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    if other.locks > 0 {
+        // The rest of the machine's contention, one series: its locks are not bounded.
+        by_path.insert(("unrelated", "other"), (other.contended, other.wait_ns));
+    }
+    for lock in &locks {
+        for path in &lock.paths {
+            let sums = by_path.entry((lock.class, path.path.label())).or_default();
+            sums.0 += path.contended;
+            sums.1 += path.wait_ns;
+        }
+    }
+    for ((class, path), (contended, wait_ns)) in by_path {
+        let labels = [("lock_class", class), ("path", path)];
+        snapshot.lock_contended.push(Series::new(&labels, contended));
+        snapshot.lock_wait_seconds.push(FloatSeries::new(&labels, wait_ns as f64 / 1e9));
+    }
+}

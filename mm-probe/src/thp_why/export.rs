@@ -1,0 +1,121 @@
+//! thp-why's slice of `mm-probe exporter`: the allow-check alone, counting every mm, and on every
+//! scrape its checks by verdict and, for denials, thp-why's reason code, judged against the
+//! sysfs policy in force.
+
+use std::{cell::OnceCell, collections::BTreeMap};
+
+use anyhow::Result;
+use aya::Ebpf;
+use mm_probe_common::thp::{self as names, Counter};
+
+use super::{
+    checks::{AllowCheck, disable_bits},
+    decoder::system_wide_outcome,
+    live,
+    probes::ALLOW_CHECK,
+    reasons::DisableMode,
+    sysfs::SystemPolicy,
+};
+use crate::{
+    capability::Capability,
+    collect::counters::program_runs_skipped,
+    exporter::scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, probe_series, recursion_guard},
+    kernel::{Kernel, layout::ThpDisableBits, release::Release},
+    probes::{GlobalValue, Plan, Planner},
+};
+
+/// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
+type ThpDecoding = (AllowCheck, ThpDisableBits);
+
+/// thp-why as the exporter was asked for it.
+pub fn slice(_choice: &Choice) -> Result<Box<dyn Slice>> {
+    Ok(Box::new(ThpSlice { decoding: OnceCell::new() }))
+}
+
+/// The running kernel's allow-check and THP-disable bits, as thp-why decides them.
+fn thp_allow_check(kernel: &Kernel) -> ThpDecoding {
+    let allow_check =
+        kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
+    (allow_check, disable_bits(kernel))
+}
+
+struct ThpSlice {
+    /// Decided once, for the settings and then for the source that decodes the keys.
+    decoding: OnceCell<ThpDecoding>,
+}
+
+impl ThpSlice {
+    fn decoding(&self, kernel: &Kernel) -> &ThpDecoding {
+        self.decoding.get_or_init(|| thp_allow_check(kernel))
+    }
+}
+
+impl Slice for ThpSlice {
+    fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
+        let (allow_check, bits) = self.decoding(kernel);
+        // No target process: the allow-check counts every mm (THP_EVERY_MM).
+        let mut settings = live::settings(0, allow_check, DisableMode::mask(*bits));
+        settings.push((names::EVERY_MM, GlobalValue::U32(1)));
+        settings
+    }
+
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+        let (allow_check, bits) = self.decoding.into_inner().unwrap_or_else(|| thp_allow_check(kernel));
+        // Only the allow-check: the faults, prctl and mmap_lock probes serve one target process.
+        let probes = [ALLOW_CHECK];
+        let plan = Planner::new(kernel).attach_all(ebpf, &probes);
+        Ok(Box::new(ThpSource { plan, allow_check, bits, programs: catalog_programs(&probes) }))
+    }
+}
+
+/// The THP allow-check as attached, counting every mm, and how to decode its keys.
+struct ThpSource {
+    plan: Plan,
+    allow_check: AllowCheck,
+    bits: ThpDisableBits,
+    programs: Vec<&'static str>,
+}
+
+impl Source for ThpSource {
+    fn capability(&self) -> Capability {
+        Capability::Thp
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+        let name = Capability::Thp.name();
+        snapshot.probe_attached.extend(probe_series(Capability::Thp, &self.plan));
+        let counts = live::read_counts(ebpf)?;
+        let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
+        snapshot.lost_events.extend(recursion_guard(Capability::Thp, skipped));
+        snapshot.lost_events.extend([
+            // A kretprobe run without its entry: that check is not counted.
+            Series::new(
+                &[("capability", name), ("kind", "allow_check_entries")],
+                counts.counter(Counter::ReturnWithoutEntry),
+            ),
+        ]);
+        snapshot.map_update_failures.push(Series::new(
+            &[("capability", name), ("map", names::CHECKS_MAP)],
+            counts.counter(Counter::CheckMapFull),
+        ));
+        if !self.plan.probes.iter().any(|p| p.attached()) {
+            return Ok(());
+        }
+        // The sysfs policy is read now: a refusal is judged against the policy in force.
+        let policy = SystemPolicy::read();
+        let mut tally: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for (key, count) in &counts.checks {
+            let (allowed, reason) = system_wide_outcome(&self.allow_check, self.bits, &policy, key);
+            *tally.entry((if allowed { "allowed" } else { "denied" }, reason)).or_default() += count;
+        }
+        snapshot.thp_checks = tally
+            .into_iter()
+            .map(|((verdict, reason), n)| Series::new(&[("verdict", verdict), ("reason", reason)], n))
+            .collect();
+        Ok(())
+    }
+}

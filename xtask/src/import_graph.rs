@@ -1,9 +1,12 @@
 //! A check that the modules of xtask and of the agent (`mm-probe/src`) import one another without
 //! cycles: each module may use only modules below it (shared pieces such as `paths::target_dir`
 //! live low; a capability's judgement below the report built from it), so any part can be read
-//! and changed without the ones that call it. Read from the sources: `use` trees, `crate::` and
-//! `super::` paths, and `mod` declarations (a module depends on the children it declares, so a
-//! child must name a sibling's item through the sibling, not through a re-export of its parent).
+//! and changed without the ones that call it. And that nothing outside one of the agent's
+//! capability folders reaches past the modules it shows the rest (its root, `probes`, `export`).
+//! Read from the sources: `use` trees, `crate::` and `super::` paths, paths written through a
+//! module a `use` named, and `mod` declarations (a module depends on the children it declares,
+//! so a child must name a sibling's item through the sibling, not through a re-export of its
+//! parent).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -160,12 +163,48 @@ fn child_declaration(line: &str) -> Option<&str> {
     line.strip_prefix("pub mod ").or_else(|| line.strip_prefix("mod "))?.strip_suffix(';')
 }
 
+/// Paths written out from a module a `use` brought in by name (`use crate::latency;` then
+/// `latency::aggregator::Distribution`), rewritten from the crate root so that they resolve to
+/// the module they reach into. They add no cycle (the module named is already imported, and
+/// it declares what the path reaches), but they do reach past a capability's faces. A module
+/// renamed with `as` is not followed.
+fn paths_through_used_modules(
+    module: &[String],
+    used: &[String],
+    code: &str,
+    modules: &BTreeSet<Vec<String>>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for path in used {
+        let Some(target) = resolve(module, path, modules) else { continue };
+        // `a::b::self` and `a::b` both name module `b`; a path to an item inside it names none.
+        let segments: Vec<&str> = path.split("::").filter(|s| *s != "self").collect();
+        let Some(&name) = segments.last() else { continue };
+        if target.last().is_none_or(|last| last != name) {
+            continue;
+        }
+        let written = format!("{name}::");
+        for (at, _) in code.match_indices(&written) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue;
+            }
+            let rest = &code[at + written.len()..];
+            let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len());
+            found.push(format!("crate::{}::{}", target.join("::"), &rest[..end]));
+        }
+    }
+    found
+}
+
 fn graph(files: &[(Vec<String>, String)]) -> Graph {
     let modules: BTreeSet<Vec<String>> = files.iter().map(|(m, _)| m.clone()).collect();
     let mut graph = Graph::new();
     for (module, source) in files {
         let code = non_test_code(source);
         let mut paths: Vec<String> = use_trees(&code).iter().flat_map(|tree| expand_use_tree(tree)).collect();
+        let through_used = paths_through_used_modules(module, &paths, &code, &modules);
+        paths.extend(through_used);
         paths.extend(qualified_paths(&code));
         paths.extend(declared_children(&code).into_iter().map(|c| format!("self::{c}")));
         let edges = graph.entry(module.clone()).or_default();
@@ -282,4 +321,63 @@ fn qualified_paths_count_as_imports() {
         (module("vm"), "fn f() { crate::test::target_dir(); }".to_owned()),
     ];
     assert_eq!(cycles(&graph(&files)), vec![["crate::test", "crate::vm"].map(String::from).to_vec()]);
+}
+
+/// The capability folders of the agent: each is read from outside only through its root module
+/// (the subcommand), `probes` (its catalog, for `doctor` and the registry) and `export` (its
+/// slice of the exporter), so its other stages can change without anything outside noticing.
+const CAPABILITY_FOLDERS: &[&str] = &["retry_storm", "invalidations", "latency", "thp_why"];
+
+/// The modules of a capability folder that other modules may import.
+const CAPABILITY_FACES: &[&str] = &["probes", "export"];
+
+/// Every import `a -> b` from outside a capability folder into a module inside it that is not
+/// one of its faces, as `crate::` paths.
+fn reaches_into_capabilities(graph: &Graph) -> Vec<String> {
+    let folder_of = |m: &[String]| m.first().filter(|f| CAPABILITY_FOLDERS.contains(&f.as_str())).cloned();
+    let mut found = Vec::new();
+    for (from, targets) in graph {
+        for to in targets {
+            let Some(folder) = folder_of(to) else { continue };
+            let inside_face = to.len() == 1 || (to.len() == 2 && CAPABILITY_FACES.contains(&to[1].as_str()));
+            if folder_of(from).as_ref() != Some(&folder) && !inside_face {
+                found.push(format!("crate::{} -> crate::{}", from.join("::"), to.join("::")));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn nothing_outside_a_capability_reaches_past_its_faces() {
+    let graph = graph_of("../mm-probe/src");
+    // The reader must see the faces used from outside: a blind parser would pass too.
+    assert!(graph[&module("exporter")].contains(&module("latency::export")));
+    assert!(graph[&module("capability")].contains(&module("thp_why::probes")));
+    let found = reaches_into_capabilities(&graph);
+    assert!(found.is_empty(), "imports past a capability's root, probes and export:\n  {}", found.join("\n  "));
+}
+
+#[test]
+fn a_path_through_a_used_module_reaches_into_it() {
+    let files = [
+        (module(""), "mod exporter;\nmod latency;\nmod thp_why;".to_owned()),
+        (
+            module("exporter"),
+            "use crate::latency;\nfn f() { latency::aggregator::read(); latency::export::slice(); }".to_owned(),
+        ),
+        (module("latency"), "pub mod aggregator;\npub mod export;".to_owned()),
+        (module("latency::aggregator"), String::new()),
+        (
+            module("latency::export"),
+            "use super::aggregator::Distribution;\nuse crate::thp_why::{self, checks};".to_owned(),
+        ),
+        (module("thp_why"), "pub mod checks;".to_owned()),
+        (module("thp_why::checks"), String::new()),
+    ];
+    let found = reaches_into_capabilities(&graph(&files));
+    assert_eq!(
+        found,
+        ["crate::exporter -> crate::latency::aggregator", "crate::latency::export -> crate::thp_why::checks"]
+    );
 }

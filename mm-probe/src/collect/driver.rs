@@ -24,8 +24,9 @@ use anyhow::Result;
 use aya::Ebpf;
 
 use super::{
-    Stop, monotonic_ns,
+    clock::monotonic_ns,
     run::{self as skeleton, Limits, Stopper, Ticker},
+    shutdown::Stop,
 };
 use crate::{
     capability::Definition,

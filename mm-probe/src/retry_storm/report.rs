@@ -6,7 +6,7 @@ use serde::{Serialize, Serializer};
 
 use super::judge::{Thresholds, Verdict};
 use crate::{
-    collect::Stop,
+    collect::shutdown::Stop,
     probes::Plan,
     report::{Percentiles, json},
 };

@@ -19,10 +19,10 @@ use std::{
 use common::{mm_probe, require_root, run_tool, vm_kernel, workload};
 use mm_probe::{
     kernel::{Kernel, layout::ThpDisableBits, tracefs},
-    probes::{LogicalProbe, Planner, load_object},
+    probes::{LogicalProbe, MapFamily, Planner, load_object},
     thp_why::{
         checks::{AllowCheck, Call, DecidedFrom},
-        live::Live,
+        live::{Live, read_counts},
         probes,
         procfs::Proc,
         reasons::DisableMode,
@@ -247,7 +247,7 @@ fn kernel_facts() -> &'static KernelFacts {
         let allow_check_in_btf = from_btf.is_some();
         let allow_check = from_btf.unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
         let split_disable_bits = matches!(btf.map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
-        let mut ebpf = load_object(&kernel, mm_probe::probes::MapFamily::ALL, &[]).unwrap();
+        let mut ebpf = load_object(&kernel, MapFamily::ALL, &[]).unwrap();
         let plan = Planner::new(&kernel).attach(&mut ebpf, &probes::ALLOW_CHECK);
         let allow_check_unavailable = (!plan.attached()).then(|| plan.why_unavailable());
         let thp_built_in = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").is_dir();

@@ -8,10 +8,10 @@ use mm_probe_common::invalidations as names;
 
 use super::{
     aggregator::{self, PeakRate, Scope},
-    globals::{kvm_locks_nameable, kvm_members, settings},
     callbacks::{self, CallbackTimer},
     contention,
     decoder::{DRAIN_PERIOD, Drain, Tables},
+    globals::{kvm_locks_nameable, kvm_members, settings},
     judge::{self, Thresholds},
     plot, probes,
     probes::Observability,
@@ -69,7 +69,7 @@ fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
 
 impl Capability for Invalidations {
     type Session<'k> = Watch<'k>;
-    const PLOT_LINE: json::Line = json::Line::InvalidationsPlot;
+    const PLOT_LINE: Option<json::Line> = Some(json::Line::InvalidationsPlot);
 
     fn definition(&self) -> Definition {
         Id::Invalidations.definition()

@@ -47,7 +47,7 @@ impl Latency {
 
 impl Capability for Latency {
     type Session<'k> = Watch;
-    const PLOT_LINE: json::Line = json::Line::LatencyPlot;
+    const PLOT_LINE: Option<json::Line> = Some(json::Line::LatencyPlot);
 
     fn definition(&self) -> Definition {
         Id::Latency.definition()
@@ -76,8 +76,10 @@ impl Capability for Latency {
         // The rings are mapped before the plan too: mapping them runs in the kernel without
         // rescheduling (1.3 ms of a woken real-time task's wait in an emulated 6.12 guest, when
         // a workload started on the plan line).
-        let wakeup_ring = RingReader::new(ebpf.take_map(names::WAKEUP_SPIKES_RING).context("wakeup spike ring missing")?)?;
-        let call_ring = RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
+        let wakeup_ring =
+            RingReader::new(ebpf.take_map(names::WAKEUP_SPIKES_RING).context("wakeup spike ring missing")?)?;
+        let call_ring =
+            RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
         let hists = HistReader::new(ebpf)?;
         let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
         let run_time_is_charged =
@@ -174,9 +176,8 @@ impl Session for Watch {
     fn interval(&mut self, _ebpf: &mut Ebpf, now_ns: u64) -> Result<Printout> {
         let now = read_all(&self.hists, self.header.functions.len())?;
         let threshold_ns = self.options.threshold_ns;
-        let quantity = |slot: usize, name: &str| {
-            Quantity::new(name, &now[slot].since(&self.previous[slot]), threshold_ns, false)
-        };
+        let quantity =
+            |slot: usize, name: &str| Quantity::new(name, &now[slot].since(&self.previous[slot]), threshold_ns, false);
         let interval = Interval {
             elapsed_ns: now_ns - self.start_ns,
             interval_ns: now_ns - self.previous_ns,
@@ -276,7 +277,8 @@ impl Watch {
             .zip(steal::read())
             .map(|(before, now)| steal::since(&now, before))
             .unwrap_or_default();
-        let verdict = judge::judge(&totals[0], threshold_ns, &self.collected.causes, &self.names, &functions, &steal_ns);
+        let verdict =
+            judge::judge(&totals[0], threshold_ns, &self.collected.causes, &self.names, &functions, &steal_ns);
         Summary {
             duration_ns: end.end_ns.saturating_sub(self.start_ns),
             stopped_by: end.stopped_by.name(),

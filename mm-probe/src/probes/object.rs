@@ -130,10 +130,10 @@ mod tests {
 
     #[test]
     fn map_sizes_for_a_test_are_name_entries_pairs() {
-        assert_eq!(map_sizes("INV_INVALIDATIONS_0=1, INV_INVALIDATIONS_1=2"), [
-            ("INV_INVALIDATIONS_0".to_string(), 1),
-            ("INV_INVALIDATIONS_1".to_string(), 2)
-        ]);
+        assert_eq!(
+            map_sizes("INV_INVALIDATIONS_0=1, INV_INVALIDATIONS_1=2"),
+            [("INV_INVALIDATIONS_0".to_string(), 1), ("INV_INVALIDATIONS_1".to_string(), 2)]
+        );
         assert!(map_sizes("").is_empty());
         assert!(map_sizes("INV_WAITS_0,INV_WAITS_1=x").is_empty());
     }

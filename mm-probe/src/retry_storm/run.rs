@@ -45,7 +45,11 @@ pub struct RetryStorm {
 
 impl RetryStorm {
     pub fn from_args(args: &RetryStormArgs) -> Result<Self, UserError> {
-        Ok(Self { run: args.run.clone(), thresholds: thresholds_from(args)?, timeout_ns: args.timeout.as_nanos() as u64 })
+        Ok(Self {
+            run: args.run.clone(),
+            thresholds: thresholds_from(args)?,
+            timeout_ns: args.timeout.as_nanos() as u64,
+        })
     }
 }
 
@@ -65,7 +69,7 @@ fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
 
 impl Capability for RetryStorm {
     type Session<'k> = Watch<'k>;
-    const PLOT_LINE: json::Line = json::Line::RetryStormPlot;
+    const PLOT_LINE: Option<json::Line> = Some(json::Line::RetryStormPlot);
 
     fn definition(&self) -> Definition {
         Id::RetryStorm.definition()

@@ -282,6 +282,13 @@ impl AllowCheck {
     }
 }
 
+impl AllowCheck {
+    /// The running kernel's allow-check: from BTF, else from the release number.
+    pub fn of(kernel: &Kernel) -> Self {
+        kernel.btf().ok().and_then(Self::from_btf).unwrap_or_else(|| Self::from_release(&kernel.release))
+    }
+}
+
 /// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
 pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
     match kernel.btf() {

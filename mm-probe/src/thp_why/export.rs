@@ -34,9 +34,7 @@ pub fn slice(_choice: &Choice) -> Result<Box<dyn Slice>> {
 
 /// The running kernel's allow-check and THP-disable bits, as thp-why decides them.
 fn thp_allow_check(kernel: &Kernel) -> ThpDecoding {
-    let allow_check =
-        kernel.btf().ok().and_then(AllowCheck::from_btf).unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
-    (allow_check, disable_bits(kernel))
+    (AllowCheck::of(kernel), disable_bits(kernel))
 }
 
 struct ThpSlice {

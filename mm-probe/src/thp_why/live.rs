@@ -1,6 +1,6 @@
-//! The live side: load thp-why's kernel programs with this kernel's settings, attach them through
-//! the planner, learn mm pointers and flags, and read back the raw counts (allow-check keys,
-//! faults per 2 MiB range, prctl calls, counters).
+//! The live side: thp-why's settings for its kernel programs (which the run driver loads), their
+//! attach through the planner, mm pointers and flags learned through them, and the raw counts
+//! read back (allow-check keys, faults per 2 MiB range, prctl calls, counters).
 
 use std::collections::BTreeMap;
 
@@ -24,7 +24,7 @@ use super::{
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
-    probes::{GlobalValue, LogicalProbe, MapFamily, Plan, Planner, detach_all, load_object},
+    probes::{GlobalValue, LogicalProbe, Plan, Planner},
 };
 
 /// What the kernel programs counted, summed over CPUs.
@@ -44,10 +44,12 @@ impl Counts {
     }
 }
 
+/// The programs attached to a loaded object, with what they are read through: the prctl ring
+/// and the mm table, taken out of the object.
 pub struct Live {
-    ebpf: Ebpf,
     pub plan: Plan,
     prctl: Option<RingReader<PrctlEvent>>,
+    mm: Array<MapData, MmSeen>,
 }
 
 /// Tracepoint field offsets the programs read; defaults are the x86-64 layouts of 6.1–6.18.
@@ -135,41 +137,19 @@ fn open_fault_runs(ebpf: &Ebpf) -> Result<Vec<FaultRun>> {
 }
 
 impl Live {
-    /// Loads and attaches everything it can for `target_tgid`; the plan says what did not.
-    pub fn start(kernel: &Kernel, target_tgid: u32, allow_check: &AllowCheck, mm_flags_mask: u64) -> Result<Self> {
-        Self::start_with(kernel, target_tgid, allow_check, mm_flags_mask, probes::PROBES)
-    }
-
-    /// As `start`, with a chosen catalog (tests use it to force the kprobe fallback). The prctl
-    /// ring buffer is read only when its probe is in `catalog`, and then a tokio reactor must be
-    /// running.
-    pub fn start_with(
-        kernel: &Kernel,
-        target_tgid: u32,
-        allow_check: &AllowCheck,
-        mm_flags_mask: u64,
-        catalog: &[LogicalProbe],
-    ) -> Result<Self> {
-        let mut ebpf = load_object(kernel, &[MapFamily::Thp], &settings(target_tgid, allow_check, mm_flags_mask))?;
-        let plan = Planner::new(kernel).attach_all(&mut ebpf, catalog);
+    /// Attaches what it can of `catalog` to an object loaded with [`settings`]; the plan says
+    /// what did not. The prctl ring is read only when its probe attached, and then a tokio
+    /// reactor must be running.
+    pub fn attach(kernel: &Kernel, ebpf: &mut Ebpf, catalog: &[LogicalProbe]) -> Result<Self> {
+        let plan = Planner::new(kernel).attach_all(ebpf, catalog);
         let prctl = if plan.is_attached(probes::PRCTL.name) {
             let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;
             Some(RingReader::new(map)?)
         } else {
             None
         };
-        Ok(Self { ebpf, plan, prctl })
-    }
-
-    fn mm_array(&mut self) -> Result<Array<&mut MapData, MmSeen>> {
-        let map = self.ebpf.map_mut(names::MM_MAP).context("mm map missing from the object")?;
-        Ok(Array::try_from(map)?)
-    }
-
-    fn mm_slot(&self, slot: MmSlot) -> Result<MmSeen> {
-        let map = self.ebpf.map(names::MM_MAP).context("mm map missing from the object")?;
-        let array: Array<&MapData, MmSeen> = Array::try_from(map)?;
-        Ok(array.get(&(slot as u32), 0)?)
+        let mm = Array::try_from(ebpf.take_map(names::MM_MAP).context("mm map missing from the object")?)?;
+        Ok(Self { plan, prctl, mm })
     }
 
     /// The kernel's view of `proc`'s mm: clear the probe slot, read its smaps_rollup (which takes
@@ -179,9 +159,9 @@ impl Live {
         if !self.plan.is_attached(probes::MMAP_LOCK.name) {
             return None;
         }
-        self.mm_array().ok()?.set(MmSlot::Probe as u32, MmSeen::default(), 0).ok()?;
+        self.mm.set(MmSlot::Probe as u32, MmSeen::default(), 0).ok()?;
         proc.touch_smaps_rollup().ok()?;
-        let seen = self.mm_slot(MmSlot::Probe).ok()?;
+        let seen = self.mm.get(&(MmSlot::Probe as u32), 0).ok()?;
         (seen.mm != 0).then_some(seen)
     }
 
@@ -189,13 +169,14 @@ impl Live {
     /// target's own context.
     pub fn offer_target_mm(&mut self, seen: MmSeen) -> Result<()> {
         if self.target_mm()?.mm == 0 {
-            self.mm_array()?.set(MmSlot::Target as u32, seen, 0)?;
+            self.mm.set(MmSlot::Target as u32, seen, 0)?;
         }
         Ok(())
     }
 
+    /// The target's mm as the programs know it (zero until one learned it).
     pub fn target_mm(&self) -> Result<MmSeen> {
-        self.mm_slot(MmSlot::Target)
+        Ok(self.mm.get(&(MmSlot::Target as u32), 0)?)
     }
 
     /// prctl(PR_SET_THP_DISABLE) calls seen so far.
@@ -211,15 +192,6 @@ impl Live {
             Some(reader) => reader.read(|e| into.push(e)).await.map(drop),
             None => std::future::pending().await,
         }
-    }
-
-    /// Detaches every program, so that the counts read afterwards are final and exact.
-    pub async fn detach(&mut self) {
-        detach_all(&mut self.ebpf).await;
-    }
-
-    pub fn counts(&self) -> Result<Counts> {
-        read_counts(&self.ebpf)
     }
 }
 

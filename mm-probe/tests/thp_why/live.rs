@@ -268,14 +268,16 @@ fn guest_kprobe_fallback_counts_like_the_fexit() {
     // Only the allow-check's second candidate: kprobe at entry, kretprobe at return.
     let kprobe_only = LogicalProbe { candidates: &probes::ALLOW_CHECK.candidates[1..], ..probes::ALLOW_CHECK };
     let catalog = [kprobe_only, probes::PAGE_FAULTS, probes::MMAP_LOCK];
-    let mut live = Live::start_with(&kernel, w.target(), check, DisableMode::mask(bits), &catalog).unwrap();
+    let settings = mm_probe::thp_why::live::settings(w.target(), check, DisableMode::mask(bits));
+    let mut ebpf = load_object(&kernel, &[MapFamily::Thp], &settings).unwrap();
+    let mut live = Live::attach(&kernel, &mut ebpf, &catalog).unwrap();
     let plan = live.plan.get(probes::ALLOW_CHECK.name).unwrap();
     assert_eq!(plan.mechanism(), Some("kprobe+kretprobe"), "{plan:?}");
     let seen = live.probe_mm(&Proc::new(w.target())).expect("mmap_lock tells the target's mm");
     live.offer_target_mm(seen).unwrap();
     w.command("round");
     let round = w.next();
-    let counts = live.counts().unwrap();
+    let counts = read_counts(&ebpf).unwrap();
     assert_eq!(counts.counter(mm_probe_common::thp::Counter::ReturnWithoutEntry), 0);
     for r in round["regions"].as_array().unwrap() {
         let start = r["start"].as_u64().unwrap();

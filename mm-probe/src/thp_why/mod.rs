@@ -1,17 +1,17 @@
 //! `mm-probe thp-why <pid>`: why a process gets no transparent huge pages.
 //!
 //! The pipeline: `target` checks the process given, `procfs`/`sysfs` read what /proc and /sys say,
-//! `ancestry` finds who set the prctl flag, `probes` + `live` attach the kernel programs (allow-
-//! check, faults, prctl, mm flags) and read back their raw counts, `facts` is what the allow-check
-//! looks at in one VMA, `checks` + `reasons` hold the kernel's order of checks per version and
-//! judge those facts, `inputs` is everything gathered, which the judgement reads, `decoder` turns
-//! the live keys into per-VMA counts, `judge` decides the mode, every VMA and the verdict, `rank`
-//! orders the reasons and their fixes, `scan_result` + `collapse` explain khugepaged's scans of the
-//! target, `verdict` says it in one line, `per_size` the per-size (mTHP) policy, `report` is the
-//! JSON model, `render` (and `vma_table`) print it; `access` says why a process's memory map may
-//! not be read; `export` is its slice of the exporter. `run` is the capability as the run driver
-//! runs it: /proc and sysfs read before and after the watch, and the report at the end, with or
-//! without the kernel programs.
+//! `ancestry` finds who set the prctl flag, `probes` + `live` attach the kernel programs
+//! (allow-check, faults, prctl, mm flags) and read back their raw counts, `facts` is what the
+//! allow-check looks at in one VMA, `checks` + `reasons` hold the kernel's order of checks per
+//! version and judge those facts, `inputs` is everything gathered, which the judgement reads,
+//! `decoder` turns the live keys into per-VMA counts, `judge` decides the mode, every VMA and the
+//! verdict, `rank` orders the reasons and their fixes, `scan_result` + `collapse` explain
+//! khugepaged's scans of the target, `verdict` says it in one line, `per_size` the per-size (mTHP)
+//! policy, `report` is the JSON model, `render` (and `vma_table`) print it; `access` says why a
+//! process's memory map may not be read; `export` is its slice of the exporter. `run` is the
+//! capability as the run driver runs it: /proc and sysfs read before and after the watch, and the
+//! report at the end, with or without the kernel programs.
 
 pub mod access;
 pub mod ancestry;

@@ -39,7 +39,7 @@ use super::{
     shutdown::Stop,
 };
 use crate::{
-    capability::Definition,
+    capability::{Capability as Id, Definition},
     cli::RunArgs,
     error::UserError,
     kernel::{Kernel, privileges},
@@ -114,8 +114,13 @@ pub trait Capability {
     const PLOT_LINE: Option<json::Line>;
     /// Whether the run needs its programs; see [`KernelSide`].
     const KERNEL_SIDE: KernelSide = KernelSide::Required;
+    /// Its row in the capability table (`capability.rs`).
+    const ID: Id;
 
-    fn definition(&self) -> Definition;
+    fn definition(&self) -> Definition {
+        Self::ID.definition()
+    }
+
     fn run_args(&self) -> &RunArgs;
 
     /// Checks against the running kernel before anything loads (a `--func` that does not exist

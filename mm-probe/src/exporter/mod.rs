@@ -26,7 +26,7 @@ use aya::Ebpf;
 
 use self::{
     http::{Exposition, Format},
-    scrape::{Choice, Slice, Snapshot, Source},
+    scrape::{Choice, Slice, Snapshot, Source, probe_series},
 };
 use crate::{
     cli::{Capability, ExporterArgs},
@@ -186,6 +186,7 @@ impl Exporter {
     fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
         let mut snapshot = Snapshot::new(&self.release);
         for source in &self.sources {
+            snapshot.probe_attached.extend(probe_series(source.capability(), source.plan()));
             source.read(ebpf, &self.release, &mut snapshot)?;
         }
         Ok(snapshot)

@@ -20,9 +20,7 @@ use super::{
 use crate::{
     capability::Capability,
     collect::counters::program_runs_skipped,
-    exporter::scrape::{
-        Choice, FloatSeries, Series, Slice, Snapshot, Source, kvm_events, probe_series, recursion_guard,
-    },
+    exporter::scrape::{Choice, FloatSeries, Series, Slice, Snapshot, Source, kvm_events, recursion_guard},
     kernel::{Kallsyms, Kernel, release::Release},
     probes::{GlobalValue, Plan, Planner},
 };
@@ -85,7 +83,6 @@ impl Source for InvalidationsSource {
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
         let name = Capability::Invalidations.name();
-        snapshot.probe_attached.extend(probe_series(Capability::Invalidations, &self.plan));
         let drain = self.drain.borrow();
         let tables = &drain.totals;
         let lost = aggregator::lost_events(tables);

@@ -19,7 +19,7 @@ use super::{
     report::Summary,
 };
 use crate::{
-    capability::{Capability as Id, Definition},
+    capability::Capability as Id,
     cli::{InvalidationsArgs, RunArgs},
     collect::{
         Ticker,
@@ -69,11 +69,8 @@ fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
 
 impl Capability for Invalidations {
     type Session<'k> = Watch<'k>;
+    const ID: Id = Id::Invalidations;
     const PLOT_LINE: Option<json::Line> = Some(json::Line::InvalidationsPlot);
-
-    fn definition(&self) -> Definition {
-        Id::Invalidations.definition()
-    }
 
     fn run_args(&self) -> &RunArgs {
         &self.run

@@ -29,7 +29,7 @@ use crate::{
     collect::counters::program_runs_skipped,
     exporter::{
         buckets::{Bucket, Histogram},
-        scrape::{Choice, Series, Slice, Snapshot, Source, probe_series, recursion_guard},
+        scrape::{Choice, Series, Slice, Snapshot, Source, recursion_guard},
     },
     kernel::{Kernel, release::Release},
     probes::{GlobalValue, Plan},
@@ -97,7 +97,6 @@ impl Source for LatencySource {
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
         let name = Capability::Latency.name();
-        snapshot.probe_attached.extend(probe_series(Capability::Latency, &self.plan));
         let totals = read_totals(ebpf, self.functions.len())?;
         let counter = |c: names::Counter| counter(&totals.counters, c);
         // Every latency program is named lat_*; a skipped run of the wakeup or switch program is

@@ -20,7 +20,7 @@ use super::{
     steal,
 };
 use crate::{
-    capability::{Capability as Id, Definition},
+    capability::Capability as Id,
     cli::{LatencyArgs, RunArgs},
     collect::{
         RingReader,
@@ -47,11 +47,8 @@ impl Latency {
 
 impl Capability for Latency {
     type Session<'k> = Watch;
+    const ID: Id = Id::Latency;
     const PLOT_LINE: Option<json::Line> = Some(json::Line::LatencyPlot);
-
-    fn definition(&self) -> Definition {
-        Id::Latency.definition()
-    }
 
     fn run_args(&self) -> &RunArgs {
         &self.run

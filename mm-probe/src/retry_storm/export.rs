@@ -17,9 +17,7 @@ use crate::{
     collect::counters::program_runs_skipped,
     exporter::{
         buckets::log2_ns_histogram,
-        scrape::{
-            Choice, Series, Slice, Snapshot, Source, catalog_programs, kvm_events, probe_series, recursion_guard,
-        },
+        scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, kvm_events, recursion_guard},
     },
     kernel::{Kernel, release::Release},
     probes::{GlobalValue, LogicalProbe, Plan, Planner},
@@ -72,7 +70,6 @@ impl Source for RetryStormSource {
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
         let name = Capability::RetryStorm.name();
-        snapshot.probe_attached.extend(probe_series(Capability::RetryStorm, &self.plan));
         let totals = KernelTotals::read(ebpf)?;
         let c = &totals.counters;
         let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));

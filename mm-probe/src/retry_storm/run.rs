@@ -15,7 +15,7 @@ use super::{
     plot, probes, render, report,
 };
 use crate::{
-    capability::{Capability as Id, Definition},
+    capability::Capability as Id,
     cli::{RetryStormArgs, RunArgs},
     collect::{
         RingReader, Ticker,
@@ -69,11 +69,8 @@ fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
 
 impl Capability for RetryStorm {
     type Session<'k> = Watch<'k>;
+    const ID: Id = Id::RetryStorm;
     const PLOT_LINE: Option<json::Line> = Some(json::Line::RetryStormPlot);
-
-    fn definition(&self) -> Definition {
-        Id::RetryStorm.definition()
-    }
 
     fn run_args(&self) -> &RunArgs {
         &self.run

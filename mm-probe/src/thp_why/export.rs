@@ -19,7 +19,7 @@ use super::{
 use crate::{
     capability::Capability,
     collect::counters::program_runs_skipped,
-    exporter::scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, probe_series, recursion_guard},
+    exporter::scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, recursion_guard},
     kernel::{Kernel, layout::ThpDisableBits, release::Release},
     probes::{GlobalValue, Plan, Planner},
 };
@@ -85,7 +85,6 @@ impl Source for ThpSource {
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
         let name = Capability::Thp.name();
-        snapshot.probe_attached.extend(probe_series(Capability::Thp, &self.plan));
         let counts = live::read_counts(ebpf)?;
         let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
         snapshot.lost_events.extend(recursion_guard(Capability::Thp, skipped));

@@ -29,7 +29,7 @@ use super::{
     target::{Target, is_alive, read_smaps, validate_target},
 };
 use crate::{
-    capability::{Capability as Id, Definition},
+    capability::Capability as Id,
     cli::{RunArgs, ThpWhyArgs},
     collect::{
         Stop,
@@ -97,13 +97,10 @@ impl ThpWhy {
 
 impl Capability for ThpWhy {
     type Session<'k> = Examination<'k>;
+    const ID: Id = Id::Thp;
     const PLOT_LINE: Option<json::Line> = None;
     /// No privileges is not fatal: /proc still tells most of the story.
     const KERNEL_SIDE: KernelSide = KernelSide::Optional;
-
-    fn definition(&self) -> Definition {
-        Id::Thp.definition()
-    }
 
     fn run_args(&self) -> &RunArgs {
         &self.run

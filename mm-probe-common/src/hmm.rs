@@ -110,6 +110,9 @@ slots! {
         /// Nanoseconds spent in invalidate_range_start (the sum of [`CALLBACK_HIST_MAP`]'s
         /// samples).
         CallbackNs,
+        /// read_begin calls not counted by caller because [`READ_BEGINS_MAP`] was full (the
+        /// total in `ReadBegins` stays exact).
+        ReadBeginsMapFull,
     }
 }
 

@@ -212,8 +212,9 @@ fn read_begin(notifier: u64) -> u32 {
     }
     count(Counter::ReadBegins);
     let key = ReadBeginKey { notifier, tgid, _pad: 0 };
-    if let Some(calls) = get_or_insert!(HMM_READ_BEGINS, key, 0u64) {
-        unsafe { *calls += 1 };
+    match get_or_insert!(HMM_READ_BEGINS, key, 0u64) {
+        Some(calls) => unsafe { *calls += 1 },
+        None => count(Counter::ReadBeginsMapFull),
     }
     if unsafe { HMM_NOTIFIER_CALLBACKS.get(notifier) }.is_none() {
         let ops: u64 = read_at(notifier, OFF_INTERVAL_NOTIFIER_OPS.load()).unwrap_or(0);

@@ -78,6 +78,11 @@ impl Source for RetryStormSource {
             // A walk return whose entry was not seen: counted, but its duration is unknown.
             Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(names::Counter::StashMisses)),
         ]);
+        // A read_begin the per-caller table refused: the total stays exact, its caller is lost.
+        snapshot.map_update_failures.push(Series::new(
+            &[("capability", name), ("map", names::READ_BEGINS_MAP)],
+            c.get(names::Counter::ReadBeginsMapFull),
+        ));
         if self.seen.walks {
             // Read in slot order (walks before their outcomes), so a walk returning between the
             // reads can make `ok` one too low for a scrape, never too high.

@@ -108,6 +108,7 @@ impl Snapshot {
                 walk_events: c.get(Counter::LostWalkEvents),
                 invalidate_events: c.get(Counter::LostInvalidateEvents),
                 walk_entries_missed: c.get(Counter::StashMisses),
+                read_begin_callers: c.get(Counter::ReadBeginsMapFull),
             },
             read_begins_by_caller: Vec::new(),
             verdict: judge::judge(&evidence, thresholds),

@@ -209,8 +209,9 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
     let l = &s.lost_events;
     let _ = writeln!(
         out,
-        "\nLost events: {} walk, {} invalidation (ring buffer full); {} walk entries missed",
-        l.walk_events, l.invalidate_events, l.walk_entries_missed
+        "\nLost events: {} walk, {} invalidation (ring buffer full); {} walk entries missed; {} read_begin \
+         callers not counted (table full)",
+        l.walk_events, l.invalidate_events, l.walk_entries_missed, l.read_begin_callers
     );
     let _ = writeln!(out, "\nVerdict: {}", s.verdict.overall.name());
     for m in &s.verdict.metrics {

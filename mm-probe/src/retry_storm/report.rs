@@ -147,6 +147,9 @@ pub struct LostEvents {
     pub invalidate_events: u64,
     /// Walk returns whose entry was not seen (duration unknown).
     pub walk_entries_missed: u64,
+    /// read_begin calls the kernel's per-caller table refused (full): `read_begins_by_caller`
+    /// misses them.
+    pub read_begin_callers: u64,
 }
 
 /// mmu_interval_read_begin() calls of one process on one notifier.
@@ -279,7 +282,12 @@ pub(crate) mod tests {
                 start_to_end_ns_log2_hist: vec![2],
             }),
             kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
-            lost_events: LostEvents { walk_events: 0, invalidate_events: 1, walk_entries_missed: 0 },
+            lost_events: LostEvents {
+                walk_events: 0,
+                invalidate_events: 1,
+                walk_entries_missed: 0,
+                read_begin_callers: 0,
+            },
             read_begins_by_caller: vec![ReadBeginCaller {
                 tgid: 42,
                 notifier: "0xffff8881".into(),

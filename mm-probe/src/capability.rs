@@ -20,23 +20,24 @@ pub struct Definition {
     pub catalog: &'static [LogicalProbe],
 }
 
-/// Declares [`Capability`], [`Capability::ALL`] and [`Capability::definition`] from one list,
+/// Declares [`CapabilityId`], [`CapabilityId::ALL`] and [`CapabilityId::definition`] from one list,
 /// so that a capability with no definition, or a definition outside `ALL`, cannot be written.
 macro_rules! capabilities {
     ($($(#[$doc:meta])* $variant:ident => $definition:expr,)*) => {
-        /// A diagnosis mm-probe can run and the exporter can keep attached.
+        /// Which diagnosis: a row of this table, named on the command line and in labels. What
+        /// a capability does when it runs is the `collect::driver::Capability` trait.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum Capability {
+        pub enum CapabilityId {
             $($(#[$doc])* $variant,)*
         }
 
-        impl Capability {
+        impl CapabilityId {
             /// Every capability, in the order `doctor` prints them and the exporter attaches them.
-            pub const ALL: &'static [Capability] = &[$(Capability::$variant,)*];
+            pub const ALL: &'static [CapabilityId] = &[$(CapabilityId::$variant,)*];
 
             pub fn definition(self) -> Definition {
                 match self {
-                    $(Capability::$variant => $definition,)*
+                    $(CapabilityId::$variant => $definition,)*
                 }
             }
         }
@@ -74,7 +75,7 @@ capabilities! {
     },
 }
 
-impl Capability {
+impl CapabilityId {
     /// The `--only` value and `capability` label: "latency", "retry-storm", "thp", "invalidations".
     pub fn name(self) -> &'static str {
         self.definition().name
@@ -97,7 +98,7 @@ impl Capability {
 }
 
 /// `--only latency,retry-storm,thp,invalidations`: the values are the table's names.
-impl ValueEnum for Capability {
+impl ValueEnum for CapabilityId {
     fn value_variants<'a>() -> &'a [Self] {
         Self::ALL
     }
@@ -118,7 +119,7 @@ mod tests {
     fn the_exporter_only_list_takes_the_capability_names() {
         let cli = Cli::try_parse_from(["mm-probe", "exporter", "--only", "latency,retry-storm,thp"]).unwrap();
         let Command::Exporter(args) = cli.command else { panic!("not the exporter") };
-        assert_eq!(args.only, [Capability::Latency, Capability::RetryStorm, Capability::Thp]);
+        assert_eq!(args.only, [CapabilityId::Latency, CapabilityId::RetryStorm, CapabilityId::Thp]);
         assert!(Cli::try_parse_from(["mm-probe", "exporter", "--only", "thp-why"]).is_err(), "thp is the label name");
     }
 
@@ -130,15 +131,15 @@ mod tests {
             sorted.dedup();
             assert_eq!(sorted.len(), values.len(), "{values:?}");
         };
-        distinct(Capability::ALL.iter().map(|c| c.name().to_string()).collect());
-        distinct(Capability::ALL.iter().map(|c| c.command().to_string()).collect());
-        distinct(Capability::ALL.iter().map(|c| format!("{:?}", c.map_family())).collect());
-        assert!(Capability::ALL.iter().all(|c| MapFamily::ALL.contains(&c.map_family())));
+        distinct(CapabilityId::ALL.iter().map(|c| c.name().to_string()).collect());
+        distinct(CapabilityId::ALL.iter().map(|c| c.command().to_string()).collect());
+        distinct(CapabilityId::ALL.iter().map(|c| format!("{:?}", c.map_family())).collect());
+        assert!(CapabilityId::ALL.iter().all(|c| MapFamily::ALL.contains(&c.map_family())));
     }
 
     #[test]
     fn every_capability_has_a_catalog() {
-        for capability in Capability::ALL {
+        for capability in CapabilityId::ALL {
             assert!(!capability.catalog().is_empty(), "{capability:?}");
         }
     }

@@ -6,7 +6,7 @@ use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 use clap::{ArgMatches, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, error::ErrorKind};
 
-pub use crate::capability::Capability;
+pub use crate::capability::CapabilityId;
 use crate::{
     error,
     report::text,
@@ -295,7 +295,7 @@ pub struct ExporterArgs {
     pub listen: String,
     /// Only these capabilities (comma-separated); default: all.
     #[arg(long, value_enum, value_delimiter = ',')]
-    pub only: Vec<Capability>,
+    pub only: Vec<CapabilityId>,
     /// Serve even when none of the chosen capabilities' probes attach on this kernel (only the
     /// exporter's own metrics); without it that is an error.
     #[arg(long)]

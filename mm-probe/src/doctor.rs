@@ -6,7 +6,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     cli::DoctorArgs,
     kernel::{Kernel, btf::VMLINUX_BTF, layout::Layout, privileges, tracefs},
     probes::{AttachFailure, Attempt, MapFamily, Outcome, Plan, Planner, ProbePlan, load_object},
@@ -81,11 +81,11 @@ pub fn examine() -> Result<Report> {
     let program_types = selftest::check_program_types(&kernel, 3)?;
     let planner = Planner::new(&kernel);
     let mut capabilities = Vec::new();
-    for capability in Capability::ALL {
+    for capability in CapabilityId::ALL {
         // A fresh object per capability: the plan is what that capability would get alone.
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
         let mut plan = planner.attach_all(&mut ebpf, capability.catalog());
-        if *capability == Capability::Invalidations {
+        if *capability == CapabilityId::Invalidations {
             plan.probes.push(subscriber_callbacks(&program_types));
         }
         capabilities.push((capability.command().to_string(), plan));

@@ -39,7 +39,7 @@ use super::{
     shutdown::Stop,
 };
 use crate::{
-    capability::{Capability as Id, Definition},
+    capability::{CapabilityId as Id, Definition},
     cli::RunArgs,
     error::UserError,
     kernel::{Kernel, privileges},

@@ -29,7 +29,7 @@ use self::{
     scrape::{Choice, Slice, Snapshot, Source, probe_series},
 };
 use crate::{
-    cli::{Capability, ExporterArgs},
+    cli::{CapabilityId, ExporterArgs},
     collect::run::{Limits, Stopper, Ticker},
     error::UserError,
     kernel::{Kernel, privileges, process::running_process, release::Release},
@@ -38,8 +38,8 @@ use crate::{
 
 /// The order the slices attach, say what attached and are read in (so the series of a family
 /// shared by several, e.g. `mm_probe_probe_attached`, keep their order).
-const SLICE_ORDER: [Capability; 4] =
-    [Capability::Latency, Capability::RetryStorm, Capability::Thp, Capability::Invalidations];
+const SLICE_ORDER: [CapabilityId; 4] =
+    [CapabilityId::Latency, CapabilityId::RetryStorm, CapabilityId::Thp, CapabilityId::Invalidations];
 
 pub fn run(args: &ExporterArgs) -> Result<()> {
     let listen = listen::parse_listen(&args.listen)?;
@@ -70,27 +70,27 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
 }
 
 /// `--only`, or every capability.
-fn chosen(only: &[Capability]) -> Vec<Capability> {
-    let mut capabilities = if only.is_empty() { Capability::ALL.to_vec() } else { only.to_vec() };
+fn chosen(only: &[CapabilityId]) -> Vec<CapabilityId> {
+    let mut capabilities = if only.is_empty() { CapabilityId::ALL.to_vec() } else { only.to_vec() };
     capabilities.sort_unstable();
     capabilities.dedup();
     capabilities
 }
 
 /// The chosen capability's slice, from its own `export` module.
-fn slice(capability: Capability, choice: &Choice) -> Result<Box<dyn Slice>> {
+fn slice(capability: CapabilityId, choice: &Choice) -> Result<Box<dyn Slice>> {
     match capability {
-        Capability::Latency => crate::latency::export::slice(choice),
-        Capability::RetryStorm => crate::retry_storm::export::slice(choice),
-        Capability::Thp => crate::thp_why::export::slice(choice),
-        Capability::Invalidations => crate::invalidations::export::slice(choice),
+        CapabilityId::Latency => crate::latency::export::slice(choice),
+        CapabilityId::RetryStorm => crate::retry_storm::export::slice(choice),
+        CapabilityId::Thp => crate::thp_why::export::slice(choice),
+        CapabilityId::Invalidations => crate::invalidations::export::slice(choice),
     }
 }
 
 /// Latency's flags are latency's only: given with an `--only` that leaves latency out, they
 /// would be silently ignored, so they are refused.
-fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[Capability]) -> Result<(), UserError> {
-    if capabilities.contains(&Capability::Latency) {
+fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[CapabilityId]) -> Result<(), UserError> {
+    if capabilities.contains(&CapabilityId::Latency) {
         return Ok(());
     }
     let flags = [
@@ -115,7 +115,7 @@ fn refuse_ignored_flags(args: &ExporterArgs, capabilities: &[Capability]) -> Res
 async fn export(
     kernel: &Kernel,
     listen: &[SocketAddr],
-    capabilities: &[Capability],
+    capabilities: &[CapabilityId],
     slices: Vec<Box<dyn Slice>>,
     allow_empty: bool,
     stopper: &mut Stopper,

@@ -16,7 +16,7 @@ use aya::Ebpf;
 
 use super::buckets::Histogram;
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     cli::ExporterArgs,
     kernel::{Kernel, release::Release},
     probes::{GlobalValue, LogicalProbe, Plan},
@@ -26,11 +26,11 @@ use crate::{
 pub struct Choice<'a> {
     pub args: &'a ExporterArgs,
     /// Every chosen capability: a slice may leave to another what both could attach.
-    pub capabilities: &'a [Capability],
+    pub capabilities: &'a [CapabilityId],
 }
 
 impl Choice<'_> {
-    pub fn includes(&self, capability: Capability) -> bool {
+    pub fn includes(&self, capability: CapabilityId) -> bool {
         self.capabilities.contains(&capability)
     }
 }
@@ -54,7 +54,7 @@ pub trait Slice {
 
 /// One capability as the exporter keeps it attached.
 pub trait Source {
-    fn capability(&self) -> Capability;
+    fn capability(&self) -> CapabilityId;
 
     fn plan(&self) -> &Plan;
 
@@ -125,12 +125,12 @@ impl Snapshot {
 
 /// The runs the kernel's recursion guard skipped; no series where this kernel does not count
 /// them all (kprobes and classic tracepoints before 6.7): absent, not a false 0.
-pub fn recursion_guard(capability: Capability, skipped: Option<u64>) -> Option<Series> {
+pub fn recursion_guard(capability: CapabilityId, skipped: Option<u64>) -> Option<Series> {
     skipped.map(|n| Series::new(&[("capability", capability.name()), ("kind", "recursion_guard")], n))
 }
 
 /// One 0/1 series per logical probe of the plan.
-pub fn probe_series(capability: Capability, plan: &Plan) -> impl Iterator<Item = Series> + '_ {
+pub fn probe_series(capability: CapabilityId, plan: &Plan) -> impl Iterator<Item = Series> + '_ {
     plan.probes
         .iter()
         .map(move |p| Series::new(&[("capability", capability.name()), ("probe", p.probe)], u64::from(p.attached())))

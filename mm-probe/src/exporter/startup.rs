@@ -5,12 +5,12 @@
 
 use std::net::SocketAddr;
 
-use crate::{cli::Capability, error::UserError, probes::Plan};
+use crate::{cli::CapabilityId, error::UserError, probes::Plan};
 
 pub const WIDTH: usize = 100;
 
 /// The start-up lines; the last always begins with `  unavailable:`.
-pub fn lines(address: SocketAddr, plans: &[(Capability, &Plan)]) -> Vec<String> {
+pub fn lines(address: SocketAddr, plans: &[(CapabilityId, &Plan)]) -> Vec<String> {
     let mut lines = vec![format!("mm-probe exporter: listening on http://{address}/metrics")];
     for (capability, plan) in plans {
         let attached: Vec<&str> = plan.probes.iter().filter(|p| p.attached()).map(|p| p.probe).collect();
@@ -52,7 +52,7 @@ fn wrapped(head: &str, items: &[&str]) -> Vec<String> {
 }
 
 /// When no chosen probe attached: the error naming what did not, unless that was asked for.
-pub fn nothing_attached(plans: &[(Capability, &Plan)]) -> Option<UserError> {
+pub fn nothing_attached(plans: &[(CapabilityId, &Plan)]) -> Option<UserError> {
     if plans.iter().any(|(_, plan)| plan.probes.iter().any(|p| p.attached())) {
         return None;
     }
@@ -102,7 +102,7 @@ mod tests {
         let latency = plan(&[("sched_wakeup", true), ("sched_switch", true), ("madvise_cold", false)]);
         let retry = plan(&[("hmm_range_fault walk", false), ("kvm_unmap_hva_range", true), ("kvm_age_hva", true)]);
         let thp = plan(&[("THP allow-check", false)]);
-        let plans = [(Capability::Latency, &latency), (Capability::RetryStorm, &retry), (Capability::Thp, &thp)];
+        let plans = [(CapabilityId::Latency, &latency), (CapabilityId::RetryStorm, &retry), (CapabilityId::Thp, &thp)];
         assert_eq!(
             lines("127.0.0.1:9479".parse().unwrap(), &plans),
             [
@@ -115,7 +115,7 @@ mod tests {
         );
         let all = plan(&[("sched_wakeup", true)]);
         assert_eq!(
-            lines("[::]:1".parse().unwrap(), &[(Capability::Latency, &all)]).last().unwrap(),
+            lines("[::]:1".parse().unwrap(), &[(CapabilityId::Latency, &all)]).last().unwrap(),
             "  unavailable: none"
         );
     }
@@ -125,7 +125,7 @@ mod tests {
         let names: Vec<&'static str> =
             (0..30).map(|i| &*Box::leak(format!("probe_number_{i}").into_boxed_str())).collect();
         let many = Plan { probes: names.iter().map(|name| probe(name, true)).collect() };
-        let lines = lines("127.0.0.1:9479".parse().unwrap(), &[(Capability::Latency, &many)]);
+        let lines = lines("127.0.0.1:9479".parse().unwrap(), &[(CapabilityId::Latency, &many)]);
         assert!(lines.len() > 4, "{lines:#?}");
         assert!(lines.iter().all(|l| l.chars().count() <= WIDTH), "{lines:#?}");
         assert!(lines[2].starts_with("    probe_number_"), "{lines:#?}");
@@ -136,10 +136,10 @@ mod tests {
     #[test]
     fn a_selection_of_which_nothing_attached_is_one_line_naming_what_did_not() {
         let thp = plan(&[("THP allow-check", false)]);
-        let error = nothing_attached(&[(Capability::Thp, &thp)]).unwrap().to_string();
+        let error = nothing_attached(&[(CapabilityId::Thp, &thp)]).unwrap().to_string();
         assert!(error.starts_with("no probe of thp (THP allow-check) attached"), "{error}");
         assert!(error.contains("--allow-empty") && error.contains("mm-probe doctor") && !error.contains('\n'));
         let some = plan(&[("THP allow-check", false), ("other", true)]);
-        assert!(nothing_attached(&[(Capability::Thp, &thp), (Capability::Latency, &some)]).is_none());
+        assert!(nothing_attached(&[(CapabilityId::Thp, &thp), (CapabilityId::Latency, &some)]).is_none());
     }
 }

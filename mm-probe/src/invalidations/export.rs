@@ -18,7 +18,7 @@ use super::{
     probes::{Observability, PROBES, attach_callbacks, observability},
 };
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     collect::counters::program_runs_skipped,
     exporter::scrape::{Choice, FloatSeries, Series, Slice, Snapshot, Source, kvm_events, recursion_guard},
     kernel::{Kallsyms, Kernel, release::Release},
@@ -65,8 +65,8 @@ struct InvalidationsSource {
 }
 
 impl Source for InvalidationsSource {
-    fn capability(&self) -> Capability {
-        Capability::Invalidations
+    fn capability(&self) -> CapabilityId {
+        CapabilityId::Invalidations
     }
 
     fn plan(&self) -> &Plan {
@@ -82,12 +82,12 @@ impl Source for InvalidationsSource {
     }
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
-        let name = Capability::Invalidations.name();
+        let name = CapabilityId::Invalidations.name();
         let drain = self.drain.borrow();
         let tables = &drain.totals;
         let lost = aggregator::lost_events(tables);
         let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("inv_"));
-        snapshot.lost_events.extend(recursion_guard(Capability::Invalidations, skipped));
+        snapshot.lost_events.extend(recursion_guard(CapabilityId::Invalidations, skipped));
         snapshot.lost_events.extend([
             Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
             Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),

@@ -19,7 +19,7 @@ use super::{
     report::Summary,
 };
 use crate::{
-    capability::Capability as Id,
+    capability::CapabilityId as Id,
     cli::{InvalidationsArgs, RunArgs},
     collect::{
         Ticker,

@@ -24,7 +24,7 @@ use super::{
     run::{counter, read_totals},
 };
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     cli::{ExporterArgs, LatencySelection},
     collect::counters::program_runs_skipped,
     exporter::{
@@ -87,8 +87,8 @@ struct LatencySource {
 }
 
 impl Source for LatencySource {
-    fn capability(&self) -> Capability {
-        Capability::Latency
+    fn capability(&self) -> CapabilityId {
+        CapabilityId::Latency
     }
 
     fn plan(&self) -> &Plan {
@@ -96,13 +96,13 @@ impl Source for LatencySource {
     }
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
-        let name = Capability::Latency.name();
+        let name = CapabilityId::Latency.name();
         let totals = read_totals(ebpf, self.functions.len())?;
         let counter = |c: names::Counter| counter(&totals.counters, c);
         // Every latency program is named lat_*; a skipped run of the wakeup or switch program is
         // a wakeup the histogram never saw.
         let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("lat_"));
-        snapshot.lost_events.extend(recursion_guard(Capability::Latency, skipped));
+        snapshot.lost_events.extend(recursion_guard(CapabilityId::Latency, skipped));
         snapshot.map_update_failures.extend([
             Series::new(&[("capability", name), ("map", "LAT_WAKEUPS")], counter(names::Counter::LostWakeups)),
             Series::new(&[("capability", name), ("map", "LAT_FUNC_STATE")], counter(names::Counter::LostFuncEntries)),

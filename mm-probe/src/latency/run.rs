@@ -20,7 +20,7 @@ use super::{
     steal,
 };
 use crate::{
-    capability::Capability as Id,
+    capability::CapabilityId as Id,
     cli::{LatencyArgs, RunArgs},
     collect::{
         RingReader,

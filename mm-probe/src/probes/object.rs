@@ -150,9 +150,9 @@ mod tests {
     /// Every hook of every catalog, with where it comes from: the capabilities' catalogs, every
     /// latency function slot, the self-tests.
     fn every_catalog_hook() -> Vec<(String, crate::probes::Hook)> {
-        use crate::{capability::Capability, latency, probes::LogicalProbe, selftest};
+        use crate::{capability::CapabilityId, latency, probes::LogicalProbe, selftest};
         let mut probes: Vec<(String, LogicalProbe)> = Vec::new();
-        for capability in Capability::ALL {
+        for capability in CapabilityId::ALL {
             probes.extend(capability.catalog().iter().map(|p| (capability.command().to_string(), *p)));
         }
         probes.extend(latency::probes::SCHED_PROBES.iter().map(|p| ("latency".to_string(), *p)));

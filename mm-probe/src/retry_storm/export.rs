@@ -13,7 +13,7 @@ use super::{
     report::Observability,
 };
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     collect::counters::program_runs_skipped,
     exporter::{
         buckets::log2_ns_histogram,
@@ -25,7 +25,7 @@ use crate::{
 
 /// Retry-storm as the exporter was asked for it.
 pub fn slice(choice: &Choice) -> Result<Box<dyn Slice>> {
-    Ok(Box::new(RetryStormSlice { kvm_left_to_invalidations: choice.includes(Capability::Invalidations) }))
+    Ok(Box::new(RetryStormSlice { kvm_left_to_invalidations: choice.includes(CapabilityId::Invalidations) }))
 }
 
 struct RetryStormSlice {
@@ -60,8 +60,8 @@ struct RetryStormSource {
 }
 
 impl Source for RetryStormSource {
-    fn capability(&self) -> Capability {
-        Capability::RetryStorm
+    fn capability(&self) -> CapabilityId {
+        CapabilityId::RetryStorm
     }
 
     fn plan(&self) -> &Plan {
@@ -69,11 +69,11 @@ impl Source for RetryStormSource {
     }
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
-        let name = Capability::RetryStorm.name();
+        let name = CapabilityId::RetryStorm.name();
         let totals = KernelTotals::read(ebpf)?;
         let c = &totals.counters;
         let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
-        snapshot.lost_events.extend(recursion_guard(Capability::RetryStorm, skipped));
+        snapshot.lost_events.extend(recursion_guard(CapabilityId::RetryStorm, skipped));
         snapshot.lost_events.extend([
             // A walk return whose entry was not seen: counted, but its duration is unknown.
             Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(names::Counter::StashMisses)),

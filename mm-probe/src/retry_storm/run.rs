@@ -15,7 +15,7 @@ use super::{
     plot, probes, render, report,
 };
 use crate::{
-    capability::Capability as Id,
+    capability::CapabilityId as Id,
     cli::{RetryStormArgs, RunArgs},
     collect::{
         RingReader, Ticker,

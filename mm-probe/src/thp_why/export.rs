@@ -17,7 +17,7 @@ use super::{
     sysfs::SystemPolicy,
 };
 use crate::{
-    capability::Capability,
+    capability::CapabilityId,
     collect::counters::program_runs_skipped,
     exporter::scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, recursion_guard},
     kernel::{Kernel, layout::ThpDisableBits, release::Release},
@@ -75,8 +75,8 @@ struct ThpSource {
 }
 
 impl Source for ThpSource {
-    fn capability(&self) -> Capability {
-        Capability::Thp
+    fn capability(&self) -> CapabilityId {
+        CapabilityId::Thp
     }
 
     fn plan(&self) -> &Plan {
@@ -84,10 +84,10 @@ impl Source for ThpSource {
     }
 
     fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
-        let name = Capability::Thp.name();
+        let name = CapabilityId::Thp.name();
         let counts = live::read_counts(ebpf)?;
         let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
-        snapshot.lost_events.extend(recursion_guard(Capability::Thp, skipped));
+        snapshot.lost_events.extend(recursion_guard(CapabilityId::Thp, skipped));
         snapshot.lost_events.extend([
             // A kretprobe run without its entry: that check is not counted.
             Series::new(

@@ -29,7 +29,7 @@ use super::{
     target::{Target, is_alive, read_smaps, validate_target},
 };
 use crate::{
-    capability::Capability as Id,
+    capability::CapabilityId as Id,
     cli::{RunArgs, ThpWhyArgs},
     collect::{
         Stop,

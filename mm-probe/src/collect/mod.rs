@@ -1,5 +1,6 @@
-//! Getting data out of the kernel: ring-buffer readers on tokio, per-CPU counters, and the run
-//! skeleton every command shares (`run`: runtime, stop handlers, ticks, the end of a run).
+//! Getting data out of the kernel: ring-buffer readers on tokio, per-CPU counters, the run
+//! skeleton every command shares (`run`: runtime, stop handlers, ticks) and the run driver on
+//! top of it (`driver`: the Capability and Session traits, and the order of every run).
 
 pub mod clock;
 pub mod counters;

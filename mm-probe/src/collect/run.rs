@@ -8,9 +8,9 @@
 //! 3. one way to wait for the end ([`Stopper::wait`]): a signal, the `--duration`, or the exit
 //!    of every target process;
 //! 4. one interval tick ([`Ticker`]) with one missed-tick policy;
-//! 5. the order at the end, which each body follows: detach (`probes::detach_all`), then drain
-//!    the rings, then read the final counts, then print, so that counters and rings describe the
-//!    same events.
+//! 5. the order at the end lives one level up, in the run driver (`driver.rs`): detach, then
+//!    drain the rings, then read the final counts, then print, so that counters and rings
+//!    describe the same events.
 
 use std::time::Duration;
 

@@ -105,14 +105,14 @@ fn madvise_invalidations(summary: &Value) -> BTreeMap<String, u64> {
 }
 
 fn causes(summary: &Value) -> Vec<String> {
-    summary["advice"].as_array().unwrap().iter().map(|a| a["cause"].as_str().unwrap().to_string()).collect()
+    summary["verdict"]["advice"].as_array().unwrap().iter().map(|a| a["cause"].as_str().unwrap().to_string()).collect()
 }
 
 /// The kernel refused a contended wait (counted in lost_events) and wait per invalidation is
 /// therefore UNKNOWN with that reason, never a smaller figure judged: no advice can rest on it
 /// (the host's CI met 1 refused of 25,176 contended waits once).
 fn wait_lost_and_unknown(summary: &Value) -> bool {
-    let metrics = summary["metrics"].as_array().unwrap();
+    let metrics = summary["verdict"]["metrics"].as_array().unwrap();
     let wait = metrics.iter().find(|m| m["metric"] == "wait_per_invalidation").unwrap();
     summary["lost_events"]["waits"].as_u64().unwrap() > 0
         && wait["level"] == "UNKNOWN"
@@ -152,7 +152,7 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
         kvm_callback_matches(&counts, &summary, 1);
     } else {
         // Nothing this kernel cannot measure is shown as 0.
-        let callback = summary["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
+        let callback = summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
         assert!(callback["value"].is_null(), "{callback}");
     }
 }
@@ -176,7 +176,7 @@ fn a_full_table_is_counted_as_lost_and_the_rate_built_on_it_is_unknown() {
     let lost = lines.iter().find(|l| l["type"] == "lost_events").expect("a lost_events line");
     assert!(u(&lost["invalidations"]) > 0, "the refused keys are counted: {lost}");
     assert_eq!(summary["lost_events"]["invalidations"], lost["invalidations"], "{summary}");
-    let metrics = summary["metrics"].as_array().unwrap();
+    let metrics = summary["verdict"]["metrics"].as_array().unwrap();
     let rate = metrics.iter().find(|m| m["metric"] == "invalidate_freq").expect("an invalidate_freq metric");
     assert_eq!(rate["level"], "UNKNOWN", "{rate}");
     assert!(rate["value"].is_null(), "{rate}");
@@ -226,7 +226,7 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
     assert!(
         causes(&small).contains(&"fine-grained invalidations".to_string()) || wait_lost_and_unknown(&small),
         "{}",
-        small["advice"]
+        small["verdict"]["advice"]
     );
     if small["callbacks_observable"] == true {
         kvm_callback_matches(&counts, &small, 2);
@@ -243,7 +243,7 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
         contended(&batched),
         contended(&small)
     );
-    assert!(!causes(&batched).contains(&"fine-grained invalidations".to_string()), "{}", batched["advice"]);
+    assert!(!causes(&batched).contains(&"fine-grained invalidations".to_string()), "{}", batched["verdict"]["advice"]);
 }
 
 #[test]
@@ -329,7 +329,7 @@ fn mirror_callback<'a>(driver: &Value, summary: &'a Value) -> &'a Value {
 }
 
 fn amplification_level(summary: &Value) -> String {
-    let metric = summary["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
+    let metric = summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
     metric["level"].as_str().unwrap().to_string()
 }
 
@@ -357,8 +357,8 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     assert!(fit["fixed_ns"].as_f64().unwrap() >= 50_000.0, "a fixed cost per call: {fit}");
     assert_eq!((u(&fit["smallest_bytes"]), u(&fit["largest_bytes"])), (4096, 2 << 20), "{fit}");
     assert!(fit["amplification"].as_f64().unwrap() > 10.0, "{fit}");
-    assert_ne!(amplification_level(&summary), "OK", "{}", summary["metrics"]);
-    assert!(causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["advice"]);
+    assert_ne!(amplification_level(&summary), "OK", "{}", summary["verdict"]["metrics"]);
+    assert!(causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["verdict"]["advice"]);
     // The device thread's holds: the callback's waits on the device lock are the driver's.
     let device_lock = summary["locks"].as_array().unwrap().iter().find(|l| {
         l["paths"].as_array().unwrap().iter().any(|p| p["in_notifier"] == true && p["caller"] == "mirror_invalidate")
@@ -385,8 +385,8 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     let fit = &row["fit"];
     assert!(fit["per_page_ns"].as_f64().unwrap() >= 20_000.0, "about 40 µs a page: {fit}");
     assert!(fit["amplification"].as_f64().unwrap() < 10.0, "a per-page cost is not amplified: {fit}");
-    assert_eq!(amplification_level(&summary), "OK", "{}", summary["metrics"]);
-    assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["advice"]);
+    assert_eq!(amplification_level(&summary), "OK", "{}", summary["verdict"]["metrics"]);
+    assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["verdict"]["advice"]);
 }
 
 /// A workload started with `--wait`: it has printed its pid and waits for a line.

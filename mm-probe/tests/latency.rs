@@ -68,7 +68,7 @@ fn wakeups_of_a_fifo_task_are_counted_from_tracepoints_and_ctrl_c_prints_the_sum
         assert!(summary["functions"].as_array().unwrap().is_empty(), "no function summary without a probe");
     }
     assert_eq!(lost["malformed_records"], 0, "{lost}");
-    assert!(["ok", "warn", "crit"].contains(&summary["verdict"]["level"].as_str().unwrap()), "{summary}");
+    assert!(["OK", "WARN", "CRIT"].contains(&summary["verdict"]["level"].as_str().unwrap()), "{summary}");
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable(
     assert!(out.contains("usecs : count     distribution"), "{out}");
     assert!(out.contains("rt_waker"), "the task table names the waker: {out}");
     assert!(out.contains("lost events:"), "{out}");
-    assert!(out.contains("verdict: "), "{out}");
+    assert!(out.contains("Verdict: "), "{out}");
     if vm_kernel().is_none() && !Path::new("/sys/bus/event_source/devices/kprobe/type").exists() {
         assert!(out.contains("function attribution unavailable: madvise_cold_or_pageout_pte_range:"), "{out}");
         assert!(out.contains("CONFIG_KPROBES"), "{out}");
@@ -469,11 +469,11 @@ fn under_cpu_load_spikes_are_blamed_on_what_held_the_cpu_never_on_a_sleepers_sys
         }
     }
     assert!(blamed_on_load > 0, "some spike names {hog} (what held the CPU) or CPU contention: {wakeups:#?}");
-    for pair in summary["verdict"]["causes"].as_array().unwrap() {
+    for pair in summary["spike_causes"].as_array().unwrap() {
         let cause = pair[0].as_str().unwrap();
         assert!(!sleeping_cause(cause), "the verdict counts no sleeping syscall as a cause: {summary}");
     }
-    assert!(!summary["verdict"]["text"].as_str().unwrap().contains("nanosleep"), "{summary}");
+    assert!(!summary["verdict"]["headline"].as_str().unwrap().contains("nanosleep"), "{summary}");
 }
 
 /// A fair thread spinning in user space on one CPU (no syscalls, no faults once running) until
@@ -533,7 +533,7 @@ fn a_fifo_waiter_beside_a_user_space_hog_on_its_cpu_is_never_said_to_wait_for_th
         "MEASURED rt_waker beside {} on CPU 1: {} waits over 100µs, worst {worst} ns; verdict: {}",
         UserSpaceHog::COMM,
         waits.len(),
-        summary["verdict"]["text"]
+        summary["verdict"]["headline"]
     );
     for spike in &waits {
         eprintln!(

@@ -103,7 +103,7 @@ impl Phase {
     /// Every spike over the threshold the verdict blames on the walk (the listed ones are the
     /// worst `--top` only).
     fn spikes_caused_by_walk(&self) -> u64 {
-        let causes = self.summary()["verdict"]["causes"].as_array().cloned().unwrap_or_default();
+        let causes = self.summary()["spike_causes"].as_array().cloned().unwrap_or_default();
         causes.iter().find(|c| c[0] == WALK).and_then(|c| c[1].as_u64()).unwrap_or(0)
     }
 
@@ -134,7 +134,7 @@ impl Phase {
             self.storm["calls"],
             walk["count"],
             walk["mean_ns"].as_f64().map_or("-".into(), |m| format!("{:.0}", m / 1000.0)),
-            self.summary()["verdict"]["text"].as_str().unwrap_or_default(),
+            self.summary()["verdict"]["headline"].as_str().unwrap_or_default(),
         );
         for spike in spikes(&self.lines, "wakeup").iter().take(2) {
             eprintln!("SPIKE {}\n  stack: {:?}", spike["explanation"], frames(&spike["stack"]));
@@ -194,7 +194,7 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
         let worst = walk.worst_ns() as f64 / t;
         let blamed = walk.blamed_on_walk();
         let over = walk.summary()["wakeup"]["over_threshold"].as_u64().unwrap();
-        let bound = &walk.summary()["verdict"]["call_bound"];
+        let bound = &walk.summary()["call_bound"];
         match expect {
             Expect::OneStep => {
                 assert!((0.6..=1.5).contains(&worst), "6.1: the worst wait is about one step, {worst:.2} T");

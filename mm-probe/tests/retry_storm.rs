@@ -70,7 +70,7 @@ fn the_plan_says_what_is_observable_and_the_run_exits_0() {
         summary["walks"].is_null() && summary["retry_rate"].is_null() && summary["retry_loops"].is_null(),
         "{summary}"
     );
-    assert_eq!(summary["verdict"]["overall"], "UNKNOWN", "nothing observed must not read as OK");
+    assert_eq!(summary["verdict"]["level"], "UNKNOWN", "nothing observed must not read as OK");
 
     let text = run_tool(&["retry-storm", "--duration", "1s"]);
     assert_eq!(text.status.code(), Some(0));
@@ -380,7 +380,7 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
     let (whole_driver, whole) = storm("whole 64 MiB walks, one notifier", &[]);
     assert_counts_match("whole", &whole_driver, &whole);
     assert!(f(&whole_driver["busy_returns"]) > 0.0, "the storm must make walks fail: {whole_driver}");
-    let overall = whole["verdict"]["overall"].as_str().unwrap();
+    let overall = whole["verdict"]["level"].as_str().unwrap();
     assert!(overall == "CRIT" || overall == "WARN", "whole-range walks under a storm: {overall}");
     let chunk_advice = has_advice(&whole, "large walks").expect("the chunking advice for 64 MiB walks");
     assert!(chunk_advice["action"].as_str().unwrap().contains("2 MiB chunks"), "{chunk_advice}");
@@ -461,7 +461,7 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
             per_invalidation(s) * 100.0,
             f(&s["walks"]["latency"]["mean_ns"]) / 1000.0,
             s["retry_loops"]["timeouts"].as_u64().unwrap_or(0),
-            s["verdict"]["overall"].as_str().unwrap_or("?")
+            s["verdict"]["level"].as_str().unwrap_or("?")
         )
     };
     eprintln!(

@@ -261,7 +261,7 @@ fn thp_built_in() -> bool {
 
 /// On a kernel without THP the report must say so first, and judge every VMA by it.
 fn assert_no_thp(report: &Value) {
-    let verdict = report["verdict"].as_str().unwrap();
+    let verdict = report["verdict"]["headline"].as_str().unwrap();
     assert!(
         verdict.starts_with("THP unavailable for pid") && verdict.contains("CONFIG_TRANSPARENT_HUGEPAGE"),
         "{verdict}"
@@ -343,7 +343,7 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
         assert_eq!(reason(&report, "prctl_thp_disable").unwrap()["set_by"]["pid"], wrapper);
         return;
     }
-    let verdict = report["verdict"].as_str().unwrap();
+    let verdict = report["verdict"]["headline"].as_str().unwrap();
     assert!(verdict.starts_with(&format!("THP disabled for pid {target} (thp_regions): MMF_DISABLE_THP")), "{verdict}");
     assert!(verdict.contains(&format!("by prctl in ancestor {wrapper} (")), "{verdict}");
     assert!(verdict.contains("inherited across fork/exec"), "{verdict}");
@@ -357,7 +357,7 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
     assert_eq!(&chain[..3], &[target as u64, relay as u64, wrapper as u64]);
     // The mmap_lock tracepoint reads mm->flags from the kernel wherever tracepoints work.
     assert_eq!(report["process"]["source"], "kernel", "{}", report["process"]);
-    assert!(report["fix"][0].as_str().unwrap().starts_with("start the workload outside that wrapper"));
+    assert!(report["verdict"]["advice"][0]["action"].as_str().unwrap().starts_with("start the workload outside that wrapper"));
     // Even the madvised region is refused, with the prctl among its reasons.
     let advised = vma(&report, &start_of(region(&round, "advised")));
     assert!(codes(advised).contains(&"prctl_thp_disable"), "{advised}");
@@ -376,7 +376,7 @@ fn assert_plan_explains_the_allow_check(report: &Value) {
     let live = &report["live"];
     if allow_check_observed(report) {
         assert!(live["allow_check"].as_str().unwrap().starts_with(kernel_allow_check().function), "{live}");
-        assert!(report["verdict"].as_str().unwrap().contains(" THP checks, "), "{}", report["verdict"]);
+        assert!(report["verdict"]["headline"].as_str().unwrap().contains(" THP checks, "), "{}", report["verdict"]["headline"]);
     } else if !thp_built_in() {
         let why = live["why_not"].as_str().unwrap();
         assert!(why.contains("not in this kernel's BTF"), "no THP, no allow-check function: {why}");
@@ -384,7 +384,7 @@ fn assert_plan_explains_the_allow_check(report: &Value) {
         assert!(vm_kernel().is_none(), "every Debian guest kernel lets the allow-check be probed: {live}");
         let why = live["why_not"].as_str().unwrap();
         assert!(why.contains("EPERM") || why.contains("CONFIG_KPROBES"), "{why}");
-        assert!(!report["verdict"].as_str().unwrap().contains("THP checks"), "{}", report["verdict"]);
+        assert!(!report["verdict"]["headline"].as_str().unwrap().contains("THP checks"), "{}", report["verdict"]["headline"]);
     }
 }
 
@@ -410,7 +410,7 @@ fn except_advised_mode_is_read_from_the_kernel_on_6_18() {
     assert_eq!(report["process"]["status_thp_enabled"], true);
     assert_eq!(report["process"]["thp_disable"], "except_advised");
     assert_eq!(report["process"]["source"], "kernel");
-    assert!(report["verdict"].as_str().unwrap().contains("except MADV_HUGEPAGE regions"), "{}", report["verdict"]);
+    assert!(report["verdict"]["headline"].as_str().unwrap().contains("except MADV_HUGEPAGE regions"), "{}", report["verdict"]["headline"]);
     let r = reason(&report, "prctl_thp_disable_except_advised").unwrap();
     assert_eq!(r["set_by"]["pid"], tree.pids[0]);
     let advised = vma(&report, &start_of(region(&round, "advised")));
@@ -513,7 +513,7 @@ fn a_fully_huge_madvised_region_is_reported_as_using_huge_pages() {
     assert!(region.anon_huge_kb >= 60 << 10, "{}", why_not_huge(region.anon_huge_kb, len));
 
     let report = thp_why_live(pid, || {});
-    let verdict = report["verdict"].as_str().unwrap();
+    let verdict = report["verdict"]["headline"].as_str().unwrap();
     let prefix = format!("pid {pid} (thp_huge): ");
     assert!(
         verdict.starts_with(&prefix) && verdict.contains(" resident anonymous memory is in huge pages ("),
@@ -549,11 +549,13 @@ fn a_fully_huge_madvised_region_is_reported_as_using_huge_pages() {
     let faults = &report["faults"];
     assert!(faults["observed"].as_bool().unwrap() && faults["total"].is_u64(), "{faults}");
 
+    // Nearly all of it huge is OK.
+    assert_eq!(report["verdict"]["level"], "OK", "{}", report["verdict"]);
     // The text leads with the same line and says how long it watched.
     let out = run_tool(&["thp-why", &pid.to_string(), "--duration", "1s"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.lines().next().unwrap().starts_with(&prefix), "{text}");
+    assert!(text.lines().next().unwrap().starts_with(&format!("OK: {prefix}")), "{text}");
     assert!(text.contains("window    watched 1."), "{text}");
 }
 

@@ -11,7 +11,7 @@ use mm_probe_common::{
 
 use super::{
     decoder::Tables,
-    judge::{Amplified, Busiest, Evidence, Fit},
+    judge::{Amplified, Busiest, Evidence, Fit, Metric},
     locks::WaitPath,
     probes::{Observability, subscriber_name},
     report::{Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, Peak, SubscriberRow},
@@ -306,32 +306,32 @@ pub fn evidence(
     }
 }
 
-/// Why each metric that reads UNKNOWN does, by metric name.
-fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents) -> BTreeMap<&'static str, String> {
+/// Why each metric that reads UNKNOWN does.
+fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents) -> BTreeMap<Metric, String> {
     let seen_waits = seen.lock_waits;
     let mut reasons = BTreeMap::new();
     if !seen.callbacks {
         let why = "subscriber callbacks are not timed on this kernel (the plan says why)".to_string();
-        reasons.insert("callback_mean", why.clone());
-        reasons.insert("amplification", why);
+        reasons.insert(Metric::CallbackMean, why.clone());
+        reasons.insert(Metric::Amplification, why);
     }
     if let Some(why) = &inv.not_observable {
-        reasons.insert("invalidate_freq", why.clone());
-        reasons.insert("wait_per_invalidation", why.clone());
+        reasons.insert(Metric::InvalidateFreq, why.clone());
+        reasons.insert(Metric::WaitPerInvalidation, why.clone());
     }
     if lost.invalidations_incomplete() {
         let why = format!(
             "{} invalidations were lost (the kernel's table refused them: full, or in use on that CPU)",
             lost.invalidations
         );
-        reasons.insert("invalidate_freq", why.clone());
-        reasons.insert("wait_per_invalidation", why);
+        reasons.insert(Metric::InvalidateFreq, why.clone());
+        reasons.insert(Metric::WaitPerInvalidation, why);
     }
     if !seen_waits {
-        reasons.insert("wait_per_invalidation", "lock contention is not observable on this kernel".into());
+        reasons.insert(Metric::WaitPerInvalidation, "lock contention is not observable on this kernel".into());
     } else if lost.waits_incomplete() {
         reasons.insert(
-            "wait_per_invalidation",
+            Metric::WaitPerInvalidation,
             format!(
                 "{} contended waits were lost (the kernel's table refused them: full, or in use on that CPU)",
                 lost.waits
@@ -343,8 +343,8 @@ fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents)
             "{} callback calls were lost (the kernel's table refused them: full, or in use on that CPU)",
             lost.callback_calls
         );
-        reasons.insert("callback_mean", why.clone());
-        reasons.insert("amplification", why);
+        reasons.insert(Metric::CallbackMean, why.clone());
+        reasons.insert(Metric::Amplification, why);
     }
     reasons
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::{
-    report::verdict::{Band, Level},
+    report::verdict::{self, Band, Level, Unit, named},
     units::{format_bytes, format_nanos},
 };
 
@@ -72,7 +72,7 @@ pub struct Evidence {
     /// vCPU faults waited on the same lock the notifier waited on.
     pub vcpu_faults_wait: bool,
     /// Why a metric cannot be judged (not observable, or computed from lost data), by name.
-    pub unknown_because: BTreeMap<&'static str, String>,
+    pub unknown_because: BTreeMap<Metric, String>,
 }
 
 /// A subscriber and its callback's time-against-size fit.
@@ -82,47 +82,48 @@ pub struct Amplified {
     pub fit: Fit,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct MetricVerdict {
-    pub metric: &'static str,
-    /// What it measures, in words.
-    pub definition: &'static str,
-    /// What `value`, `warn` and `crit` are counted in.
-    pub unit: &'static str,
-    pub value: Option<f64>,
-    pub level: Level,
-    pub warn: f64,
-    pub crit: f64,
-    /// Why `value` is null and the level UNKNOWN, when it is.
-    pub unknown_because: Option<String>,
+named! {
+    /// The metrics the verdict judges, by the names of docs/thresholds.md.
+    pub enum Metric {
+        InvalidateFreq => "invalidate_freq",
+        WaitPerInvalidation => "wait_per_invalidation",
+        CallbackMean => "callback_mean",
+        Amplification => "amplification",
+    }
 }
 
-/// Each metric: name, definition, unit.
-const METRICS: [(&str, &str, &str); 4] = [
-    ("invalidate_freq", "invalidations of the busiest mm in its busiest second (about one drain period)", "per_second"),
-    ("wait_per_invalidation", "lock wait inside invalidations' callbacks ÷ invalidations", "ns"),
-    ("callback_mean", "mean time of the slowest subscriber's callback", "ns"),
-    (
-        "amplification",
-        "what a page costs in the smallest invalidations ÷ what it costs in the largest, judged where the smallest take a quarter of the callback's time",
-        "ratio",
-    ),
-];
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Advice {
-    /// "batch invalidations", "shrink the critical section", "coalesce device flushes", ...
-    pub cause: &'static str,
-    pub evidence: String,
-    pub advice: String,
+impl Metric {
+    /// What it measures, and in what.
+    fn defined(self) -> (&'static str, Unit) {
+        match self {
+            Metric::InvalidateFreq => {
+                ("invalidations of the busiest mm in its busiest second (about one drain period)", Unit::PerSecond)
+            }
+            Metric::WaitPerInvalidation => ("lock wait inside invalidations' callbacks ÷ invalidations", Unit::Ns),
+            Metric::CallbackMean => ("mean time of the slowest subscriber's callback", Unit::Ns),
+            Metric::Amplification => (
+                "what a page costs in the smallest invalidations ÷ what it costs in the largest, judged where the smallest take a quarter of the callback's time",
+                Unit::Ratio,
+            ),
+        }
+    }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Verdict {
-    pub verdict: Level,
-    pub metrics: Vec<MetricVerdict>,
-    pub advice: Vec<Advice>,
+named! {
+    /// What a piece of advice blames.
+    pub enum Cause {
+        FrequentInvalidations => "frequent invalidations",
+        FineGrainedInvalidations => "fine-grained invalidations",
+        NotifierAgainstVcpuFaults => "notifier against vCPU faults",
+        LockWaitsInTheNotifier => "lock waits in the notifier",
+        DeviceFlushAmplification => "device-flush amplification",
+        SlowInvalidateCallbacks => "slow invalidate callbacks",
+    }
 }
+
+pub type Verdict = verdict::Verdict<Metric, Cause>;
+type Advice = verdict::Advice<Cause>;
+type MetricVerdict = verdict::MetricVerdict<Metric>;
 
 /// Invalidations smaller than this on average are worth batching (a PMD's worth).
 const BATCH_BYTES: f64 = (2 << 20) as f64;
@@ -133,81 +134,67 @@ const BATCH_BYTES: f64 = (2 << 20) as f64;
 pub const AMPLIFIED_TIME_SHARE: f64 = 0.25;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
-    let metric = |metric: &'static str, value: Option<f64>, band: Band| {
-        let (_, definition, unit) = METRICS.iter().copied().find(|m| m.0 == metric).unwrap_or((metric, "", ""));
-        let unknown_because = e.unknown_because.get(metric).cloned();
-        // A figure computed from lost data is no figure.
-        let value = if unknown_because.is_some() { None } else { value };
-        MetricVerdict {
-            metric,
-            definition,
-            unit,
-            value,
-            level: band.classify(value),
-            warn: band.warn,
-            crit: band.crit,
-            unknown_because: unknown_because.or_else(|| value.is_none().then(|| "nothing to judge was seen".into())),
-        }
+    let metric = |metric: Metric, value: Option<f64>, band: Band| {
+        let (definition, unit) = metric.defined();
+        MetricVerdict::judged(metric, definition, unit, value, band, e.unknown_because.get(&metric).cloned())
     };
     let amplified = e.amplification.as_ref();
-    let mut amplification = metric("amplification", amplified.map(|a| a.fit.amplification), t.amplification);
+    let mut amplification = metric(Metric::Amplification, amplified.map(|a| a.fit.amplification), t.amplification);
     let matters = amplified.is_some_and(|a| a.fit.smallest_time_share >= AMPLIFIED_TIME_SHARE);
     if amplification.value.is_some() && !matters {
         amplification.level = Level::Ok;
     }
     let metrics = vec![
-        metric("invalidate_freq", e.invalidate_freq, t.invalidate_freq),
-        metric("wait_per_invalidation", e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
-        metric("callback_mean", e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
+        metric(Metric::InvalidateFreq, e.invalidate_freq, t.invalidate_freq),
+        metric(Metric::WaitPerInvalidation, e.wait_per_invalidation_ns, t.wait_per_invalidation_ns),
+        metric(Metric::CallbackMean, e.slowest_callback.as_ref().map(|(_, ns)| *ns), t.callback_mean_ns),
         amplification,
     ];
-    let verdict = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
     // Unknown only when nothing could be judged: one OK metric and three unobservable is OK.
-    let verdict = if verdict == Level::Unknown { Level::Unknown } else { verdict };
     let advice = advise(e, &metrics);
-    Verdict { verdict, metrics, advice }
+    Verdict::of(metrics, advice)
 }
 
-fn level(metrics: &[MetricVerdict], name: &str) -> Level {
-    metrics.iter().find(|m| m.metric == name).map_or(Level::Unknown, |m| m.level)
+fn level(metrics: &[MetricVerdict], metric: Metric) -> Level {
+    verdict::level_of(metrics, metric)
 }
 
 fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     let mut advice = Vec::new();
-    if level(metrics, "invalidate_freq") >= Level::Warn {
+    if level(metrics, Metric::InvalidateFreq) >= Level::Warn {
         advice.push(frequent_invalidations(e));
     }
-    let waits = level(metrics, "wait_per_invalidation") >= Level::Warn;
+    let waits = level(metrics, Metric::WaitPerInvalidation) >= Level::Warn;
     if let (true, Some((lock, wait_ns)), Some(bytes)) = (waits, &e.notifier_lock, e.mean_invalidation_bytes)
         && bytes < BATCH_BYTES
     {
         advice.push(Advice {
-            cause: "fine-grained invalidations",
+            cause: Cause::FineGrainedInvalidations,
             evidence: format!(
                 "invalidations of {} on average waited {} in total on {lock}",
                 format_bytes(bytes as u64),
                 format_nanos(*wait_ns)
             ),
-            advice: "batch them: madvise/munmap in 2 MiB (or larger) ranges; each invalidation takes the lock once, whatever its size".into(),
+            action: "batch them: madvise/munmap in 2 MiB (or larger) ranges; each invalidation takes the lock once, whatever its size".into(),
         });
     }
     if waits && e.vcpu_faults_wait {
         let lock = e.notifier_lock.as_ref().map_or("the notifier's lock", |(l, _)| l.as_str());
         advice.push(Advice {
-            cause: "notifier against vCPU faults",
+            cause: Cause::NotifierAgainstVcpuFaults,
             evidence: format!("vCPU page faults and the notifier both waited on {lock}"),
-            advice: "shrink the critical section: collect under the lock and do the slow work outside it; in non-blockable context try the lock and return false".into(),
+            action: "shrink the critical section: collect under the lock and do the slow work outside it; in non-blockable context try the lock and return false".into(),
         });
     }
-    let waits_advised = advice.iter().any(|a| a.cause != "frequent invalidations");
+    let waits_advised = advice.iter().any(|a| a.cause != Cause::FrequentInvalidations);
     if waits && !waits_advised {
         advice.push(waits_in_the_notifier(e));
     }
     if let (Some(Amplified { subscriber, fit }), true) =
-        (&e.amplification, level(metrics, "amplification") >= Level::Warn)
+        (&e.amplification, level(metrics, Metric::Amplification) >= Level::Warn)
     {
         advice.push(Advice {
-            cause: "device-flush amplification",
+            cause: Cause::DeviceFlushAmplification,
             evidence: format!(
                 "{subscriber}'s callback costs ~{} per call whatever its size: a page of a {} invalidation costs ~{:.0}x what it costs in a {} one, and those take {:.0}% of its time",
                 format_nanos(fit.fixed_ns as u64),
@@ -216,15 +203,15 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
                 format_bytes(fit.largest_bytes),
                 fit.smallest_time_share * 100.0,
             ),
-            advice: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
+            action: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
         });
     } else if let (Some((subscriber, mean_ns)), true) =
-        (&e.slowest_callback, level(metrics, "callback_mean") >= Level::Warn)
+        (&e.slowest_callback, level(metrics, Metric::CallbackMean) >= Level::Warn)
     {
         advice.push(Advice {
-            cause: "slow invalidate callbacks",
+            cause: Cause::SlowInvalidateCallbacks,
             evidence: format!("{subscriber}'s callback takes {} per call on average", format_nanos(*mean_ns as u64)),
-            advice: "move the device's wait out of the callback (flush asynchronously, wait in the fault path) or flush only the range".into(),
+            action: "move the device's wait out of the callback (flush asynchronously, wait in the fault path) or flush only the range".into(),
         });
     }
     advice
@@ -238,13 +225,13 @@ fn waits_in_the_notifier(e: &Evidence) -> Advice {
     let size =
         e.mean_invalidation_bytes.map_or_else(String::new, |b| format!(", {} on average", format_bytes(b as u64)));
     Advice {
-        cause: "lock waits in the notifier",
+        cause: Cause::LockWaitsInTheNotifier,
         evidence: format!(
             "invalidations{}{size} waited {} in total on {lock}",
             whose.unwrap_or_default(),
             format_nanos(wait_ns)
         ),
-        advice: "find who else holds that lock (its other paths in the lock table) and shorten that critical section, or take the lock once per batch of invalidations".into(),
+        action: "find who else holds that lock (its other paths in the lock table) and shorten that critical section, or take the lock once per batch of invalidations".into(),
     }
 }
 
@@ -269,7 +256,7 @@ fn frequent_invalidations(e: &Evidence) -> Advice {
     } else {
         "find who invalidates it (the invalidators below) and make that less frequent: reclaim, compaction, NUMA balancing and khugepaged each have their knob"
     };
-    Advice { cause: "frequent invalidations", evidence, advice: advice.into() }
+    Advice { cause: Cause::FrequentInvalidations, evidence, action: advice.into() }
 }
 
 #[cfg(test)]
@@ -289,7 +276,7 @@ pub(crate) mod tests {
     #[test]
     fn nothing_observable_is_unknown_never_ok() {
         let verdict = judge(&Evidence::default(), &thresholds());
-        assert_eq!(verdict.verdict, Level::Unknown);
+        assert_eq!(verdict.level, Level::Unknown);
         assert!(verdict.advice.is_empty());
         assert!(verdict.metrics.iter().all(|m| m.value.is_none()));
     }
@@ -305,12 +292,12 @@ pub(crate) mod tests {
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
-        assert_eq!(verdict.verdict, Level::Crit);
-        let causes: Vec<&str> = verdict.advice.iter().map(|a| a.cause).collect();
+        assert_eq!(verdict.level, Level::Crit);
+        let causes: Vec<&str> = verdict.advice.iter().map(|a| a.cause.name()).collect();
         assert_eq!(causes, ["frequent invalidations", "fine-grained invalidations", "notifier against vCPU faults"]);
         // Already 2 MiB: batching is not the advice.
         let big = Evidence { mean_invalidation_bytes: Some((2 << 20) as f64), ..e };
-        assert!(judge(&big, &thresholds()).advice.iter().all(|a| a.cause != "fine-grained invalidations"));
+        assert!(judge(&big, &thresholds()).advice.iter().all(|a| a.cause != Cause::FineGrainedInvalidations));
     }
 
     #[test]
@@ -325,8 +312,8 @@ pub(crate) mod tests {
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
-        assert_eq!(verdict.verdict, Level::Crit);
-        let advice = verdict.advice.iter().find(|a| a.cause == "lock waits in the notifier").expect("advice");
+        assert_eq!(verdict.level, Level::Crit);
+        let advice = verdict.advice.iter().find(|a| a.cause == Cause::LockWaitsInTheNotifier).expect("advice");
         assert!(
             advice.evidence.contains("pid 77 (app)") && advice.evidence.contains("drm_flush"),
             "{}",
@@ -356,9 +343,9 @@ pub(crate) mod tests {
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
-        assert_eq!(verdict.verdict, Level::Crit);
+        assert_eq!(verdict.level, Level::Crit);
         assert_eq!(verdict.advice.len(), 1);
-        assert_eq!(verdict.advice[0].cause, "device-flush amplification");
+        assert_eq!(verdict.advice[0].cause, Cause::DeviceFlushAmplification);
         assert!(
             verdict.advice[0].evidence.contains("4 KiB invalidation costs ~500x"),
             "{}",
@@ -384,12 +371,12 @@ pub(crate) mod tests {
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
-        let metric = verdict.metrics.iter().find(|m| m.metric == "amplification").unwrap();
+        let metric = verdict.metrics.iter().find(|m| m.metric == Metric::Amplification).unwrap();
         assert_eq!((metric.value, metric.level), (Some(480.0), Level::Ok), "measured, and judged harmless");
         assert!(verdict.advice.is_empty(), "{:?}", verdict.advice);
         let mattering = Fit { smallest_time_share: AMPLIFIED_TIME_SHARE, ..fit };
         let e = Evidence { amplification: Some(Amplified { subscriber: "kvm".into(), fit: mattering }), ..e };
-        assert_eq!(judge(&e, &thresholds()).verdict, Level::Crit);
+        assert_eq!(judge(&e, &thresholds()).level, Level::Crit);
     }
 
     #[test]
@@ -407,27 +394,26 @@ pub(crate) mod tests {
             ..Evidence::default()
         };
         let verdict = judge(&e, &thresholds());
-        assert_eq!(verdict.verdict, Level::Crit);
+        assert_eq!(verdict.level, Level::Crit);
         let advice = &verdict.advice[0];
-        assert_eq!(advice.cause, "frequent invalidations");
+        assert_eq!(advice.cause, Cause::FrequentInvalidations);
         assert!(
             advice.evidence.contains("pid 4242 (qemu-kvm)") && advice.evidence.contains("4 KiB"),
             "{}",
             advice.evidence
         );
-        assert!(advice.advice.starts_with("batch them"), "{}", advice.advice);
+        assert!(advice.action.starts_with("batch them"), "{}", advice.action);
         let metric = &verdict.metrics[0];
-        assert_eq!((metric.unit, metric.warn, metric.crit), ("per_second", 1000.0, 10000.0));
+        assert_eq!((metric.unit, metric.warn, metric.crit), (Unit::PerSecond, 1000.0, 10000.0));
     }
 
     #[test]
     fn a_figure_from_lost_data_is_unknown_with_the_reason_never_ok() {
         let mut unknown_because = BTreeMap::new();
-        unknown_because
-            .insert("wait_per_invalidation", "5241 contended waits were lost (the kernel's table was full)".into());
+        unknown_because.insert(Metric::WaitPerInvalidation, "5241 contended waits were lost (the kernel's table was full)".into());
         let e = Evidence { wait_per_invalidation_ns: Some(0.0), unknown_because, ..Evidence::default() };
         let verdict = judge(&e, &thresholds());
-        let metric = verdict.metrics.iter().find(|m| m.metric == "wait_per_invalidation").unwrap();
+        let metric = verdict.metrics.iter().find(|m| m.metric == Metric::WaitPerInvalidation).unwrap();
         assert_eq!((metric.value, metric.level), (None, Level::Unknown));
         assert!(metric.unknown_because.as_deref().unwrap().contains("lost"));
     }

@@ -47,7 +47,7 @@ fn summary_text_at(s: &Summary, stopped_by: Stop, width: usize) -> String {
     out += &locks_text(s, width);
     out += &subscribers_text(s, width);
     out += &lost_text(&s.lost_events);
-    out += &verdict_text(s);
+    out += &s.verdict.text();
     out
 }
 
@@ -317,34 +317,6 @@ pub fn fit_text(f: &Fit) -> String {
 }
 
 /// A metric's value or threshold in its unit.
-fn in_unit(value: f64, unit: &str) -> String {
-    match unit {
-        "per_second" => format!("{value:.0}/s"),
-        "ratio" => format!("{value:.0}x"),
-        _ => format_nanos(value as u64),
-    }
-}
-
-fn verdict_text(s: &Summary) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "\nVerdict: {}", s.verdict.verdict.name());
-    for m in &s.verdict.metrics {
-        let value = m.value.map_or_else(|| "-".to_string(), |v| in_unit(v, m.unit));
-        let band = format!("(warn {}, crit {})", in_unit(m.warn, m.unit), in_unit(m.crit, m.unit));
-        let _ = writeln!(out, "  {:<22} {:>10}  {:<7} {band}", m.metric, value, m.level.name());
-        if let (None, Some(why)) = (m.value, &m.unknown_because) {
-            let _ = writeln!(out, "    {why}");
-        }
-    }
-    if !s.verdict.advice.is_empty() {
-        let _ = writeln!(out, "\nAdvice");
-        for a in &s.verdict.advice {
-            let _ = writeln!(out, "  - {}: {}\n    -> {}", a.cause, a.evidence, a.advice);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,7 +32,6 @@ pub struct Summary {
     /// Subscriber callbacks timed, slowest first.
     pub subscribers: Vec<SubscriberRow>,
     pub callbacks_observable: bool,
-    #[serde(flatten)]
     pub verdict: Verdict,
     /// What was lost on the way: the figures built on it are null (UNKNOWN) with the reason.
     pub lost_events: LostEvents,

@@ -9,36 +9,34 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::{aggregator::Distribution, attribution::Cause};
-use crate::units::format_nanos;
+use crate::{
+    report::verdict::{self, Advice, Level, MetricVerdict, Unit, named},
+    units::format_nanos,
+};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Level {
-    Ok,
-    Warn,
-    Crit,
-    /// No measured task woke up.
-    NoData,
-}
-
-impl Level {
-    pub fn label(self) -> &'static str {
-        match self {
-            Level::Ok => "OK",
-            Level::Warn => "WARN",
-            Level::Crit => "CRIT",
-            Level::NoData => "NO DATA",
-        }
+named! {
+    /// The metric the verdict judges.
+    pub enum Metric {
+        OverThreshold => "over_threshold",
     }
 }
 
+named! {
+    /// What a piece of advice blames.
+    pub enum Advised {
+        OneCallBoundsTheWait => "one call bounds the wait",
+    }
+}
+
+pub type Verdict = verdict::Verdict<Metric, Advised>;
+
+/// The verdict and the facts it rests on that only latency has.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Verdict {
-    pub level: Level,
-    pub text: String,
+pub struct Judgement {
+    pub verdict: Verdict,
     /// Spikes per cause (labelled as in the spike lines: a traced function, `syscall <name>`,
     /// `cpu contention`, `idle`…), most first.
-    pub causes: Vec<(String, u64)>,
+    pub spike_causes: Vec<(String, u64)>,
     /// The worst wait against one call of a traced function that takes longer than the
     /// threshold: whether the kernel lets a woken task in only between calls, or within one.
     pub call_bound: Option<CallBound>,
@@ -138,6 +136,30 @@ fn steal_evidence(steal_ns: &BTreeMap<u32, u64>) -> String {
 /// Fewer spikes than this fraction of wakeups is a warning, not critical.
 const WARN_FRACTION: f64 = 0.001;
 
+const OVER_THRESHOLD: &str = "wakeups that waited longer than the threshold ÷ wakeups: any is WARN, one in a thousand or more CRIT";
+
+/// The share of wakeups over the threshold, judged: any is WARN, `WARN_FRACTION` or more CRIT
+/// (a band whose CRIT bound is inclusive, so it is judged here rather than by `Band`).
+fn over_threshold(wakeups: &Distribution) -> MetricVerdict<Metric> {
+    let value = (wakeups.count > 0).then(|| wakeups.over_threshold as f64 / wakeups.count as f64);
+    let level = match value {
+        None => Level::Unknown,
+        Some(v) if v == 0.0 => Level::Ok,
+        Some(v) if v < WARN_FRACTION => Level::Warn,
+        Some(_) => Level::Crit,
+    };
+    MetricVerdict {
+        metric: Metric::OverThreshold,
+        definition: OVER_THRESHOLD,
+        unit: Unit::Fraction,
+        value,
+        level,
+        warn: 0.0,
+        crit: WARN_FRACTION,
+        unknown_because: value.is_none().then(|| "no measured task woke up".into()),
+    }
+}
+
 /// Judges the run's wakeups against `threshold_ns`. `causes` counts every spike seen (not just
 /// the listed top N) by cause; `names[slot]` names each function slot; `functions` gives each
 /// attached traced function's distribution; `steal_ns` each CPU's steal during the run (CPUs
@@ -149,28 +171,19 @@ pub fn judge(
     names: &[String],
     functions: &[(String, Distribution)],
     steal_ns: &BTreeMap<u32, u64>,
-) -> Verdict {
+) -> Judgement {
     let mut ranked: Vec<(Cause, u64)> = causes.iter().map(|(c, n)| (*c, *n)).collect();
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.label(names).cmp(&b.0.label(names))));
     let threshold = format_nanos(threshold_ns);
-    let (level, mut text) = if wakeups.count == 0 {
-        (
-            Level::NoData,
-            "no measured task woke up: start the real-time workload, or widen the selection with -p or --all-tasks"
-                .to_string(),
-        )
+    let metric = over_threshold(wakeups);
+    let level = metric.level;
+    let mut text = if wakeups.count == 0 {
+        "no measured task woke up: start the real-time workload, or widen the selection with -p or --all-tasks"
+            .to_string()
     } else if wakeups.over_threshold == 0 {
-        (
-            Level::Ok,
-            format!(
-                "all {} wakeups ran within {threshold} (worst {})",
-                wakeups.count,
-                format_nanos(wakeups.max_ns.unwrap_or(0))
-            ),
-        )
+        format!("all {} wakeups ran within {threshold} (worst {})", wakeups.count, format_nanos(wakeups.max_ns.unwrap_or(0)))
     } else {
         let fraction = wakeups.over_threshold as f64 / wakeups.count as f64;
-        let level = if fraction < WARN_FRACTION { Level::Warn } else { Level::Crit };
         let mut text = format!(
             "{} of {} wakeups ({:.2}%) waited longer than {threshold} (worst {})",
             wakeups.over_threshold,
@@ -185,7 +198,7 @@ pub fn judge(
         if causes.contains_key(&Cause::OutsideKernelView) {
             text += &steal_evidence(steal_ns);
         }
-        (level, text)
+        text
     };
     let call_bound = call_bound(wakeups, threshold_ns, ranked.first().map(|(c, _)| *c), functions, names);
     if let Some(bound) = &call_bound {
@@ -198,7 +211,26 @@ pub fn judge(
             format_nanos(d.max_ns.unwrap_or(0))
         );
     }
-    Verdict { level, text, causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect(), call_bound }
+    let metrics = vec![metric];
+    let advice = call_bound.iter().filter(|b| b.bound == Bound::OneCall).map(one_call_advice).collect();
+    Judgement {
+        verdict: Verdict { level, headline: text, metrics, advice },
+        spike_causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect(),
+        call_bound,
+    }
+}
+
+/// A wait as long as one call of a function that does not reschedule within a call: the call
+/// is the unit to shrink.
+fn one_call_advice(bound: &CallBound) -> Advice<Advised> {
+    Advice {
+        cause: Advised::OneCallBoundsTheWait,
+        evidence: bound.says(),
+        action: format!(
+            "shorten one call of {}: give it less work per call (smaller ranges), or keep the work it does off the real-time task's CPU",
+            bound.function
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -212,12 +244,12 @@ mod tests {
     #[test]
     fn levels_follow_the_share_over_threshold() {
         let none = BTreeMap::new();
-        assert_eq!(judge(&dist(0, 0, 0), 500_000, &none, &[], &[], &BTreeMap::new()).level, Level::NoData);
+        assert_eq!(judge(&dist(0, 0, 0), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level, Level::Unknown);
         let ok = judge(&dist(1000, 0, 120_000), 500_000, &none, &[], &[], &BTreeMap::new());
-        assert_eq!(ok.level, Level::Ok);
-        assert_eq!(ok.text, "all 1000 wakeups ran within 500µs (worst 120µs)");
-        assert_eq!(judge(&dist(10_000, 9, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).level, Level::Warn);
-        assert_eq!(judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).level, Level::Crit);
+        assert_eq!(ok.verdict.level, Level::Ok);
+        assert_eq!(ok.verdict.headline, "all 1000 wakeups ran within 500µs (worst 120µs)");
+        assert_eq!(judge(&dist(10_000, 9, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level, Level::Warn);
+        assert_eq!(judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level, Level::Crit);
     }
 
     #[test]
@@ -226,14 +258,14 @@ mod tests {
         let causes = BTreeMap::from([(Cause::Function(0), 15), (Cause::Syscall(libc::SYS_munmap), 2)]);
         let functions = [(names[0].clone(), dist(50_000, 20, 1_941_000))];
         let v = judge(&dist(12_034, 17, 1_953_000), 500_000, &causes, &names, &functions, &BTreeMap::new());
-        assert_eq!(v.level, Level::Crit);
+        assert_eq!(v.verdict.level, Level::Crit);
         assert_eq!(
-            v.text,
+            v.verdict.headline,
             "17 of 12034 wakeups (0.14%) waited longer than 500µs (worst 1.95ms); most common cause (15 of \
              17 spikes): the blocker was inside madvise_cold_or_pageout_pte_range; \
              madvise_cold_or_pageout_pte_range ran longer than 500µs 20 times (worst 1.94ms)"
         );
-        assert_eq!(v.causes, [(names[0].clone(), 15), ("syscall munmap".to_string(), 2)]);
+        assert_eq!(v.spike_causes, [(names[0].clone(), 15), ("syscall munmap".to_string(), 2)]);
     }
 
     fn calls(count: u64, mean_ns: u64) -> Distribution {
@@ -248,7 +280,7 @@ mod tests {
         let v = judge(&dist(3_000, 42, 1_680_000), 500_000, &causes, &names, &functions, &BTreeMap::new());
         let bound = v.call_bound.clone().expect("a bound");
         assert_eq!((bound.bound, bound.mean_call_ns, bound.worst_wait_ns), (Bound::OneCall, 1_640_000, 1_680_000));
-        assert!(v.text.contains("waits are bounded by one call of madvise_cold_or_pageout_pte_range (one 2 MiB step of the walk), T = 1.64ms: the worst wait is 1.02 T"), "{}", v.text);
+        assert!(v.verdict.headline.contains("waits are bounded by one call of madvise_cold_or_pageout_pte_range (one 2 MiB step of the walk), T = 1.64ms: the worst wait is 1.02 T"), "{}", v.verdict.headline);
     }
 
     #[test]
@@ -257,7 +289,7 @@ mod tests {
         let functions = [(names[0].clone(), calls(2_000, 1_900_000))];
         let v = judge(&dist(3_000, 0, 230_000), 500_000, &BTreeMap::new(), &names, &functions, &BTreeMap::new());
         assert_eq!(v.call_bound.as_ref().map(|b| b.bound), Some(Bound::WithinACall));
-        assert!(v.text.contains("yet the worst wait is 0.12 T: the kernel lets a woken task in"), "{}", v.text);
+        assert!(v.verdict.headline.contains("yet the worst wait is 0.12 T: the kernel lets a woken task in"), "{}", v.verdict.headline);
     }
 
     #[test]
@@ -278,8 +310,8 @@ mod tests {
     fn contention_as_the_common_cause_is_said_in_words() {
         let causes = BTreeMap::from([(Cause::CpuContention, 5), (Cause::Preempted, 1)]);
         let v = judge(&dist(1000, 6, 3_000_000), 500_000, &causes, &[], &[], &BTreeMap::new());
-        assert!(v.text.ends_with("most common cause (5 of 6 spikes): CPU contention: several tasks ran in turn, none for most of the wait"), "{}", v.text);
-        assert_eq!(v.causes[0], ("cpu contention".to_string(), 5));
+        assert!(v.verdict.headline.ends_with("most common cause (5 of 6 spikes): CPU contention: several tasks ran in turn, none for most of the wait"), "{}", v.verdict.headline);
+        assert_eq!(v.spike_causes[0], ("cpu contention".to_string(), 5));
     }
 
     /// The tester's hour on a busy 2-CPU virtual machine: 23 of 35 spikes were a SCHED_FIFO
@@ -291,21 +323,21 @@ mod tests {
         let steal = BTreeMap::from([(1, 2_100_000_000)]);
         let v = judge(&dist(3_600_000, 35, 10_700_000), 500_000, &causes, &[], &[], &steal);
         assert!(
-            v.text.contains(
+            v.verdict.headline.contains(
                 "most common cause (23 of 35 spikes): time lost outside this kernel's view: the CPU ran a fair task in \
                  user space, which a real-time wakeup preempts at once; hypervisor steal or untraced IRQ-off code; \
                  /proc/stat counted steal (the hypervisor running something else) during the run: CPU 1 2.1s"
             ),
             "{}",
-            v.text
+            v.verdict.headline
         );
-        assert!(!v.text.contains("blocker"), "no task is blamed: {}", v.text);
-        assert_eq!(v.causes[0], ("outside the kernel's view".to_string(), 23));
+        assert!(!v.verdict.headline.contains("blocker"), "no task is blamed: {}", v.verdict.headline);
+        assert_eq!(v.spike_causes[0], ("outside the kernel's view".to_string(), 23));
         let without_steal = judge(&dist(3_600_000, 35, 10_700_000), 500_000, &causes, &[], &[], &BTreeMap::new());
         assert!(
-            !without_steal.text.contains("/proc/stat"),
+            !without_steal.verdict.headline.contains("/proc/stat"),
             "no steal is claimed unless counted: {}",
-            without_steal.text
+            without_steal.verdict.headline
         );
     }
 
@@ -313,6 +345,6 @@ mod tests {
     fn steal_is_not_mentioned_for_causes_the_kernel_saw() {
         let causes = BTreeMap::from([(Cause::CpuContention, 5)]);
         let v = judge(&dist(1000, 5, 3_000_000), 500_000, &causes, &[], &[], &BTreeMap::from([(0, 1_000_000)]));
-        assert!(!v.text.contains("steal"), "{}", v.text);
+        assert!(!v.verdict.headline.contains("steal"), "{}", v.verdict.headline);
     }
 }

@@ -77,7 +77,7 @@ fn bars(distribution: &Distribution) -> Vec<Bar> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::latency::judge::{Level, Verdict};
+    use crate::latency::judge::{Judgement, Verdict};
     use mm_probe_common::latency::hist_slot;
 
     fn distribution(values_us: &[u64]) -> Distribution {
@@ -104,7 +104,7 @@ mod tests {
             wakeup_spikes: 0,
             function_spikes: 0,
             function_attribution: super::super::attach::Availability { available: true, reason: None },
-            verdict: Verdict { level: Level::Ok, text: String::new(), causes: Vec::new(), call_bound: None },
+            judgement: Judgement { verdict: Verdict::default(), spike_causes: Vec::new(), call_bound: None },
         }
     }
 

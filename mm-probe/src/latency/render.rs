@@ -192,7 +192,7 @@ pub fn summary_text(s: &SummaryText) -> String {
     }
     out.push('\n');
     out += &lost_text(s.lost);
-    let _ = writeln!(out, "verdict: {}: {}", sum.verdict.level.label(), sum.verdict.text);
+    out += &sum.judgement.verdict.text();
     out
 }
 

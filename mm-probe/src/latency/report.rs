@@ -9,7 +9,7 @@ use super::{
     attach::{Availability, FunctionPlan},
     attribution::Attribution,
     decoder::{FunctionCall, TaskRef, Wakeup, prev_state_name},
-    judge::Verdict,
+    judge::Judgement,
 };
 use crate::{
     probes::Plan,
@@ -135,7 +135,8 @@ pub struct Summary {
     pub wakeup_spikes: u64,
     pub function_spikes: u64,
     pub function_attribution: Availability,
-    pub verdict: Verdict,
+    #[serde(flatten)]
+    pub judgement: Judgement,
 }
 
 /// A `spike` line of kind `wakeup`.
@@ -203,7 +204,20 @@ pub struct FunctionSpikeJson<'a> {
 mod tests {
     use super::*;
     use crate::latency::decoder::{Stack, Syscall};
-    use crate::latency::judge::{Bound, CallBound};
+    use crate::latency::{aggregator::Distribution, attribution::Cause, judge};
+
+    /// A CRIT run whose worst wait is one call of the traced walk: every part of the verdict
+    /// (metric, advice, spike causes, call bound) present.
+    fn judged_with_a_call_bound() -> judge::Judgement {
+        const WALK: &str = "madvise_cold_or_pageout_pte_range";
+        let wakeups = Distribution { count: 3, over_threshold: 1, max_ns: Some(1_100_000), ..Distribution::default() };
+        let calls = Distribution { count: 10, sum_ns: 10_000_000, max_ns: Some(1_200_000), ..Distribution::default() };
+        let causes = std::collections::BTreeMap::from([(Cause::Function(0), 1)]);
+        let judged =
+            judge::judge(&wakeups, 500_000, &causes, &[WALK.into()], &[(WALK.into(), calls)], &Default::default());
+        assert_eq!(judged.verdict.advice.len(), 1, "{judged:?}");
+        judged
+    }
 
     #[test]
     fn histogram_json_names_the_threshold_row() {
@@ -227,7 +241,6 @@ mod tests {
             latency::{
                 attribution::{Cause, FunctionShare, Holder},
                 decoder::OnCpu,
-                judge::Level,
             },
             probes::{Outcome, ProbePlan},
             report::{
@@ -319,18 +332,7 @@ mod tests {
             wakeup_spikes: 1,
             function_spikes: 1,
             function_attribution: available,
-            verdict: Verdict {
-                level: Level::Warn,
-                text: "one wakeup waited 1.1 ms".into(),
-                causes: vec![(WALK.into(), 1)],
-                call_bound: Some(CallBound {
-                    function: WALK.into(),
-                    mean_call_ns: 1_000_000,
-                    worst_wait_ns: 1_100_000,
-                    worst_wait_calls: 1.1,
-                    bound: Bound::OneCall,
-                }),
-            },
+            judgement: judged_with_a_call_bound(),
         };
         let syscall = Syscall {
             nr: 28,

@@ -274,7 +274,7 @@ impl Watch {
             .zip(steal::read())
             .map(|(before, now)| steal::since(&now, before))
             .unwrap_or_default();
-        let verdict =
+        let judgement =
             judge::judge(&totals[0], threshold_ns, &self.collected.causes, &self.names, &functions, &steal_ns);
         Summary {
             duration_ns: end.end_ns.saturating_sub(self.start_ns),
@@ -286,7 +286,7 @@ impl Watch {
             wakeup_spikes: self.collected.wakeups.seen(),
             function_spikes: self.collected.calls.seen(),
             function_attribution: self.header.function_attribution.clone(),
-            verdict,
+            judgement,
         }
     }
 

@@ -1,5 +1,6 @@
-//! The verdict levels and threshold bands every command judges with (bands come from
-//! docs/thresholds.md and can be overridden on the command line).
+//! The one verdict vocabulary: levels, threshold bands (from docs/thresholds.md, overridable on
+//! the command line), judged metrics, advice, and the `Verdict` every summary carries in the same
+//! shape (`level`, `headline`, `metrics`, `advice`).
 
 use serde::{Serialize, Serializer};
 
@@ -56,5 +57,184 @@ impl Band {
             Some(v) if v > self.crit => Level::Crit,
             Some(_) => Level::Warn,
         }
+    }
+}
+
+/// Declares an enum whose variants each have one spelling, used by the text and the JSON alike
+/// (`name()`, `Display`, `Serialize`): a capability's metrics and causes.
+macro_rules! named {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        $vis enum $name { $($(#[$vmeta])* $variant),+ }
+
+        impl $name {
+            pub fn name(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.name())
+            }
+        }
+    };
+}
+pub(crate) use named;
+
+named! {
+    /// What a metric's value, `warn` and `crit` are counted in (metric names carry no unit).
+    pub enum Unit {
+        /// 0 to 1.
+        Fraction => "fraction",
+        Ns => "ns",
+        PerSecond => "per_second",
+        /// A quotient of two like quantities.
+        Ratio => "ratio",
+    }
+}
+
+impl Unit {
+    /// The value as the text prints it.
+    pub fn format(self, value: f64) -> String {
+        match self {
+            Unit::Fraction => format!("{:.2} %", value * 100.0),
+            Unit::Ns => crate::units::format_nanos(value.max(0.0) as u64),
+            Unit::PerSecond => format!("{value:.0}/s"),
+            Unit::Ratio => format!("{value:.1}x"),
+        }
+    }
+}
+
+/// Why a metric with no value is UNKNOWN when nothing more precise is known.
+pub const NOTHING_SEEN: &str = "nothing to judge was seen";
+
+/// One judged quantity: what it measures, its value against its band, and its level.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MetricVerdict<M> {
+    pub metric: M,
+    /// What it measures, in words.
+    pub definition: &'static str,
+    pub unit: Unit,
+    pub value: Option<f64>,
+    pub level: Level,
+    pub warn: f64,
+    pub crit: f64,
+    /// Why `value` is null and the level UNKNOWN, when it is.
+    pub unknown_because: Option<String>,
+}
+
+impl<M> MetricVerdict<M> {
+    /// `value` classified by `band`; a value computed from incomplete data (`unknown_because`)
+    /// is no value.
+    pub fn judged(
+        metric: M,
+        definition: &'static str,
+        unit: Unit,
+        value: Option<f64>,
+        band: Band,
+        unknown_because: Option<String>,
+    ) -> Self {
+        let value = if unknown_because.is_some() { None } else { value };
+        Self {
+            metric,
+            definition,
+            unit,
+            value,
+            level: band.classify(value),
+            warn: band.warn,
+            crit: band.crit,
+            unknown_because: unknown_because.or_else(|| value.is_none().then(|| NOTHING_SEEN.into())),
+        }
+    }
+}
+
+/// One piece of advice: what it blames, the numbers that justify it, and what to do.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Advice<C> {
+    pub cause: C,
+    pub evidence: String,
+    pub action: String,
+}
+
+/// Every command's verdict, one shape: the level, one line that says why (the level not repeated
+/// in it), the judged metrics and the advice tied to them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict<M, C> {
+    pub level: Level,
+    pub headline: String,
+    pub metrics: Vec<MetricVerdict<M>>,
+    pub advice: Vec<Advice<C>>,
+}
+
+impl<M, C> Default for Verdict<M, C> {
+    fn default() -> Self {
+        Self { level: Level::Unknown, headline: NOTHING_SEEN.into(), metrics: Vec::new(), advice: Vec::new() }
+    }
+}
+
+impl<M: Copy + PartialEq + std::fmt::Display, C> Verdict<M, C> {
+    /// The worst metric's level (UNKNOWN only when no metric could be judged), said in a
+    /// headline that names the metric that decides it.
+    pub fn of(metrics: Vec<MetricVerdict<M>>, advice: Vec<Advice<C>>) -> Self {
+        let level = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
+        let headline = headline(&metrics);
+        Self { level, headline, metrics, advice }
+    }
+
+    pub fn level_of(&self, metric: M) -> Level {
+        level_of(&self.metrics, metric)
+    }
+}
+
+pub fn level_of<M: PartialEq>(metrics: &[MetricVerdict<M>], metric: M) -> Level {
+    metrics.iter().find(|m| m.metric == metric).map_or(Level::Unknown, |m| m.level)
+}
+
+/// "retry_rate 85.00 % (CRIT above 15.00 %)", or why nothing could be judged.
+fn headline<M: std::fmt::Display>(metrics: &[MetricVerdict<M>]) -> String {
+    // The first of the worst: metrics come in the order of their importance.
+    let Some(worst) = metrics.iter().rev().filter(|m| m.value.is_some()).max_by_key(|m| m.level) else {
+        let why = metrics.iter().find_map(|m| m.unknown_because.as_deref()).unwrap_or(NOTHING_SEEN);
+        return why.to_string();
+    };
+    let value = worst.unit.format(worst.value.unwrap_or_default());
+    let band = if worst.level == Level::Crit {
+        format!("CRIT above {}", worst.unit.format(worst.crit))
+    } else {
+        format!("WARN from {}", worst.unit.format(worst.warn))
+    };
+    format!("{} {value} ({band})", worst.metric)
+}
+
+impl<M: std::fmt::Display, C: std::fmt::Display> Verdict<M, C> {
+    /// The verdict as every command's text ends: the level and headline, one row per metric
+    /// (value, level, band; why it is unknown), then the advice.
+    pub fn text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(out, "\nVerdict: {}: {}", self.level.name(), self.headline);
+        for m in &self.metrics {
+            let value = m.value.map_or_else(|| "-".to_string(), |v| m.unit.format(v));
+            let band = format!("(warn {}, crit {})", m.unit.format(m.warn), m.unit.format(m.crit));
+            let _ = writeln!(out, "  {:<22} {:>10}  {:<7} {band}", m.metric, value, m.level.name());
+            if let (None, Some(why)) = (m.value, &m.unknown_because) {
+                let _ = writeln!(out, "    {why}");
+            }
+        }
+        if !self.advice.is_empty() {
+            let _ = writeln!(out, "\nAdvice");
+            for a in &self.advice {
+                let _ = writeln!(out, "  - {}: {}\n    -> {}", a.cause, a.evidence, a.action);
+            }
+        }
+        out
     }
 }

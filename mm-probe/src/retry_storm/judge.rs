@@ -2,89 +2,39 @@
 //! band can be overridden from the command line) and tying advice to the evidence.
 
 use mm_probe_common::hmm::NotifierEvent;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
 use super::rates::ratio;
-pub use crate::report::verdict::{Band, Level};
-use crate::units::{format_bytes, format_nanos};
+pub use crate::report::verdict::{Band, Level, Unit};
+use crate::{
+    report::verdict::{self, MetricVerdict, named},
+    units::{format_bytes, format_nanos},
+};
 
-/// Serializes an enum as the name its `name()` gives: one spelling for text and JSON.
-macro_rules! serialize_by_name {
-    ($($ty:ty),+) => {
-        $(
-            impl Serialize for $ty {
-                fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                    serializer.serialize_str(self.name())
-                }
-            }
-        )+
-    };
-}
-
-/// The metrics the verdict judges, by the names of docs/thresholds.md.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
-    RetryRate,
-    TimeoutRate,
-    AvgLatency,
-    InvalidateFreq,
-}
-
-impl Metric {
-    pub fn name(self) -> &'static str {
-        match self {
-            Metric::RetryRate => "retry_rate",
-            Metric::TimeoutRate => "timeout_rate",
-            Metric::AvgLatency => "avg_latency",
-            Metric::InvalidateFreq => "invalidate_freq",
-        }
+named! {
+    /// The metrics the verdict judges, by the names of docs/thresholds.md.
+    pub enum Metric {
+        RetryRate => "retry_rate",
+        TimeoutRate => "timeout_rate",
+        AvgLatency => "avg_latency",
+        InvalidateFreq => "invalidate_freq",
     }
 }
 
-/// What a metric's value and bands are counted in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unit {
-    /// 0 to 1.
-    Fraction,
-    Ns,
-    PerSecond,
-}
-
-impl Unit {
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Fraction => "fraction",
-            Unit::Ns => "ns",
-            Unit::PerSecond => "per_second",
-        }
+named! {
+    /// What a piece of advice blames.
+    pub enum Cause {
+        LargeWalks => "large walks",
+        NotifierFalseSharing => "notifier false sharing",
+        Reclaim => "reclaim",
+        NumaBalancingOrMprotect => "NUMA balancing or mprotect",
+        FineGrainedUnmaps => "fine-grained unmaps",
+        SlowInvalidateCallbacks => "slow invalidate callbacks",
     }
 }
 
-/// What a piece of advice blames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cause {
-    LargeWalks,
-    NotifierFalseSharing,
-    Reclaim,
-    NumaBalancingOrMprotect,
-    FineGrainedUnmaps,
-    SlowInvalidateCallbacks,
-}
-
-impl Cause {
-    pub fn name(self) -> &'static str {
-        match self {
-            Cause::LargeWalks => "large walks",
-            Cause::NotifierFalseSharing => "notifier false sharing",
-            Cause::Reclaim => "reclaim",
-            Cause::NumaBalancingOrMprotect => "NUMA balancing or mprotect",
-            Cause::FineGrainedUnmaps => "fine-grained unmaps",
-            Cause::SlowInvalidateCallbacks => "slow invalidate callbacks",
-        }
-    }
-}
-
-serialize_by_name!(Metric, Unit, Cause);
+pub type Verdict = verdict::Verdict<Metric, Cause>;
+type Advice = verdict::Advice<Cause>;
 
 /// The defaults are docs/thresholds.md's table.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -108,33 +58,6 @@ impl Default for Thresholds {
             invalidate_freq: Band { warn: 1_000.0, crit: 10_000.0 },
         }
     }
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct MetricVerdict {
-    pub metric: Metric,
-    pub definition: &'static str,
-    /// What `value`, `warn` and `crit` are counted in (the metric names carry no unit).
-    pub unit: Unit,
-    pub value: Option<f64>,
-    pub level: Level,
-    pub warn: f64,
-    pub crit: f64,
-}
-
-/// One piece of advice and the numbers that justify it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Advice {
-    pub cause: Cause,
-    pub evidence: String,
-    pub action: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Verdict {
-    pub overall: Level,
-    pub metrics: Vec<MetricVerdict>,
-    pub advice: Vec<Advice>,
 }
 
 /// The measured values the verdict is built from (`None` = not observable or no data).
@@ -170,14 +93,8 @@ pub const CHUNK_BYTES: u64 = 2 << 20;
 pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
-    let metric = |metric, definition, unit, value: Option<f64>, band: Band| MetricVerdict {
-        metric,
-        definition,
-        unit,
-        value,
-        level: band.classify(value),
-        warn: band.warn,
-        crit: band.crit,
+    let metric = |metric, definition, unit, value: Option<f64>, band: Band| {
+        MetricVerdict::judged(metric, definition, unit, value, band, None)
     };
     let metrics = vec![
         metric(
@@ -203,25 +120,20 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
             t.invalidate_freq,
         ),
     ];
-    let overall = metrics.iter().map(|m| m.level).max().unwrap_or(Level::Unknown);
-    // A window with walks but no invalidations has no retry_rate; still judge what exists.
-    let overall = if overall == Level::Unknown && metrics.iter().any(|m| m.level != Level::Unknown) {
-        Level::Ok
-    } else {
-        overall
-    };
-    Verdict { overall, advice: advise(e, &metrics), metrics }
+    // A window with walks but no invalidations has no retry_rate; the others are still judged.
+    let advice = advise(e, &metrics);
+    Verdict::of(metrics, advice)
 }
 
-fn level_of(metrics: &[MetricVerdict], metric: Metric) -> Level {
-    metrics.iter().find(|m| m.metric == metric).map_or(Level::Unknown, |m| m.level)
+fn level_of(metrics: &[MetricVerdict<Metric>], metric: Metric) -> Level {
+    verdict::level_of(metrics, metric)
 }
 
 fn percent(value: Option<f64>) -> String {
     value.map_or("n/a".into(), |v| format!("{:.1} %", v * 100.0))
 }
 
-fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
+fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
     let mut advice = Vec::new();
     let retrying = level_of(metrics, Metric::RetryRate) >= Level::Warn
         || level_of(metrics, Metric::TimeoutRate) >= Level::Warn
@@ -330,10 +242,10 @@ mod tests {
         let t = Thresholds::default();
         let before = Evidence { retry_rate: Some(0.85), avg_walk_ns: Some(523_000.0), ..Evidence::default() };
         let after = Evidence { retry_rate: Some(0.056), avg_walk_ns: Some(87_000.0), ..Evidence::default() };
-        assert_eq!(judge(&before, &t).overall, Level::Crit);
-        assert_eq!(judge(&after, &t).overall, Level::Warn);
+        assert_eq!(judge(&before, &t).level, Level::Crit);
+        assert_eq!(judge(&after, &t).level, Level::Warn);
         let after = Evidence { retry_rate: Some(0.02), avg_walk_ns: Some(87_000.0), ..Evidence::default() };
-        assert_eq!(judge(&after, &t).overall, Level::Ok);
+        assert_eq!(judge(&after, &t).level, Level::Ok);
     }
 
     #[test]
@@ -372,14 +284,14 @@ mod tests {
 
     #[test]
     fn nothing_observed_is_unknown_overall() {
-        assert_eq!(judge(&Evidence::default(), &Thresholds::default()).overall, Level::Unknown);
+        assert_eq!(judge(&Evidence::default(), &Thresholds::default()).level, Level::Unknown);
     }
 
     #[test]
     fn overridden_thresholds_change_the_level() {
         let t = Thresholds { retry_rate: Band { warn: 0.5, crit: 0.9 }, ..Thresholds::default() };
         let e = Evidence { retry_rate: Some(0.3), ..Evidence::default() };
-        assert_eq!(judge(&e, &t).overall, Level::Ok);
+        assert_eq!(judge(&e, &t).level, Level::Ok);
     }
 
     #[test]
@@ -395,7 +307,7 @@ mod tests {
             ..Evidence::default()
         };
         let v = judge(&e, &Thresholds::default());
-        assert_eq!(v.overall, Level::Crit);
+        assert_eq!(v.level, Level::Crit);
         let chunk = v.advice.iter().find(|a| a.cause == Cause::LargeWalks).expect("chunking advice");
         assert!(chunk.action.contains("2 MiB chunks"), "{chunk:?}");
         assert!(chunk.evidence.contains("64 MiB"), "{chunk:?}");

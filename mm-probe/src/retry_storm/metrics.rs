@@ -144,7 +144,7 @@ mod tests {
         let r = s.retry_rate.unwrap();
         assert_eq!((r.ebusy_per_invalidation, r.ebusy_per_walk), (None, None));
         assert_eq!(s.invalidations.unwrap().per_second, None);
-        assert_eq!(s.verdict.overall, Level::Unknown);
+        assert_eq!(s.verdict.level, Level::Unknown);
     }
 
     #[test]
@@ -163,7 +163,7 @@ mod tests {
         assert_eq!(r.ebusy_per_invalidation, Some(0.17));
         assert_eq!(r.ebusy_per_walk, Some(0.85));
         assert_eq!(s.invalidations.as_ref().unwrap().per_second, Some(500.0));
-        assert_eq!(s.verdict.overall, Level::Crit);
+        assert_eq!(s.verdict.level, Level::Crit);
     }
 
     #[test]
@@ -175,7 +175,7 @@ mod tests {
         assert!(s.walks.is_none() && s.retry_rate.is_none() && s.retry_loops.is_none());
         let nothing = Snapshot::build(&w, 0, &Observability::default(), &Thresholds::default(), None);
         assert!(nothing.invalidations.is_none());
-        assert_eq!(nothing.verdict.overall, Level::Unknown);
+        assert_eq!(nothing.verdict.level, Level::Unknown);
     }
 
     #[test]

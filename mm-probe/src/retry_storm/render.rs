@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{
-    judge::{Level, SLOW_CALLBACK_NS, Unit},
+    judge::SLOW_CALLBACK_NS,
     report::{Observability, Snapshot},
 };
 use crate::{
@@ -77,7 +77,7 @@ pub fn interval_text(s: &Snapshot) -> String {
     if lost > 0 {
         let _ = write!(line, " | LOST {lost} events");
     }
-    let _ = write!(line, " → {}", s.verdict.overall.name());
+    let _ = write!(line, " → {}", s.verdict.level.name());
     line
 }
 
@@ -213,25 +213,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
          callers not counted (table full)",
         l.walk_events, l.invalidate_events, l.walk_entries_missed, l.read_begin_callers
     );
-    let _ = writeln!(out, "\nVerdict: {}", s.verdict.overall.name());
-    for m in &s.verdict.metrics {
-        let value = match (m.value, m.unit) {
-            (None, _) => "not observable / no data".to_string(),
-            (Some(v), Unit::Ns) => format_nanos(v as u64),
-            (Some(v), Unit::PerSecond) => format!("{v:.0}/s"),
-            (Some(v), Unit::Fraction) => format!("{:.2} %", v * 100.0),
-        };
-        let _ = writeln!(out, "  {:<16} {:>14}  {:<7} ({})", m.metric.name(), value, m.level.name(), m.definition);
-    }
-    if s.verdict.overall == Level::Unknown {
-        let _ = writeln!(out, "  nothing to judge: no mirror walk or invalidation was observed");
-    }
-    if !s.verdict.advice.is_empty() {
-        let _ = writeln!(out, "\nAdvice");
-        for a in &s.verdict.advice {
-            let _ = writeln!(out, "  - {}: {}\n    → {}", a.cause.name(), a.evidence, a.action);
-        }
-    }
+    out += &s.verdict.text();
     out
 }
 
@@ -248,7 +230,8 @@ mod tests {
         };
         assert!(line("retry_rate").contains("50.00 %"), "{text}");
         assert!(line("avg_latency").contains("900µs"), "{text}");
-        assert!(line("invalidate_freq").contains("not observable"), "{text}");
+        let unobserved = line("invalidate_freq");
+        assert!(unobserved.contains(" - ") && unobserved.contains("UNKNOWN"), "no value, UNKNOWN: {text}");
         assert!(text.contains("  - large walks: "), "{text}");
         assert!(text.contains("(interrupted)"), "{text}");
         assert!(text.contains("CLEAR"), "invalidation events by the kernel's names: {text}");

@@ -17,14 +17,14 @@ use super::{
     inputs::{DisableFacts, Inputs, prctl_calls},
     per_size,
     procfs::{Mount, Vma},
-    rank::{aggregate_reasons, non_anonymous, present_fixes, region_fix},
+    rank::{aggregate_reasons, non_anonymous, present_advice, region_fix},
     reasons::{Context, Denial, DisableMode, ModeSource, NO_THP, ReasonCode, evaluate},
     report::{
         DisableBitsLayout, FaultFacts, KernelFacts, LiveFacts, ProcessFacts, Report, StoppedBy, SystemFacts, VmaClass,
         VmaEntry, VmaLive,
     },
     sysfs::SystemPolicy,
-    verdict::verdict_line,
+    verdict::{self, verdict_line},
 };
 use crate::{kernel::layout::ThpDisableBits, units::format_bytes};
 
@@ -125,8 +125,8 @@ pub fn build(input: Inputs) -> Report {
         collapse::mark_refused(&mut vmas, refusal);
     }
     let reasons = aggregate_reasons(&input, &vmas, &live, refusal.as_ref());
-    let fix = present_fixes(&reasons);
-    let verdict = verdict_line(&input, &vmas, &live, &faults, refusal.as_ref());
+    let line = verdict_line(&input, &vmas, &live, &faults, refusal.as_ref());
+    let verdict = verdict::judge(line, &vmas, present_advice(&reasons));
     let sizes = per_size::judge(&input, &vmas);
     Report {
         pid: input.pid,
@@ -135,7 +135,6 @@ pub fn build(input: Inputs) -> Report {
         verdict,
         reasons,
         non_anonymous: non_anonymous(&vmas),
-        fix,
         process: ProcessFacts {
             thp_disable: input.disable.mode,
             source: input.disable.source,

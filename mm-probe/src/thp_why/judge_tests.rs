@@ -148,14 +148,14 @@ fn the_lkp_case_reads_like_the_issue() {
     input.live_skipped = None;
     let report = build(input);
     assert_eq!(
-        report.verdict,
+        report.verdict.headline,
         "THP disabled for pid 4440 (usemem): MMF_DISABLE_THP set by prctl in ancestor 4321 (lkp run job.yaml), \
          inherited across fork/exec; 651 THP checks, 651 denied"
     );
     let first = &report.reasons[0];
     assert_eq!((first.code, first.count), (ReasonCode::PrctlThpDisable, Some(651)));
     assert_eq!(first.set_by.as_ref().unwrap().pid, 4321);
-    assert!(report.fix[0].starts_with("start the workload outside that wrapper (4321 lkp)"), "{}", report.fix[0]);
+    assert!(report.verdict.advice[0].action.starts_with("start the workload outside that wrapper (4321 lkp)"), "{}", report.verdict.advice[0].action);
     assert_eq!(report.live.by_call[&Call::PageFault].denied, 651);
     assert_eq!(report.live.unexplained, Some(0));
     let big = &report.vmas[0];
@@ -186,7 +186,7 @@ fn vmas_are_judged_and_sorted_largest_first() {
 fn a_mixed_process_leads_with_its_huge_share_then_the_small_rest() {
     let report = build(inputs(DisableMode::None, "6.12.117+deb12-amd64", "always [madvise] never"));
     assert_eq!(
-        report.verdict,
+        report.verdict.headline,
         "pid 4440 (usemem): 4 MiB of 69 MiB resident anonymous memory is in huge pages (6 %); in small pages: \
          64 MiB without MADV_HUGEPAGE under enabled=madvise (sysfs_madvise_not_advised), 1 MiB in regions too \
          small for a 2 MiB page (vma_too_small)"
@@ -203,21 +203,21 @@ fn a_fully_huge_madvised_region_gives_a_positive_headline() {
         smaps_entry(0x7f00_0000_0000, 65536, 65536, 65536, "hg") + &smaps_entry(0x5555_0000_0000, 2048, 2048, 0, "");
     let report = build(inputs_with(&smaps, DisableMode::None, "6.18.44", "always [madvise] never"));
     assert!(
-        report.verdict.starts_with(
+        report.verdict.headline.starts_with(
             "pid 4440 (usemem): 64 MiB of 66 MiB resident anonymous memory is in huge pages (97 %); in small \
              pages: 2 MiB without MADV_HUGEPAGE under enabled=madvise"
         ),
         "{}",
-        report.verdict
+        report.verdict.headline
     );
-    assert!(!report.verdict.contains("no huge pages"), "{}", report.verdict);
+    assert!(!report.verdict.headline.contains("no huge pages"), "{}", report.verdict.headline);
     let only_huge = smaps_entry(0x7f00_0000_0000, 65536, 65536, 65536, "hg");
     let report = build(inputs_with(&only_huge, DisableMode::None, "6.18.44", "always [madvise] never"));
     assert_eq!(
-        report.verdict,
+        report.verdict.headline,
         "pid 4440 (usemem): 64 MiB of 64 MiB resident anonymous memory is in huge pages (100 %)"
     );
-    assert!(report.fix.is_empty(), "{:?}", report.fix);
+    assert!(report.verdict.advice.is_empty(), "{:?}", report.verdict.advice);
 }
 
 /// A VM_NOHUGEPAGE region is the application's own opt-out: named so, and never given the
@@ -234,11 +234,12 @@ fn an_opted_out_region_is_named_and_not_given_the_sysfs_fix() {
     assert!(
         report
             .verdict
+            .headline
             .ends_with("in small pages: 4 MiB opted out by the application itself (MADV_NOHUGEPAGE) (vma_nohugepage)"),
         "{}",
-        report.verdict
+        report.verdict.headline
     );
-    for fix in report.fix.iter().chain([&nh.fix]) {
+    for fix in report.verdict.advice.iter().map(|a| &a.action).chain([&nh.fix]) {
         assert!(!fix.contains("always"), "the sysfs fix does not help an opt-out: {fix}");
     }
     assert!(report.reasons.iter().all(|r| r.code != ReasonCode::SysfsMadviseNotAdvised), "{:?}", report.reasons);
@@ -275,7 +276,7 @@ fn untraced_allow_check_counts_are_null_not_zero() {
     assert!(report.reasons.iter().all(|r| r.count.is_none()), "{:?}", report.reasons);
     assert!(report.vmas.iter().all(|v| v.live.checks.is_none() && v.live.denied.is_none()));
     assert_eq!(report.faults.total, 640);
-    assert!(report.verdict.ends_with("; 640 page faults, ~0 in huge pages"), "{}", report.verdict);
+    assert!(report.verdict.headline.ends_with("; 640 page faults, ~0 in huge pages"), "{}", report.verdict.headline);
     let json: serde_json::Value =
         serde_json::from_str(super::super::render::json(&report).lines().next().unwrap()).unwrap();
     assert!(json["live"]["checks"].is_null() && json["reasons"][0]["count"].is_null(), "{json}");
@@ -313,7 +314,7 @@ fn live_denials_get_the_reason_of_their_facts() {
     let count = |code| report.reasons.iter().find(|r| r.code == code).and_then(|r| r.count);
     assert_eq!(count(ReasonCode::SysfsMadviseNotAdvised), Some(32));
     assert_eq!(count(ReasonCode::VmaTooSmall), Some(2));
-    assert!(report.verdict.ends_with("; 37 THP checks, 36 denied"), "{}", report.verdict);
+    assert!(report.verdict.headline.ends_with("; 37 THP checks, 36 denied"), "{}", report.verdict.headline);
 }
 
 #[test]
@@ -324,7 +325,7 @@ fn prctl_caught_live_names_the_caller() {
     comm[..6].copy_from_slice(b"usemem");
     input.prctl_events = vec![PrctlEvent { tgid: 4440, pid: 4441, arg2: 1, arg3: 0, mm_flags_before: 0, comm }];
     let report = build(input);
-    assert!(report.verdict.contains("set by prctl in the process itself (caught live)"), "{}", report.verdict);
+    assert!(report.verdict.headline.contains("set by prctl in the process itself (caught live)"), "{}", report.verdict.headline);
     assert_eq!(report.process.prctl_calls[0].relation, Relation::Target);
     assert_eq!(report.process.prctl_calls[0].effect, PrctlEffect::Disable);
     let json = serde_json::to_value(&report.process.prctl_calls[0]).unwrap();
@@ -337,9 +338,9 @@ fn except_advised_on_6_18() {
     input.bits = ThpDisableBits::Split { completely: 24, except_advised: 23 };
     let report = build(input);
     assert!(
-        report.verdict.starts_with("THP disabled for pid 4440 (usemem) except MADV_HUGEPAGE regions"),
+        report.verdict.headline.starts_with("THP disabled for pid 4440 (usemem) except MADV_HUGEPAGE regions"),
         "{}",
-        report.verdict
+        report.verdict.headline
     );
     assert_eq!(report.reasons[0].code, ReasonCode::PrctlThpDisableExceptAdvised);
     let plain = &report.vmas[0];
@@ -353,12 +354,12 @@ fn a_kernel_without_thp_says_so_first() {
     input.policy = SystemPolicy::read_from(std::path::Path::new("/nonexistent/transparent_hugepage"));
     let report = build(input);
     assert!(
-        report.verdict.starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"),
+        report.verdict.headline.starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"),
         "{}",
-        report.verdict
+        report.verdict.headline
     );
     assert_eq!(report.reasons[0].code, ReasonCode::SysfsNever);
-    assert!(report.fix[0].contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{}", report.fix[0]);
+    assert!(report.verdict.advice[0].action.contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{}", report.verdict.advice[0].action);
     assert!(report.vmas.iter().all(|v| v.reason == ReasonCode::SysfsNever));
     // The prctl flag is still real (set and inherited), so it stays listed.
     assert!(report.reasons.iter().any(|r| r.code == ReasonCode::PrctlThpDisable));

@@ -1,8 +1,8 @@
 //! The reasons, ranked: every VMA's refusals gathered per reason code (live denials, and the
 //! VMAs whose judgement includes each), and each anonymous VMA counted once more under the reason
 //! that decides it, in resident anonymous bytes (the verdict's measure), so the table adds up to
-//! the verdict; each reason with its detail and fix, process-wide causes first; the fixes of the
-//! causes present; and the fix of one region.
+//! the verdict; each reason with its detail and fix, process-wide causes first; the advice (the
+//! fixes of the causes present); and the fix of one region.
 
 use std::collections::BTreeMap;
 
@@ -11,8 +11,9 @@ use super::{
     inputs::Inputs,
     reasons::{DisableMode, ModeSource, ReasonCode},
     report::{LiveFacts, NonAnonymous, ReasonEntry, VmaClass, VmaEntry},
+    words::count_of,
 };
-use crate::{kernel::layout::ThpDisableBits, units::format_bytes};
+use crate::{kernel::layout::ThpDisableBits, report::verdict::Advice, units::format_bytes};
 
 /// Below one 2 MiB page of memory in small pages a cause costs nothing a huge page could win
 /// back: its fix is not offered.
@@ -92,17 +93,27 @@ pub fn aggregate_reasons(
     reasons
 }
 
-/// The fixes of the causes present, in the reasons' order: a process-wide cause, or one that
-/// keeps at least one 2 MiB page's worth of resident anonymous memory in small pages. Nothing
-/// when all of it is huge (or what is not could not fill a huge page).
-pub fn present_fixes(reasons: &[ReasonEntry]) -> Vec<String> {
+/// The advice: the fixes of the causes present, in the reasons' order, each with its evidence: a
+/// process-wide cause, or one that keeps at least one 2 MiB page's worth of resident anonymous
+/// memory in small pages. Nothing when all of it is huge (or what is not could not fill a huge
+/// page).
+pub fn present_advice(reasons: &[ReasonEntry]) -> Vec<Advice<ReasonCode>> {
     // The prctl holds for memory the process has yet to map as well.
     let prctl = |code| matches!(code, ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised);
     reasons
         .iter()
         .filter(|r| r.code != ReasonCode::None && !r.fix.is_empty())
         .filter(|r| prctl(r.code) || (r.code.is_process_wide() && r.deciding_vmas > 0) || r.small_bytes >= HUGE_BYTES)
-        .map(|r| r.fix.clone())
+        .map(|r| Advice {
+            cause: r.code,
+            evidence: format!(
+                "{} of resident anonymous memory in small pages, in {}: {}",
+                format_bytes(r.small_bytes),
+                count_of(r.deciding_vmas as u64, "VMA"),
+                r.detail
+            ),
+            action: r.fix.clone(),
+        })
         .collect()
 }
 

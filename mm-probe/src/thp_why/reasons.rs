@@ -10,7 +10,20 @@ use super::{
     facts::{PAGE_SHIFT, VmaFacts, VmaKind},
     sysfs::{GlobalMode, SystemPolicy},
 };
-use crate::kernel::layout::ThpDisableBits;
+use crate::{
+    kernel::layout::ThpDisableBits,
+    report::verdict::{self, named},
+};
+
+named! {
+    /// The metric the verdict judges.
+    pub enum Metric {
+        SmallShare => "small_share",
+    }
+}
+
+/// thp-why's verdict: its metric, and its advice by reason code.
+pub type Verdict = verdict::Verdict<Metric, ReasonCode>;
 
 /// The stable reason codes of `thp-why --json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -63,6 +76,12 @@ impl ReasonCode {
     /// Applies to every VMA of the process (or of the system), not to one region.
     pub fn is_process_wide(self) -> bool {
         matches!(self, ReasonCode::PrctlThpDisable | ReasonCode::PrctlThpDisableExceptAdvised | ReasonCode::SysfsNever)
+    }
+}
+
+impl std::fmt::Display for ReasonCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

@@ -22,7 +22,7 @@ pub fn json(report: &Report) -> String {
 /// are made to fit.
 pub fn text(report: &Report, all_vmas: bool, width: usize) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{}\n", report.verdict);
+    let _ = writeln!(out, "{}: {}\n", report.verdict.level.name(), report.verdict.headline);
     evidence(&mut out, report);
     reasons(&mut out, report);
     fix(&mut out, report);
@@ -238,7 +238,7 @@ fn reasons(out: &mut String, r: &Report) {
 /// The fixes of the causes present, or why nothing needs fixing.
 fn fix(out: &mut String, r: &Report) {
     let _ = writeln!(out, "Fix");
-    if r.fix.is_empty() {
+    if r.verdict.advice.is_empty() {
         let resident: u64 = r.reasons.iter().map(|reason| reason.resident_bytes).sum();
         let small: u64 = r.reasons.iter().map(|reason| reason.small_bytes).sum();
         let why = if resident == 0 {
@@ -254,8 +254,8 @@ fn fix(out: &mut String, r: &Report) {
         };
         let _ = writeln!(out, "  nothing to fix: {why}");
     }
-    for fix in &r.fix {
-        let _ = writeln!(out, "  - {fix}");
+    for advice in &r.verdict.advice {
+        let _ = writeln!(out, "  - {}", advice.action);
     }
     out.push('\n');
 }
@@ -378,7 +378,8 @@ mod tests {
     fn text_starts_with_the_verdict_and_marks_the_table() {
         let report = build(inputs(DisableMode::Completely, "6.1.0-57-amd64", "[always] madvise never"));
         let text = text(&report, false, 100);
-        assert_eq!(text.lines().next(), Some(report.verdict.as_str()));
+        let first = format!("{}: {}", report.verdict.level.name(), report.verdict.headline);
+        assert_eq!(text.lines().next(), Some(first.as_str()));
         let order: Vec<usize> =
             ["Evidence", "Reasons", "Fix", "VMAs (largest first)"].iter().map(|h| text.find(h).unwrap()).collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");

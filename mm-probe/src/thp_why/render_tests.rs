@@ -105,12 +105,12 @@ fn under_the_prctl_the_collapse_section_names_it_and_who_set_it() {
 fn collapse_refusals_are_a_cause_in_the_verdict_and_the_ranking() {
     let report = process(DisableMode::None);
     assert!(
-        report.verdict.contains(
+        report.verdict.headline.contains(
             "2 MiB eligible, but khugepaged could not collapse it: 48 failed scans, all with exceed_none_pte \
              (khugepaged/max_ptes_none is 32) (collapse_refused)"
         ),
         "{}",
-        report.verdict
+        report.verdict.headline
     );
     let sparse = report.vmas.iter().find(|v| v.start == "0x7f1000000000").unwrap();
     assert_eq!(sparse.reason, ReasonCode::CollapseRefused);
@@ -121,7 +121,7 @@ fn collapse_refusals_are_a_cause_in_the_verdict_and_the_ranking() {
     // Ranked above the reasons the kernel was not seen refusing live.
     let at = |code| report.reasons.iter().position(|r| r.code == code).unwrap();
     assert!(at(ReasonCode::CollapseRefused) < at(ReasonCode::SysfsMadviseNotAdvised), "{:?}", report.reasons);
-    assert!(report.fix.iter().any(|f| f.contains("max_ptes_none")), "{:?}", report.fix);
+    assert!(report.verdict.advice.iter().any(|a| a.action.contains("max_ptes_none")), "{:?}", report.verdict.advice);
 }
 
 /// Item 3: every anonymous VMA once, under its deciding reason, in resident anonymous bytes that
@@ -136,7 +136,7 @@ fn the_reasons_table_adds_up_to_the_verdict() {
     let small: u64 = report.reasons.iter().map(|r| r.small_bytes).sum();
     assert_eq!(resident - small, 64 << 20, "what is not small is the huge heap");
     let headline = format!("64 MiB of {} resident anonymous memory", crate::units::format_bytes(resident));
-    assert!(report.verdict.contains(&headline), "{}", report.verdict);
+    assert!(report.verdict.headline.contains(&headline), "{}", report.verdict.headline);
     assert_eq!((report.non_anonymous.vmas, report.non_anonymous.rss_bytes), (2, (1604 + 1388) << 10));
     let text = text(&report, false, 100);
     let reasons = section(&text, "Reasons");
@@ -153,7 +153,7 @@ fn fixes_are_listed_only_for_causes_present() {
     let huge =
         smaps_entry(0x7f00_0000_0000, 65536, 65536, 65536, "hg") + &smaps_entry(0x7ffc_0000_0000, 132, 24, 0, "");
     let report = build(inputs_with(&huge, DisableMode::None, "6.18.44", "always [madvise] never"));
-    assert!(report.fix.is_empty(), "{:?}", report.fix);
+    assert!(report.verdict.advice.is_empty(), "{:?}", report.verdict.advice);
     let fix = section(&text(&report, false, 100), "Fix").to_string();
     assert!(fix.contains("nothing to fix: no cause keeps 2 MiB or more"), "{fix}");
     let only_huge = smaps_entry(0x7f00_0000_0000, 65536, 65536, 65536, "hg");
@@ -161,8 +161,8 @@ fn fixes_are_listed_only_for_causes_present() {
     assert!(section(&text(&report, false, 100), "Fix").contains("nothing to fix: all 64 MiB"));
     // The mixed process: the arena's madvise fix and the sparse region's, not the stack's size fix.
     let report = process(DisableMode::None);
-    assert_eq!(report.fix.len(), 2, "{:?}", report.fix);
-    assert!(report.fix.iter().all(|f| !f.contains("at least 4 MiB")), "{:?}", report.fix);
+    assert_eq!(report.verdict.advice.len(), 2, "{:?}", report.verdict.advice);
+    assert!(report.verdict.advice.iter().all(|a| !a.action.contains("at least 4 MiB")), "{:?}", report.verdict.advice);
 }
 
 /// Item 6: at 80 columns no table row is wider than the terminal (so none is wrapped), and the

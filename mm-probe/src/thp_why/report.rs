@@ -9,7 +9,7 @@ use serde::{Serialize, Serializer};
 use super::{
     ancestry::{Ancestor, SetBy},
     checks::{AllowCheck, Call},
-    reasons::{DisableMode, ModeSource, ReasonCode},
+    reasons::{DisableMode, ModeSource, ReasonCode, Verdict},
     scan_result::{NamesFrom, Outcome},
     sysfs::{SizeMode, SystemPolicy},
 };
@@ -421,12 +421,12 @@ pub struct Report {
     pub pid: u32,
     pub comm: String,
     pub cmdline: String,
-    pub verdict: String,
+    /// Its advice holds the fixes of the causes present (none when nothing keeps memory from
+    /// huge pages).
+    pub verdict: Verdict,
     pub reasons: Vec<ReasonEntry>,
     /// VMAs outside the reasons' deciding counts (not anonymous memory).
     pub non_anonymous: NonAnonymous,
-    /// The fixes of the causes present (empty when nothing keeps memory from huge pages).
-    pub fix: Vec<String>,
     pub process: ProcessFacts,
     pub vmas: Vec<VmaEntry>,
     pub faults: FaultFacts,

@@ -1,4 +1,5 @@
-//! The verdict line: a process-wide cause first (no THP in the kernel, the prctl and who set it,
+//! The verdict: its level from the share of resident anonymous memory kept in small pages, and
+//! its headline: a process-wide cause first (no THP in the kernel, the prctl and who set it,
 //! enabled=never), else how much of the resident anonymous memory is in huge pages and what keeps
 //! the rest small, largest first, each cause in the words and the code of the reasons table.
 
@@ -7,11 +8,40 @@ use std::collections::BTreeMap;
 use super::{
     collapse::Refusal,
     inputs::{Inputs, prctl_calls},
-    reasons::{DisableMode, NO_THP, ReasonCode},
+    reasons::{DisableMode, Metric, NO_THP, ReasonCode, Verdict},
     report::{FaultFacts, LiveFacts, PrctlCall, PrctlEffect, Relation, VmaClass, VmaEntry},
     sysfs::GlobalMode,
 };
-use crate::{kernel::layout::ThpDisableBits, units::format_bytes};
+use crate::{
+    kernel::layout::ThpDisableBits,
+    report::verdict::{Advice, Band, MetricVerdict, Unit},
+    units::format_bytes,
+};
+
+/// docs/thresholds.md, "thp-why": a tenth of the memory that could be huge kept small is worth
+/// a look, half of it is the process not getting THP.
+pub const SMALL_SHARE: Band = Band { warn: 0.10, crit: 0.50 };
+
+const SMALL_SHARE_IS: &str = "resident anonymous memory in small pages ÷ resident anonymous memory, in regions a 2 MiB page fits (aligned, large enough)";
+
+/// Regions no huge page fits: their memory is small whatever the settings, so it is not judged.
+fn fits_no_huge_page(vma: &VmaEntry) -> bool {
+    matches!(vma.blocking_reason(), ReasonCode::VmaTooSmall | ReasonCode::VmaUnaligned)
+}
+
+/// The verdict: `headline` (the line `verdict_line` says), the small-pages share judged, and the
+/// advice of the causes present.
+pub fn judge(headline: String, vmas: &[VmaEntry], advice: Vec<Advice<ReasonCode>>) -> Verdict {
+    let judged = vmas.iter().filter(|v| v.kind == VmaClass::Anon && !fits_no_huge_page(v));
+    let (resident, small) =
+        judged.fold((0u64, 0u64), |(r, s), v| (r + v.anonymous_bytes, s + v.small_anonymous_bytes()));
+    let value = (resident > 0).then(|| small as f64 / resident as f64);
+    let nothing = "no resident anonymous memory in regions a 2 MiB page fits: nothing for huge pages to back";
+    let metric =
+        MetricVerdict::judged(Metric::SmallShare, SMALL_SHARE_IS, Unit::Fraction, value, SMALL_SHARE, None);
+    let metric = MetricVerdict { unknown_because: value.is_none().then(|| nothing.into()), ..metric };
+    Verdict { level: metric.level, headline, metrics: vec![metric], advice }
+}
 
 /// The prctl call caught live that explains the target's mode, if any: the target's own or an
 /// ancestor's, the last one that set the mode the target has.

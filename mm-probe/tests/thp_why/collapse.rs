@@ -132,7 +132,7 @@ fn khugepaged_collapsing_a_region_is_counted_as_success() {
     assert_eq!(c["failed"], 0, "{c}");
     // The region is all huge now, and the workload's other memory (its heap and stack, without
     // MADV_HUGEPAGE) is less than one huge page: no fix is offered, and the text says so.
-    assert_eq!(report["fix"], serde_json::json!([]), "{}", report["reasons"]);
+    assert_eq!(report["verdict"]["advice"], serde_json::json!([]), "{}", report["reasons"]);
     let out = run_tool(&["thp-why", &pid.to_string(), "--duration", "0s"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let fix = text.split("\nFix\n").nth(1).unwrap().split("\n\n").next().unwrap();
@@ -173,9 +173,9 @@ fn a_sparse_region_fails_with_exceed_none_pte_under_a_low_max_ptes_none() {
     assert!(refused["count"].as_u64().unwrap() >= pmds, "{refused}");
     assert!(refused["detail"].as_str().unwrap().contains("exceed_none_pte"), "{refused}");
     assert_eq!(vma(&report, &format!("{start:#x}"))["reason"], "collapse_refused");
-    let verdict = report["verdict"].as_str().unwrap();
+    let verdict = report["verdict"]["headline"].as_str().unwrap();
     assert!(verdict.contains("(khugepaged/max_ptes_none is 32) (collapse_refused)"), "{verdict}");
-    assert!(report["fix"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().contains("max_ptes_none")));
+    assert!(report["verdict"]["advice"].as_array().unwrap().iter().any(|a| a["action"].as_str().unwrap().contains("max_ptes_none")));
 }
 
 /// A registered process that khugepaged does not come to during a short run (it sleeps 10

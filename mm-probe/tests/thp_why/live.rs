@@ -66,7 +66,7 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
         faults["in_huge_pages"]
     );
     assert!(
-        report["verdict"].as_str().unwrap().contains("by prctl in the process itself (caught live)"),
+        report["verdict"]["headline"].as_str().unwrap().contains("by prctl in the process itself (caught live)"),
         "{}",
         report["verdict"]
     );
@@ -191,7 +191,7 @@ fn guest_prctl_denials_are_counted_and_attributed() {
     let prctl = reason(&report, "prctl_thp_disable").unwrap();
     assert!(prctl["count"].as_u64().unwrap() >= fault_checks_total - 2 - pud_tolerance(check, 1), "{prctl}");
     assert_eq!(prctl["set_by"]["pid"], tree.pids[0]);
-    let verdict = report["verdict"].as_str().unwrap();
+    let verdict = report["verdict"]["headline"].as_str().unwrap();
     let live = &report["live"];
     assert!(verdict.ends_with(&format!("; {} THP checks, {} denied", live["checks"], live["denied"])), "{verdict}");
     assert_eq!(live["checks"], live["denied"], "{live}");

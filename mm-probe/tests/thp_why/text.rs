@@ -47,9 +47,10 @@ fn text_output_puts_the_verdict_first_and_lists_vmas_largest_first() {
     let out = run_tool(&["thp-why", &tree.target().to_string(), "--duration", "0s"]);
     assert_eq!(out.status.code(), Some(0));
     let text = String::from_utf8_lossy(&out.stdout);
-    let first = text.lines().next().unwrap();
+    let (level, headline) = text.lines().next().unwrap().split_once(": ").unwrap();
+    assert!(["UNKNOWN", "OK", "WARN", "CRIT"].contains(&level), "the verdict's level first: {text}");
     let expected = if thp_built_in() { "THP disabled for pid" } else { "THP unavailable for pid" };
-    assert!(first.starts_with(expected), "{text}");
+    assert!(headline.starts_with(expected), "{text}");
     for heading in ["Evidence", "Reasons", "Fix", "VMAs (largest first"] {
         assert!(text.contains(heading), "no {heading} in:\n{text}");
     }

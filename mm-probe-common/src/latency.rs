@@ -102,6 +102,11 @@ counter_slots! {
         LostFuncEntries,
         /// bpf_get_stackid failed (bucket collision or map full); the spike has no stack.
         StackErrors,
+        /// A task's row was created in the per-task table. The table is an LRU: the rows it
+        /// evicted are these less the rows left at the end.
+        TaskRowsCreated,
+        /// A task's row could not be created: its wakeup is in the totals, in no task's row.
+        LostTaskRows,
     }
 }
 

@@ -210,6 +210,9 @@ fn stack_id<C: StackIdContext>(ctx: &C) -> i64 {
     }
 }
 
+/// bpf_map_update_elem's flag: create the key only if it is not there.
+const BPF_NOEXIST: u64 = 1;
+
 #[inline(always)]
 fn count(counter: Counter) {
     bump(&LAT_COUNTERS, counter as u32, 1);
@@ -498,12 +501,17 @@ fn account_task(switch: &Switch, prio: i32, latency_ns: u64, over: bool) {
         Some(task) => task,
         None => {
             let fresh = TaskWakeups { prio, comm: switch.next_comm, ..TaskWakeups::default() };
-            if LAT_TASKS.insert(pid, fresh, 0).is_err() {
-                return;
+            // NOEXIST: a row another CPU created meanwhile is not created twice, so user space
+            // can count the rows the LRU evicted (created less those left).
+            if LAT_TASKS.insert(pid, fresh, BPF_NOEXIST).is_ok() {
+                count(Counter::TaskRowsCreated);
             }
             match LAT_TASKS.get_ptr_mut(pid) {
                 Some(task) => task,
-                None => return,
+                None => {
+                    count(Counter::LostTaskRows);
+                    return;
+                }
             }
         }
     };

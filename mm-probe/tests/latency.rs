@@ -562,3 +562,29 @@ fn a_fifo_waiter_beside_a_user_space_hog_on_its_cpu_is_never_said_to_wait_for_th
         assert!(!explanation.contains("interrupted in user space"), "{spike}");
     }
 }
+
+/// A full per-task table (shrunk to 4 rows by the test hook) under a hundred short-lived
+/// sleepers, each woken once by its timer: its LRU evicts rows without a word, so the rows it
+/// created and no longer holds are counted in `lost_events.task_rows`.
+#[test]
+fn task_rows_the_full_table_evicts_are_counted_as_lost() {
+    require_root();
+    const ROWS: usize = 4;
+    const SLEEPERS: u64 = 100;
+    let entries = format!("LAT_TASKS={ROWS}");
+    let tracing = Tracing::start_with(&["--all-tasks"], &[("MM_PROBE_MAP_ENTRIES", &entries)]);
+    for _ in 0..SLEEPERS {
+        let status = Command::new("sleep").arg("0.001").status().expect("running sleep");
+        assert!(status.success());
+    }
+    let lines = tracing.interrupt();
+    let summary = only(&lines, "summary");
+    let lost = only(&lines, "lost_events");
+    let tasks = summary["tasks"].as_array().unwrap();
+    assert!(tasks.len() <= ROWS, "the table holds at most {ROWS} rows: {summary}");
+    // Each sleeper had a row once; at most ROWS rows are left, of any task.
+    let lost_rows = lost["task_rows"].as_u64().unwrap();
+    assert!(lost_rows >= SLEEPERS - ROWS as u64, "{lost_rows} rows counted lost for {SLEEPERS} sleepers: {lost}");
+    let in_rows: u64 = tasks.iter().map(|t| t["wakeups"].as_u64().unwrap()).sum();
+    assert!(in_rows < summary["wakeup"]["count"].as_u64().unwrap(), "the totals keep the evicted rows' wakeups");
+}

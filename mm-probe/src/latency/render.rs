@@ -264,6 +264,7 @@ pub fn lost_text(lost: &LostEvents) -> String {
         (lost.stack_errors, "stacks (stack map collision or full)"),
         (lost.malformed_records, "malformed records"),
         (lost.skipped_by_recursion_guard, "hook runs skipped while another tracing program ran on that CPU"),
+        (lost.task_rows, "task rows (per-task table full; their wakeups are in the totals)"),
     ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));
@@ -291,6 +292,11 @@ mod tests {
         assert_eq!(
             lost_text(&lost),
             "lost events: 3 wakeup spikes (ring buffer full), 1 stacks (stack map collision or full)\n"
+        );
+        let evicted = LostEvents { task_rows: 96, ..LostEvents::default() };
+        assert_eq!(
+            lost_text(&evicted),
+            "lost events: 96 task rows (per-task table full; their wakeups are in the totals)\n"
         );
     }
 }

@@ -107,6 +107,9 @@ pub struct LostEvents {
     /// Program runs the kernel skipped because another tracing program was running on that CPU
     /// (its recursion guard); a skipped sched_wakeup or function entry is a lost measurement.
     pub skipped_by_recursion_guard: u64,
+    /// Rows of the per-task table lost: evicted by its LRU when full, or never created. Their
+    /// wakeups are in the totals, not in `tasks`.
+    pub task_rows: u64,
 }
 
 impl LostEvents {
@@ -118,6 +121,7 @@ impl LostEvents {
             + self.stack_errors
             + self.malformed_records
             + self.skipped_by_recursion_guard
+            + self.task_rows
             > 0
     }
 }

@@ -208,6 +208,9 @@ impl Session for Watch {
     fn summary(&mut self, ebpf: &mut Ebpf, end: &End) -> Result<Printout> {
         let totals = read_all(&self.hists, self.header.functions.len())?;
         let counters = percpu_sums(ebpf, COUNTERS_MAP)?;
+        let tasks = aggregator::tasks(ebpf)?;
+        // The LRU table evicts without a word: what it created and no longer holds was evicted.
+        let evicted = counter(&counters, Counter::TaskRowsCreated).saturating_sub(tasks.len() as u64);
         let lost = LostEvents {
             wakeup_spikes: counter(&counters, Counter::LostWakeupSpikes),
             function_spikes: counter(&counters, Counter::LostFuncSpikes),
@@ -216,8 +219,8 @@ impl Session for Watch {
             stack_errors: counter(&counters, Counter::StackErrors),
             malformed_records: self.wakeup_ring.malformed + self.call_ring.malformed,
             skipped_by_recursion_guard: self.skipped,
+            task_rows: evicted + counter(&counters, Counter::LostTaskRows),
         };
-        let tasks = aggregator::tasks(ebpf)?;
         let summary = self.judged(&totals, tasks, end);
         let printout = Printout::new(self.summary_json(&summary, &lost), self.summary_text(&summary, &totals, &lost));
         self.last = Some((summary, totals));

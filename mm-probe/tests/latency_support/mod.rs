@@ -20,10 +20,16 @@ pub struct Tracing {
 
 impl Tracing {
     pub fn start(args: &[&str]) -> Self {
+        Self::start_with(args, &[])
+    }
+
+    /// `start`, with these variables in the tool's environment (the test hooks).
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(mm_probe())
             .arg("latency")
             .arg("--json")
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -85,7 +85,8 @@ fn check_the_command(lines: &[Value], storm_pid: u32) {
     assert!(first["contended"].as_u64().unwrap() > 0, "{first}");
     assert!(locks.iter().all(|l| l["relation"] != "unrelated"), "unrelated locks are folded, not ranked");
     assert!(summary["other_contention"]["contended"].as_u64().unwrap() > 0, "the churn's contention, folded");
-    let metric = |name: &str| summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name).cloned();
+    let metric =
+        |name: &str| summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name).cloned();
     let wait = metric("wait_per_invalidation").expect("the wait metric");
     if lost["waits"].as_u64().unwrap() > 0 || lost["invalidations"].as_u64().unwrap() > 0 {
         assert!(wait["value"].is_null() && wait["level"] == "UNKNOWN", "{wait}");
@@ -94,7 +95,10 @@ fn check_the_command(lines: &[Value], storm_pid: u32) {
         assert!(wait["value"].as_f64().is_some(), "nothing lost, measured: {wait}");
     }
     let crit = summary["verdict"]["metrics"].as_array().unwrap().iter().any(|m| m["level"] == "CRIT");
-    assert!(!crit || !summary["verdict"]["advice"].as_array().unwrap().is_empty(), "a CRIT comes with advice: {summary}");
+    assert!(
+        !crit || !summary["verdict"]["advice"].as_array().unwrap().is_empty(),
+        "a CRIT comes with advice: {summary}"
+    );
 }
 
 /// The exporter's scrape: the VM's lock contention served, every loss under its map's name.

@@ -152,7 +152,8 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
         kvm_callback_matches(&counts, &summary, 1);
     } else {
         // Nothing this kernel cannot measure is shown as 0.
-        let callback = summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
+        let callback =
+            summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
         assert!(callback["value"].is_null(), "{callback}");
     }
 }
@@ -329,7 +330,8 @@ fn mirror_callback<'a>(driver: &Value, summary: &'a Value) -> &'a Value {
 }
 
 fn amplification_level(summary: &Value) -> String {
-    let metric = summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
+    let metric =
+        summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
     metric["level"].as_str().unwrap().to_string()
 }
 

@@ -357,7 +357,12 @@ fn inherited_prctl_is_traced_to_the_wrapper() {
     assert_eq!(&chain[..3], &[target as u64, relay as u64, wrapper as u64]);
     // The mmap_lock tracepoint reads mm->flags from the kernel wherever tracepoints work.
     assert_eq!(report["process"]["source"], "kernel", "{}", report["process"]);
-    assert!(report["verdict"]["advice"][0]["action"].as_str().unwrap().starts_with("start the workload outside that wrapper"));
+    assert!(
+        report["verdict"]["advice"][0]["action"]
+            .as_str()
+            .unwrap()
+            .starts_with("start the workload outside that wrapper")
+    );
     // Even the madvised region is refused, with the prctl among its reasons.
     let advised = vma(&report, &start_of(region(&round, "advised")));
     assert!(codes(advised).contains(&"prctl_thp_disable"), "{advised}");
@@ -376,7 +381,11 @@ fn assert_plan_explains_the_allow_check(report: &Value) {
     let live = &report["live"];
     if allow_check_observed(report) {
         assert!(live["allow_check"].as_str().unwrap().starts_with(kernel_allow_check().function), "{live}");
-        assert!(report["verdict"]["headline"].as_str().unwrap().contains(" THP checks, "), "{}", report["verdict"]["headline"]);
+        assert!(
+            report["verdict"]["headline"].as_str().unwrap().contains(" THP checks, "),
+            "{}",
+            report["verdict"]["headline"]
+        );
     } else if !thp_built_in() {
         let why = live["why_not"].as_str().unwrap();
         assert!(why.contains("not in this kernel's BTF"), "no THP, no allow-check function: {why}");
@@ -384,7 +393,11 @@ fn assert_plan_explains_the_allow_check(report: &Value) {
         assert!(vm_kernel().is_none(), "every Debian guest kernel lets the allow-check be probed: {live}");
         let why = live["why_not"].as_str().unwrap();
         assert!(why.contains("EPERM") || why.contains("CONFIG_KPROBES"), "{why}");
-        assert!(!report["verdict"]["headline"].as_str().unwrap().contains("THP checks"), "{}", report["verdict"]["headline"]);
+        assert!(
+            !report["verdict"]["headline"].as_str().unwrap().contains("THP checks"),
+            "{}",
+            report["verdict"]["headline"]
+        );
     }
 }
 
@@ -410,7 +423,11 @@ fn except_advised_mode_is_read_from_the_kernel_on_6_18() {
     assert_eq!(report["process"]["status_thp_enabled"], true);
     assert_eq!(report["process"]["thp_disable"], "except_advised");
     assert_eq!(report["process"]["source"], "kernel");
-    assert!(report["verdict"]["headline"].as_str().unwrap().contains("except MADV_HUGEPAGE regions"), "{}", report["verdict"]["headline"]);
+    assert!(
+        report["verdict"]["headline"].as_str().unwrap().contains("except MADV_HUGEPAGE regions"),
+        "{}",
+        report["verdict"]["headline"]
+    );
     let r = reason(&report, "prctl_thp_disable_except_advised").unwrap();
     assert_eq!(r["set_by"]["pid"], tree.pids[0]);
     let advised = vma(&report, &start_of(region(&round, "advised")));

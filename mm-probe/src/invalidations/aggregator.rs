@@ -14,7 +14,7 @@ use super::{
     judge::{Amplified, Busiest, Evidence, Fit, Metric},
     locks::WaitPath,
     probes::{Observability, subscriber_name},
-    report::{Interval, Invalidations, InvalidatorRow, LockRow, LostEvents, Peak, SubscriberRow},
+    report::{Interval, Invalidations, InvalidatorRow, LockRow, Loss, LostEvents, Peak, SubscriberRow},
 };
 use crate::{
     kernel::{Kallsyms, process::comm_text},
@@ -279,7 +279,7 @@ pub fn evidence(
     lost: &LostEvents,
 ) -> Evidence {
     let seen_waits = seen.lock_waits;
-    let count = inv.count.filter(|_| !lost.invalidations_incomplete());
+    let count = inv.count.filter(|_| !lost.get(Loss::Invalidations) > 0);
     let notifier_wait: u64 = locks.iter().flat_map(|l| &l.paths).filter(|p| p.in_notifier).map(|p| p.wait_ns).sum();
     let notifier_lock = locks
         .iter()
@@ -291,7 +291,7 @@ pub fn evidence(
         .iter()
         .filter_map(|s| s.fit.map(|fit| Amplified { subscriber: s.subscriber.to_string(), fit }))
         .max_by(|a, b| a.fit.amplification.total_cmp(&b.fit.amplification));
-    let waits_known = seen_waits && !lost.waits_incomplete();
+    let waits_known = seen_waits && !lost.get(Loss::Waits) > 0;
     Evidence {
         invalidate_freq: count.and(inv.peak.as_ref()).map(|p| p.per_second),
         invalidate_freq_mean: count.and(inv.per_second),
@@ -319,29 +319,29 @@ fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents)
         reasons.insert(Metric::InvalidateFreq, why.clone());
         reasons.insert(Metric::WaitPerInvalidation, why.clone());
     }
-    if lost.invalidations_incomplete() {
+    if lost.get(Loss::Invalidations) > 0 {
         let why = format!(
             "{} invalidations were lost (the kernel's table refused them: full, or in use on that CPU)",
-            lost.invalidations
+            lost.get(Loss::Invalidations)
         );
         reasons.insert(Metric::InvalidateFreq, why.clone());
         reasons.insert(Metric::WaitPerInvalidation, why);
     }
     if !seen_waits {
         reasons.insert(Metric::WaitPerInvalidation, "lock contention is not observable on this kernel".into());
-    } else if lost.waits_incomplete() {
+    } else if lost.get(Loss::Waits) > 0 {
         reasons.insert(
             Metric::WaitPerInvalidation,
             format!(
                 "{} contended waits were lost (the kernel's table refused them: full, or in use on that CPU)",
-                lost.waits
+                lost.get(Loss::Waits)
             ),
         );
     }
-    if lost.callback_calls > 0 {
+    if lost.get(Loss::CallbackCalls) > 0 {
         let why = format!(
             "{} callback calls were lost (the kernel's table refused them: full, or in use on that CPU)",
-            lost.callback_calls
+            lost.get(Loss::CallbackCalls)
         );
         reasons.insert(Metric::CallbackMean, why.clone());
         reasons.insert(Metric::Amplification, why);
@@ -351,18 +351,21 @@ fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents)
 
 /// The losses, from the kernel counters and user space's own bound.
 pub fn lost_events(tables: &Tables) -> LostEvents {
-    LostEvents {
-        waits: tables.counter(Counter::WaitsMapFull),
-        invalidations: tables.counter(Counter::InvalidationsMapFull),
-        callback_calls: tables.counter(Counter::CallbacksMapFull),
-        wait_stacks: tables.counter(Counter::StackMisses),
-        vm_locks: tables.counter(Counter::KvmLocksMapFull),
-        owner_unresolved: tables.counter(Counter::OwnerUnresolved),
-        folded_waits: tables.folded_waits,
-        // Read from the programs' fdinfo by the run, not from the tables.
-        program_runs_skipped: Some(0),
-        callbacks_undiscovered: tables.counter(Counter::CallbacksUndiscovered),
-    }
+    LostEvents::from_fn(|kind| {
+        let counter = match kind {
+            Loss::Waits => Counter::WaitsMapFull,
+            Loss::Invalidations => Counter::InvalidationsMapFull,
+            Loss::CallbackCalls => Counter::CallbacksMapFull,
+            Loss::WaitStacks => Counter::StackMisses,
+            Loss::VmLocks => Counter::KvmLocksMapFull,
+            Loss::OwnerUnresolved => Counter::OwnerUnresolved,
+            Loss::CallbacksUndiscovered => Counter::CallbacksUndiscovered,
+            Loss::FoldedWaits => return Some(tables.folded_waits),
+            // Read from the programs' fdinfo by the run, not from the tables.
+            Loss::ProgramRunsSkipped => return Some(0),
+        };
+        Some(tables.counter(counter))
+    })
 }
 
 /// The kernel counters by name.
@@ -385,7 +388,7 @@ pub fn interval(before: &Tables, now: &Tables, interval_ns: u64, seen_waits: boo
     let calls = |t: &Tables| t.callbacks.values().map(|s| s.calls).sum::<u64>();
     let lost = |t: &Tables| {
         let l = lost_events(t);
-        l.waits + l.invalidations + l.callback_calls
+        l.get(Loss::Waits) + l.get(Loss::Invalidations) + l.get(Loss::CallbackCalls)
     };
     let (contended_now, wait_now) = waits(now);
     let (contended_before, wait_before) = waits(before);

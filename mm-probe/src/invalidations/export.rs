@@ -16,6 +16,7 @@ use super::{
     globals::{kvm_locks_nameable, kvm_members, settings},
     locks::KvmMembers,
     probes::{Observability, PROBES, attach_callbacks, observability},
+    report::Loss,
 };
 use crate::{
     capability::CapabilityId,
@@ -89,16 +90,19 @@ impl Source for InvalidationsSource {
         let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("inv_"));
         snapshot.lost_events.extend(recursion_guard(CapabilityId::Invalidations, skipped));
         snapshot.lost_events.extend([
-            Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.wait_stacks),
-            Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.owner_unresolved),
-            Series::new(&[("capability", name), ("kind", "folded_waits")], lost.folded_waits),
-            Series::new(&[("capability", name), ("kind", "callbacks_undiscovered")], lost.callbacks_undiscovered),
+            Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.get(Loss::WaitStacks)),
+            Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.get(Loss::OwnerUnresolved)),
+            Series::new(&[("capability", name), ("kind", "folded_waits")], lost.get(Loss::FoldedWaits)),
+            Series::new(
+                &[("capability", name), ("kind", "callbacks_undiscovered")],
+                lost.get(Loss::CallbacksUndiscovered),
+            ),
         ]);
         snapshot.map_update_failures.extend([
-            Series::new(&[("capability", name), ("map", "INV_WAITS")], lost.waits),
-            Series::new(&[("capability", name), ("map", "INV_INVALIDATIONS")], lost.invalidations),
-            Series::new(&[("capability", name), ("map", names::CALLBACKS_MAP)], lost.callback_calls),
-            Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.vm_locks),
+            Series::new(&[("capability", name), ("map", "INV_WAITS")], lost.get(Loss::Waits)),
+            Series::new(&[("capability", name), ("map", "INV_INVALIDATIONS")], lost.get(Loss::Invalidations)),
+            Series::new(&[("capability", name), ("map", names::CALLBACKS_MAP)], lost.get(Loss::CallbackCalls)),
+            Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.get(Loss::VmLocks)),
         ]);
         let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         let scope = Scope { range_starts: self.seen.range_starts, kvm_unmaps: self.seen.kvm_unmaps, pids: &[] };

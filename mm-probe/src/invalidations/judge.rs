@@ -410,7 +410,8 @@ pub(crate) mod tests {
     #[test]
     fn a_figure_from_lost_data_is_unknown_with_the_reason_never_ok() {
         let mut unknown_because = BTreeMap::new();
-        unknown_because.insert(Metric::WaitPerInvalidation, "5241 contended waits were lost (the kernel's table was full)".into());
+        unknown_because
+            .insert(Metric::WaitPerInvalidation, "5241 contended waits were lost (the kernel's table was full)".into());
         let e = Evidence { wait_per_invalidation_ns: Some(0.0), unknown_because, ..Evidence::default() };
         let verdict = judge(&e, &thresholds());
         let metric = verdict.metrics.iter().find(|m| m.metric == Metric::WaitPerInvalidation).unwrap();

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::{
     judge::Fit,
     probes::Observability,
-    report::{Interval, InvalidatorRow, LockRow, LostEvents, SubscriberRow, Summary},
+    report::{Interval, InvalidatorRow, LockRow, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -46,7 +46,8 @@ fn summary_text_at(s: &Summary, stopped_by: Stop, width: usize) -> String {
     let mut out = invalidations_text(s, stopped_by, width);
     out += &locks_text(s, width);
     out += &subscribers_text(s, width);
-    out += &lost_text(&s.lost_events);
+    out.push('\n');
+    out += &s.lost_events.text();
     out += &s.verdict.text();
     out
 }
@@ -267,30 +268,6 @@ fn subscribers_text(s: &Summary, width: usize) -> String {
         let _ = writeln!(out, "  non-blockable calls (OOM reaper): {nonblocking}, refused: {refused}");
     }
     out
-}
-
-/// The losses, one line, only when there were any.
-fn lost_text(l: &LostEvents) -> String {
-    let parts: Vec<String> = [
-        (l.waits, "waits (table refused them)"),
-        (l.invalidations, "invalidations (table refused them)"),
-        (l.callback_calls, "callback calls (table refused them)"),
-        (l.wait_stacks, "waiters' stacks"),
-        (l.vm_locks, "VMs' locks (table full)"),
-        (l.owner_unresolved, "invalidations whose memory could not be named"),
-        (l.folded_waits, "waits folded without their thread"),
-        (l.program_runs_skipped.unwrap_or(0), "program runs the kernel skipped"),
-        (l.callbacks_undiscovered, "callbacks found but never timed (table full)"),
-    ]
-    .iter()
-    .filter(|(n, _)| *n > 0)
-    .map(|(n, what)| format!("{n} {what}"))
-    .chain(l.program_runs_skipped.is_none().then(|| "program runs the kernel skipped (uncounted before 6.7)".into()))
-    .collect();
-    if parts.is_empty() {
-        return String::new();
-    }
-    format!("\nLost: {}\n", parts.join(", "))
 }
 
 /// The share of a callback's time spent waiting on contended locks ("-" where not traced).

@@ -16,6 +16,7 @@ use crate::{
     report::{
         json,
         log2::{log2_bytes, log2_ns},
+        lost::{self, loss_kinds},
     },
 };
 
@@ -39,47 +40,39 @@ pub struct Summary {
     pub counters: BTreeMap<&'static str, u64>,
 }
 
-/// Work the tool saw but could not count in full. Each figure that depends on a table that lost
-/// entries is UNKNOWN, never a smaller number.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LostEvents {
-    /// Contended waits not counted: the kernel's waits table refused them (full within one drain
-    /// period, or busy on that CPU).
-    pub waits: u64,
-    /// Invalidations not counted: the kernel's invalidations table was full.
-    pub invalidations: u64,
-    /// Callback calls not counted: the callbacks table was full.
-    pub callback_calls: u64,
-    /// Waits whose stack could not be kept: counted, their path "other".
-    pub wait_stacks: u64,
-    /// VMs whose mmu_lock could not be recorded (the table of VMs was full).
-    pub vm_locks: u64,
-    /// Invalidations of VM memory by kernel threads (kcompactd, kdamond, kswapd) whose memory
-    /// could not be named: KVM's tracepoints carry no mm and no function probe gave it. With -p
-    /// they may have been the watched process's.
-    pub owner_unresolved: u64,
-    /// Waits counted without their thread and stack (user space's bound on groups).
-    pub folded_waits: u64,
-    /// Program runs the kernel skipped (bpf_prog_info.recursion_misses); `None` before 6.7, whose
-    /// kprobes skip a run without counting it (a preempted map syscall can hold the CPU's
-    /// bpf_prog_active on PREEMPT_RT): a
-    /// callback, wait or invalidation that went unseen.
-    pub program_runs_skipped: Option<u64>,
-    /// Subscriber callbacks found in the kernel but never timed: the table of found callbacks
-    /// refused them (full).
-    pub callbacks_undiscovered: u64,
-}
-
-impl LostEvents {
-    /// Whether the wait figures are incomplete.
-    pub fn waits_incomplete(&self) -> bool {
-        self.waits > 0
-    }
-
-    pub fn invalidations_incomplete(&self) -> bool {
-        self.invalidations > 0
+loss_kinds! {
+    /// Work the tool saw but could not count in full. Each figure that depends on a table that
+    /// lost entries is UNKNOWN, never a smaller number.
+    pub enum Loss {
+        /// Contended waits not counted: the kernel's waits table refused them (full within one
+        /// drain period, or busy on that CPU).
+        Waits => "waits", "waits (table refused them)",
+        /// Invalidations not counted: the kernel's invalidations table was full.
+        Invalidations => "invalidations", "invalidations (table refused them)",
+        /// Callback calls not counted: the callbacks table was full.
+        CallbackCalls => "callback_calls", "callback calls (table refused them)",
+        /// Waits whose stack could not be kept: counted, their path "other".
+        WaitStacks => "wait_stacks", "waiters' stacks",
+        /// VMs whose mmu_lock could not be recorded (the table of VMs was full).
+        VmLocks => "vm_locks", "VMs' locks (table full)",
+        /// Invalidations of VM memory by kernel threads (kcompactd, kdamond, kswapd) whose memory
+        /// could not be named: KVM's tracepoints carry no mm and no function probe gave it.
+        /// With -p they may have been the watched process's.
+        OwnerUnresolved => "owner_unresolved", "invalidations whose memory could not be named",
+        /// Waits counted without their thread and stack (user space's bound on groups).
+        FoldedWaits => "folded_waits", "waits folded without their thread",
+        /// Program runs the kernel skipped (bpf_prog_info.recursion_misses); uncounted (null)
+        /// before 6.7, whose kprobes skip a run without counting it (a preempted map syscall can
+        /// hold the CPU's bpf_prog_active on PREEMPT_RT): a callback, wait or invalidation that
+        /// went unseen.
+        ProgramRunsSkipped => "program_runs_skipped", "program runs the kernel skipped",
+        /// Subscriber callbacks found in the kernel but never timed: the table of found
+        /// callbacks refused them (full).
+        CallbacksUndiscovered => "callbacks_undiscovered", "callbacks found but never timed (table full)",
     }
 }
+
+pub type LostEvents = lost::LostEvents<Loss>;
 
 /// Contention with no relation to invalidations (the rest of the machine), folded.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]

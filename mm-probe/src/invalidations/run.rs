@@ -16,7 +16,7 @@ use super::{
     plot, probes,
     probes::Observability,
     render, report,
-    report::Summary,
+    report::{Loss, Summary},
 };
 use crate::{
     capability::CapabilityId as Id,
@@ -173,8 +173,7 @@ impl Watch<'_> {
         invalidations.peak = self.peak.peak.clone();
         let (locks, other_contention) = contention::locks(tables, &kvm_members(self.kernel));
         let subscribers = aggregator::subscribers(tables, self.kallsyms(), seen.lock_waits);
-        let mut lost_events = aggregator::lost_events(tables);
-        lost_events.program_runs_skipped = self.skipped;
+        let lost_events = aggregator::lost_events(tables).with(Loss::ProgramRunsSkipped, self.skipped);
         let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, seen, &lost_events);
         Summary {
             duration_ns,

@@ -136,7 +136,8 @@ fn steal_evidence(steal_ns: &BTreeMap<u32, u64>) -> String {
 /// Fewer spikes than this fraction of wakeups is a warning, not critical.
 const WARN_FRACTION: f64 = 0.001;
 
-const OVER_THRESHOLD: &str = "wakeups that waited longer than the threshold ÷ wakeups: any is WARN, one in a thousand or more CRIT";
+const OVER_THRESHOLD: &str =
+    "wakeups that waited longer than the threshold ÷ wakeups: any is WARN, one in a thousand or more CRIT";
 
 /// The share of wakeups over the threshold, judged: any is WARN, `WARN_FRACTION` or more CRIT
 /// (a band whose CRIT bound is inclusive, so it is judged here rather than by `Band`).
@@ -181,7 +182,11 @@ pub fn judge(
         "no measured task woke up: start the real-time workload, or widen the selection with -p or --all-tasks"
             .to_string()
     } else if wakeups.over_threshold == 0 {
-        format!("all {} wakeups ran within {threshold} (worst {})", wakeups.count, format_nanos(wakeups.max_ns.unwrap_or(0)))
+        format!(
+            "all {} wakeups ran within {threshold} (worst {})",
+            wakeups.count,
+            format_nanos(wakeups.max_ns.unwrap_or(0))
+        )
     } else {
         let fraction = wakeups.over_threshold as f64 / wakeups.count as f64;
         let mut text = format!(
@@ -248,8 +253,14 @@ mod tests {
         let ok = judge(&dist(1000, 0, 120_000), 500_000, &none, &[], &[], &BTreeMap::new());
         assert_eq!(ok.verdict.level, Level::Ok);
         assert_eq!(ok.verdict.headline, "all 1000 wakeups ran within 500µs (worst 120µs)");
-        assert_eq!(judge(&dist(10_000, 9, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level, Level::Warn);
-        assert_eq!(judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level, Level::Crit);
+        assert_eq!(
+            judge(&dist(10_000, 9, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level,
+            Level::Warn
+        );
+        assert_eq!(
+            judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level,
+            Level::Crit
+        );
     }
 
     #[test]
@@ -289,7 +300,11 @@ mod tests {
         let functions = [(names[0].clone(), calls(2_000, 1_900_000))];
         let v = judge(&dist(3_000, 0, 230_000), 500_000, &BTreeMap::new(), &names, &functions, &BTreeMap::new());
         assert_eq!(v.call_bound.as_ref().map(|b| b.bound), Some(Bound::WithinACall));
-        assert!(v.verdict.headline.contains("yet the worst wait is 0.12 T: the kernel lets a woken task in"), "{}", v.verdict.headline);
+        assert!(
+            v.verdict.headline.contains("yet the worst wait is 0.12 T: the kernel lets a woken task in"),
+            "{}",
+            v.verdict.headline
+        );
     }
 
     #[test]

@@ -191,7 +191,7 @@ pub fn summary_text(s: &SummaryText) -> String {
         }
     }
     out.push('\n');
-    out += &lost_text(s.lost);
+    out += &s.lost.text();
     out += &sum.judgement.verdict.text();
     out
 }
@@ -251,28 +251,6 @@ fn stack_text(out: &mut String, title: &str, stack: &Stack) {
     }
 }
 
-pub fn lost_text(lost: &LostEvents) -> String {
-    if !lost.any() {
-        return "lost events: none\n".into();
-    }
-    let mut parts = Vec::new();
-    for (n, what) in [
-        (lost.wakeup_spikes, "wakeup spikes (ring buffer full)"),
-        (lost.function_spikes, "function spikes (ring buffer full)"),
-        (lost.wakeups, "wakeups (pending-wakeup map full)"),
-        (lost.function_entries, "function entries (per-task map full)"),
-        (lost.stack_errors, "stacks (stack map collision or full)"),
-        (lost.malformed_records, "malformed records"),
-        (lost.skipped_by_recursion_guard, "hook runs skipped while another tracing program ran on that CPU"),
-        (lost.task_rows, "task rows (per-task table full; their wakeups are in the totals)"),
-    ] {
-        if n > 0 {
-            parts.push(format!("{n} {what}"));
-        }
-    }
-    format!("lost events: {}\n", parts.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,15 +265,17 @@ mod tests {
 
     #[test]
     fn lost_events_are_listed_never_hidden() {
-        assert_eq!(lost_text(&LostEvents::default()), "lost events: none\n");
-        let lost = LostEvents { wakeup_spikes: 3, stack_errors: 1, ..LostEvents::default() };
+        use crate::latency::report::Loss;
+
+        assert_eq!(LostEvents::default().text(), "lost events: none\n");
+        let lost = LostEvents::default().with(Loss::WakeupSpikes, Some(3)).with(Loss::StackErrors, Some(1));
         assert_eq!(
-            lost_text(&lost),
+            lost.text(),
             "lost events: 3 wakeup spikes (ring buffer full), 1 stacks (stack map collision or full)\n"
         );
-        let evicted = LostEvents { task_rows: 96, ..LostEvents::default() };
+        let evicted = LostEvents::default().with(Loss::TaskRows, Some(96));
         assert_eq!(
-            lost_text(&evicted),
+            evicted.text(),
             "lost events: 96 task rows (per-task table full; their wakeups are in the totals)\n"
         );
     }

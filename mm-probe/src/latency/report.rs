@@ -13,7 +13,10 @@ use super::{
 };
 use crate::{
     probes::Plan,
-    report::{Log2Histogram, Percentiles},
+    report::{
+        Log2Histogram, Percentiles,
+        lost::{self, loss_kinds},
+    },
 };
 
 /// The `probe_plan` line.
@@ -95,36 +98,26 @@ pub struct Interval {
     pub function_spikes: u64,
 }
 
-/// Ring-buffer and map losses (the `lost_events` line); never hidden.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct LostEvents {
-    pub wakeup_spikes: u64,
-    pub function_spikes: u64,
-    pub wakeups: u64,
-    pub function_entries: u64,
-    pub stack_errors: u64,
-    pub malformed_records: u64,
-    /// Program runs the kernel skipped because another tracing program was running on that CPU
-    /// (its recursion guard); a skipped sched_wakeup or function entry is a lost measurement.
-    pub skipped_by_recursion_guard: u64,
-    /// Rows of the per-task table lost: evicted by its LRU when full, or never created. Their
-    /// wakeups are in the totals, not in `tasks`.
-    pub task_rows: u64,
-}
-
-impl LostEvents {
-    pub fn any(&self) -> bool {
-        self.wakeup_spikes
-            + self.function_spikes
-            + self.wakeups
-            + self.function_entries
-            + self.stack_errors
-            + self.malformed_records
-            + self.skipped_by_recursion_guard
-            + self.task_rows
-            > 0
+loss_kinds! {
+    /// What latency's kernel side could not record: the `lost_events` line.
+    pub enum Loss {
+        WakeupSpikes => "wakeup_spikes", "wakeup spikes (ring buffer full)",
+        FunctionSpikes => "function_spikes", "function spikes (ring buffer full)",
+        Wakeups => "wakeups", "wakeups (pending-wakeup map full)",
+        FunctionEntries => "function_entries", "function entries (per-task map full)",
+        StackErrors => "stack_errors", "stacks (stack map collision or full)",
+        MalformedRecords => "malformed_records", "malformed records",
+        /// Program runs the kernel skipped because another tracing program was running on that
+        /// CPU (its recursion guard); a skipped sched_wakeup or function entry is a lost
+        /// measurement.
+        SkippedByRecursionGuard => "skipped_by_recursion_guard", "hook runs skipped while another tracing program ran on that CPU",
+        /// Rows of the per-task table lost: evicted by its LRU when full, or never created.
+        /// Their wakeups are in the totals, not in `tasks`.
+        TaskRows => "task_rows", "task rows (per-task table full; their wakeups are in the totals)",
     }
 }
+
+pub type LostEvents = lost::LostEvents<Loss>;
 
 /// The `summary` line.
 #[derive(Clone, Debug, Serialize)]
@@ -420,7 +413,7 @@ mod tests {
             json::line(Line::LatencySummary, &summary),
             json::line(Line::LatencySpike, &WakeupSpikeJson::new(1, &wakeup, &attribution, &[WALK.to_string()], 0)),
             json::line(Line::LatencySpike, &function_spike),
-            json::line(Line::LatencyLostEvents, &LostEvents { wakeup_spikes: 1, ..LostEvents::default() }),
+            json::line(Line::LatencyLostEvents, &LostEvents::default().with(Loss::WakeupSpikes, Some(1))),
         ] {
             tool_line(&line);
         }

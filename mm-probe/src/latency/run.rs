@@ -16,7 +16,7 @@ use super::{
     judge,
     options::Options,
     plot, render,
-    report::{FunctionSpikeJson, Header, Interval, LostEvents, Quantity, Summary, WakeupSpikeJson},
+    report::{FunctionSpikeJson, Header, Interval, Loss, LostEvents, Quantity, Summary, WakeupSpikeJson},
     steal,
 };
 use crate::{
@@ -211,16 +211,18 @@ impl Session for Watch {
         let tasks = aggregator::tasks(ebpf)?;
         // The LRU table evicts without a word: what it created and no longer holds was evicted.
         let evicted = counter(&counters, Counter::TaskRowsCreated).saturating_sub(tasks.len() as u64);
-        let lost = LostEvents {
-            wakeup_spikes: counter(&counters, Counter::LostWakeupSpikes),
-            function_spikes: counter(&counters, Counter::LostFuncSpikes),
-            wakeups: counter(&counters, Counter::LostWakeups),
-            function_entries: counter(&counters, Counter::LostFuncEntries),
-            stack_errors: counter(&counters, Counter::StackErrors),
-            malformed_records: self.wakeup_ring.malformed + self.call_ring.malformed,
-            skipped_by_recursion_guard: self.skipped,
-            task_rows: evicted + counter(&counters, Counter::LostTaskRows),
-        };
+        let lost = LostEvents::from_fn(|kind| {
+            Some(match kind {
+                Loss::WakeupSpikes => counter(&counters, Counter::LostWakeupSpikes),
+                Loss::FunctionSpikes => counter(&counters, Counter::LostFuncSpikes),
+                Loss::Wakeups => counter(&counters, Counter::LostWakeups),
+                Loss::FunctionEntries => counter(&counters, Counter::LostFuncEntries),
+                Loss::StackErrors => counter(&counters, Counter::StackErrors),
+                Loss::MalformedRecords => self.wakeup_ring.malformed + self.call_ring.malformed,
+                Loss::SkippedByRecursionGuard => self.skipped,
+                Loss::TaskRows => evicted + counter(&counters, Counter::LostTaskRows),
+            })
+        });
         let summary = self.judged(&totals, tasks, end);
         let printout = Printout::new(self.summary_json(&summary, &lost), self.summary_text(&summary, &totals, &lost));
         self.last = Some((summary, totals));

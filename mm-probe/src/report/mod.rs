@@ -3,6 +3,7 @@
 
 pub mod json;
 pub mod log2;
+pub mod lost;
 pub mod percentiles;
 pub mod plot;
 pub mod statement;

@@ -94,7 +94,11 @@ pub const SLOW_CALLBACK_NS: u64 = 100_000;
 
 pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     let metric = |metric, definition, unit, value: Option<f64>, band: Band| {
-        MetricVerdict::judged(metric, definition, unit, value, band, None)
+        let mut judged = MetricVerdict::judged(metric, definition, unit, value, band, None);
+        if value.is_none() {
+            judged.unknown_because = Some(unseen(metric, e).into());
+        }
+        judged
     };
     let metrics = vec![
         metric(
@@ -123,6 +127,17 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     // A window with walks but no invalidations has no retry_rate; the others are still judged.
     let advice = advise(e, &metrics);
     Verdict::of(metrics, advice)
+}
+
+/// Why a metric has no value: what it is built on was not seen.
+fn unseen(metric: Metric, e: &Evidence) -> &'static str {
+    match metric {
+        Metric::RetryRate | Metric::TimeoutRate | Metric::InvalidateFreq if e.invalidations == 0 => {
+            "no invalidation of a mirrored mm was seen"
+        }
+        Metric::AvgLatency if e.walks == 0 => "no mirror walk (hmm_range_fault) was seen",
+        _ => verdict::NOTHING_SEEN,
+    }
 }
 
 fn level_of(metrics: &[MetricVerdict<Metric>], metric: Metric) -> Level {

@@ -8,7 +8,8 @@ use super::{
     judge::{self, Evidence, Thresholds},
     rates::{per_second, ratio},
     report::{
-        ChainMetrics, InvalidationMetrics, KvmMetrics, LostEvents, Observability, RetryRate, Snapshot, WalkMetrics,
+        ChainMetrics, InvalidationMetrics, KvmMetrics, Loss, LostEvents, Observability, RetryRate, Snapshot,
+        WalkMetrics,
     },
 };
 use crate::report::{Log2Histogram, Percentiles};
@@ -104,12 +105,14 @@ impl Snapshot {
             retry_loops,
             invalidations: invalidation_metrics,
             kvm,
-            lost_events: LostEvents {
-                walk_events: c.get(Counter::LostWalkEvents),
-                invalidate_events: c.get(Counter::LostInvalidateEvents),
-                walk_entries_missed: c.get(Counter::StashMisses),
-                read_begin_callers: c.get(Counter::ReadBeginsMapFull),
-            },
+            lost_events: LostEvents::from_fn(|kind| {
+                Some(c.get(match kind {
+                    Loss::WalkEvents => Counter::LostWalkEvents,
+                    Loss::InvalidateEvents => Counter::LostInvalidateEvents,
+                    Loss::WalkEntriesMissed => Counter::StashMisses,
+                    Loss::ReadBeginCallers => Counter::ReadBeginsMapFull,
+                }))
+            }),
             read_begins_by_caller: Vec::new(),
             verdict: judge::judge(&evidence, thresholds),
         }

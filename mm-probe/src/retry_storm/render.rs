@@ -73,7 +73,7 @@ pub fn interval_text(s: &Snapshot) -> String {
             i.per_second.map_or("n/a".into(), |f| format!("{f:.0}"))
         );
     }
-    let lost = s.lost_events.walk_events + s.lost_events.invalidate_events;
+    let lost = s.lost_events.total();
     if lost > 0 {
         let _ = write!(line, " | LOST {lost} events");
     }
@@ -206,13 +206,8 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
     if let Some(k) = &s.kvm {
         let _ = writeln!(out, "\nKVM secondary MMU: unmap_hva_range {}  age_hva {}", k.unmap_hva_range, k.age_hva);
     }
-    let l = &s.lost_events;
-    let _ = writeln!(
-        out,
-        "\nLost events: {} walk, {} invalidation (ring buffer full); {} walk entries missed; {} read_begin \
-         callers not counted (table full)",
-        l.walk_events, l.invalidate_events, l.walk_entries_missed, l.read_begin_callers
-    );
+    out.push('\n');
+    out += &s.lost_events.text();
     out += &s.verdict.text();
     out
 }

@@ -8,7 +8,10 @@ use super::judge::{Thresholds, Verdict};
 use crate::{
     collect::shutdown::Stop,
     probes::Plan,
-    report::{Percentiles, json},
+    report::{
+        Percentiles, json,
+        lost::{self, loss_kinds},
+    },
 };
 
 /// Invalidation events are printed by the kernel's names (UNMAP, CLEAR, …).
@@ -141,16 +144,20 @@ pub struct KvmMetrics {
     pub size_bytes_log2_hist: Vec<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LostEvents {
-    pub walk_events: u64,
-    pub invalidate_events: u64,
-    /// Walk returns whose entry was not seen (duration unknown).
-    pub walk_entries_missed: u64,
-    /// read_begin calls the kernel's per-caller table refused (full): `read_begins_by_caller`
-    /// misses them.
-    pub read_begin_callers: u64,
+loss_kinds! {
+    /// What retry-storm's kernel side could not record: the `lost_events` line.
+    pub enum Loss {
+        WalkEvents => "walk_events", "walk events (ring buffer full)",
+        InvalidateEvents => "invalidate_events", "invalidation events (ring buffer full)",
+        /// Walk returns whose entry was not seen (duration unknown).
+        WalkEntriesMissed => "walk_entries_missed", "walk entries missed (duration unknown)",
+        /// read_begin calls the kernel's per-caller table refused (full): `read_begins_by_caller`
+        /// misses them.
+        ReadBeginCallers => "read_begin_callers", "read_begin callers not counted (table full)",
+    }
 }
+
+pub type LostEvents = lost::LostEvents<Loss>;
 
 /// mmu_interval_read_begin() calls of one process on one notifier.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -282,12 +289,7 @@ pub(crate) mod tests {
                 start_to_end_ns_log2_hist: vec![2],
             }),
             kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
-            lost_events: LostEvents {
-                walk_events: 0,
-                invalidate_events: 1,
-                walk_entries_missed: 0,
-                read_begin_callers: 0,
-            },
+            lost_events: LostEvents::default().with(Loss::InvalidateEvents, Some(1)),
             read_begins_by_caller: vec![ReadBeginCaller {
                 tgid: 42,
                 notifier: "0xffff8881".into(),

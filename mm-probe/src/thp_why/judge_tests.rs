@@ -155,7 +155,11 @@ fn the_lkp_case_reads_like_the_issue() {
     let first = &report.reasons[0];
     assert_eq!((first.code, first.count), (ReasonCode::PrctlThpDisable, Some(651)));
     assert_eq!(first.set_by.as_ref().unwrap().pid, 4321);
-    assert!(report.verdict.advice[0].action.starts_with("start the workload outside that wrapper (4321 lkp)"), "{}", report.verdict.advice[0].action);
+    assert!(
+        report.verdict.advice[0].action.starts_with("start the workload outside that wrapper (4321 lkp)"),
+        "{}",
+        report.verdict.advice[0].action
+    );
     assert_eq!(report.live.by_call[&Call::PageFault].denied, 651);
     assert_eq!(report.live.unexplained, Some(0));
     let big = &report.vmas[0];
@@ -325,7 +329,11 @@ fn prctl_caught_live_names_the_caller() {
     comm[..6].copy_from_slice(b"usemem");
     input.prctl_events = vec![PrctlEvent { tgid: 4440, pid: 4441, arg2: 1, arg3: 0, mm_flags_before: 0, comm }];
     let report = build(input);
-    assert!(report.verdict.headline.contains("set by prctl in the process itself (caught live)"), "{}", report.verdict.headline);
+    assert!(
+        report.verdict.headline.contains("set by prctl in the process itself (caught live)"),
+        "{}",
+        report.verdict.headline
+    );
     assert_eq!(report.process.prctl_calls[0].relation, Relation::Target);
     assert_eq!(report.process.prctl_calls[0].effect, PrctlEffect::Disable);
     let json = serde_json::to_value(&report.process.prctl_calls[0]).unwrap();
@@ -354,12 +362,19 @@ fn a_kernel_without_thp_says_so_first() {
     input.policy = SystemPolicy::read_from(std::path::Path::new("/nonexistent/transparent_hugepage"));
     let report = build(input);
     assert!(
-        report.verdict.headline.starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"),
+        report
+            .verdict
+            .headline
+            .starts_with("THP unavailable for pid 4440 (usemem): this kernel has no transparent huge pages"),
         "{}",
         report.verdict.headline
     );
     assert_eq!(report.reasons[0].code, ReasonCode::SysfsNever);
-    assert!(report.verdict.advice[0].action.contains("CONFIG_TRANSPARENT_HUGEPAGE"), "{}", report.verdict.advice[0].action);
+    assert!(
+        report.verdict.advice[0].action.contains("CONFIG_TRANSPARENT_HUGEPAGE"),
+        "{}",
+        report.verdict.advice[0].action
+    );
     assert!(report.vmas.iter().all(|v| v.reason == ReasonCode::SysfsNever));
     // The prctl flag is still real (set and inherited), so it stays listed.
     assert!(report.reasons.iter().any(|r| r.code == ReasonCode::PrctlThpDisable));

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use super::{
     reasons::DisableMode,
-    report::{LiveFacts, LostEvents, ReasonEntry, Report, StoppedBy},
+    report::{LiveFacts, ReasonEntry, Report, StoppedBy, lost_events},
     sysfs::SizeMode,
     vma_table,
     words::{count_of, counted},
@@ -15,7 +15,7 @@ use crate::{report::json, units::format_bytes};
 /// lost events. The JSON always carries every VMA; `--all-vmas` only widens the text table.
 pub fn json(report: &Report) -> String {
     let summary = json::line(json::Line::ThpWhySummary, report);
-    format!("{summary}\n{}", json::line(json::Line::ThpWhyLostEvents, &LostEvents::of(&report.live)))
+    format!("{summary}\n{}", json::line(json::Line::ThpWhyLostEvents, &lost_events(&report.live)))
 }
 
 /// The text for a terminal `width` columns wide: prose wraps (`report::text::fit`), table rows
@@ -183,7 +183,7 @@ fn evidence(out: &mut String, r: &Report) {
             f.thp_fault_fallback
         );
     }
-    let lost = LostEvents::of(l).total();
+    let lost = lost_events(l).total();
     if lost > 0 {
         let _ = writeln!(out, "  lost      {lost} events (maps or ring buffer full)");
     }

@@ -13,7 +13,10 @@ use super::{
     scan_result::{NamesFrom, Outcome},
     sysfs::{SizeMode, SystemPolicy},
 };
-use crate::probes::Plan;
+use crate::{
+    probes::Plan,
+    report::lost::{self, loss_kinds},
+};
 
 /// Allow-check counts of one caller (the maps holding them are empty where it was not traced).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -439,29 +442,29 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// What the kernel side could not record during the live window (all zero when nothing was
-/// traced): the `lost_events` line, and the text's `lost` row.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct LostEvents {
-    /// Allow-checks not counted by key: the check map was full.
-    pub allow_checks: u64,
-    /// Faults counted in the total but not placed in their 2 MiB range: the fault map was full.
-    pub fault_ranges: u64,
-    /// prctl calls not reported: the ring buffer was full.
-    pub prctl_events: u64,
+loss_kinds! {
+    /// What the kernel side could not record during the live window (all zero when nothing was
+    /// traced): the `lost_events` line, and the text's `lost` row.
+    pub enum Loss {
+        /// Allow-checks not counted by key: the check map was full.
+        AllowChecks => "allow_checks", "allow-checks not counted by key (check map full)",
+        /// Faults counted in the total but not placed in their 2 MiB range: the fault map was
+        /// full.
+        FaultRanges => "fault_ranges", "faults not placed in their range (fault map full)",
+        /// prctl calls not reported: the ring buffer was full.
+        PrctlEvents => "prctl_events", "prctl calls (ring buffer full)",
+    }
 }
 
-impl LostEvents {
-    pub fn of(live: &LiveFacts) -> Self {
-        let counter = |c| live.counters.get(c);
-        Self {
-            allow_checks: counter(Counter::CheckMapFull),
-            fault_ranges: counter(Counter::FaultMapFull),
-            prctl_events: counter(Counter::PrctlLost),
-        }
-    }
+pub type LostEvents = lost::LostEvents<Loss>;
 
-    pub fn total(&self) -> u64 {
-        self.allow_checks + self.fault_ranges + self.prctl_events
-    }
+/// The ledger of a live window, from its kernel counters.
+pub fn lost_events(live: &LiveFacts) -> LostEvents {
+    LostEvents::from_fn(|kind| {
+        Some(live.counters.get(match kind {
+            Loss::AllowChecks => Counter::CheckMapFull,
+            Loss::FaultRanges => Counter::FaultMapFull,
+            Loss::PrctlEvents => Counter::PrctlLost,
+        }))
+    })
 }

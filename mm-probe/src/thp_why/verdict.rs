@@ -37,8 +37,7 @@ pub fn judge(headline: String, vmas: &[VmaEntry], advice: Vec<Advice<ReasonCode>
         judged.fold((0u64, 0u64), |(r, s), v| (r + v.anonymous_bytes, s + v.small_anonymous_bytes()));
     let value = (resident > 0).then(|| small as f64 / resident as f64);
     let nothing = "no resident anonymous memory in regions a 2 MiB page fits: nothing for huge pages to back";
-    let metric =
-        MetricVerdict::judged(Metric::SmallShare, SMALL_SHARE_IS, Unit::Fraction, value, SMALL_SHARE, None);
+    let metric = MetricVerdict::judged(Metric::SmallShare, SMALL_SHARE_IS, Unit::Fraction, value, SMALL_SHARE, None);
     let metric = MetricVerdict { unknown_because: value.is_none().then(|| nothing.into()), ..metric };
     Verdict { level: metric.level, headline, metrics: vec![metric], advice }
 }

@@ -175,7 +175,13 @@ fn a_sparse_region_fails_with_exceed_none_pte_under_a_low_max_ptes_none() {
     assert_eq!(vma(&report, &format!("{start:#x}"))["reason"], "collapse_refused");
     let verdict = report["verdict"]["headline"].as_str().unwrap();
     assert!(verdict.contains("(khugepaged/max_ptes_none is 32) (collapse_refused)"), "{verdict}");
-    assert!(report["verdict"]["advice"].as_array().unwrap().iter().any(|a| a["action"].as_str().unwrap().contains("max_ptes_none")));
+    assert!(
+        report["verdict"]["advice"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["action"].as_str().unwrap().contains("max_ptes_none"))
+    );
 }
 
 /// A registered process that khugepaged does not come to during a short run (it sleeps 10

@@ -225,9 +225,15 @@ struct Tool {
 
 impl Tool {
     fn start(args: &[&str]) -> Self {
+        Self::start_with(args, &[])
+    }
+
+    /// `start`, with these variables in the tool's environment (the test hooks).
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(common::mm_probe())
             .args(["retry-storm", "--json", "--duration", "120s"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting mm-probe");
@@ -356,24 +362,58 @@ fn assert_counts_match(label: &str, driver: &Value, summary: &Value) {
     assert_eq!(summary["retry_loops"]["timeouts"], driver["timeouts"], "{label}: retry loops that gave up");
 }
 
+/// Whether this kernel can mirror memory at all, decided from the tool's own plan on the host
+/// (every guest kernel can). Where it cannot, the first test checks that the tool says so; this
+/// states it rather than let a storm test pass silently.
+fn storms_can_run_here() -> bool {
+    if vm_kernel().is_some() {
+        return true;
+    }
+    let plan = run_tool(&["retry-storm", "--json", "--duration", "1s"]);
+    let lines = json_lines(&plan.stdout);
+    let walk = walk_probe(first_of(&lines, "probe_plan").expect("a probe_plan line")).clone();
+    if walk["status"] == "attached" {
+        return true;
+    }
+    eprintln!("retry storms cannot be provoked on this kernel: {}", walk["failed_attempts"]);
+    assert!(!walk["failed_attempts"].as_array().expect("attempts").is_empty(), "an unavailable probe names why");
+    false
+}
+
+/// A read_begin table shrunk to 4 callers (the test hook) under a mirror with 32 notifiers:
+/// the calls it refuses are counted in `lost_events.read_begin_callers`, and the total of
+/// read_begin calls, counted apart, still equals the driver's.
+#[test]
+fn a_full_read_begin_table_is_counted_and_the_total_stays_exact() {
+    require_root();
+    if !storms_can_run_here() {
+        return;
+    }
+    let _module = common::MirrorModule::load();
+    let tool = Tool::start_with(&["--interval", "1s"], &[("MM_PROBE_MAP_ENTRIES", "HMM_READ_BEGINS=4")]);
+    let out = Command::new(workload("hmm_storm"))
+        .args(["--size", "64M", "--duration-ms", "1000", "--interval-us", "50", "--chunk", "2M", "--notifier", "2M"])
+        .output()
+        .expect("running hmm_storm");
+    assert!(out.status.success(), "hmm_storm: {}", String::from_utf8_lossy(&out.stderr));
+    let driver: Value = serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object");
+    let (summary, lines) = tool.interrupt();
+    let lost = lines.iter().find(|l| l["type"] == "lost_events").expect("a lost_events line");
+    let callers = summary["read_begins_by_caller"].as_array().expect("read_begin callers");
+    assert!(callers.len() <= 4, "the table holds at most 4 callers: {callers:?}");
+    let by_caller: u64 = callers.iter().map(|c| c["calls"].as_u64().unwrap()).sum();
+    let refused = lost["read_begin_callers"].as_u64().unwrap();
+    assert!(refused > 0, "32 notifiers do not fit 4 rows: {lost}");
+    assert_eq!(summary["lost_events"]["read_begin_callers"], lost["read_begin_callers"], "{summary}");
+    assert_eq!(summary["walks"]["read_begins"], driver["read_begins"], "the total stays exact: {driver}");
+    assert_eq!(by_caller + refused, driver["read_begins"].as_u64().unwrap(), "each call is in a row or counted lost");
+}
+
 #[test]
 fn retry_storms_are_measured_exactly_and_chunking_helps() {
     require_root();
-    if vm_kernel().is_none() {
-        // Decide from the tool's own plan whether this kernel can mirror memory at all.
-        let plan = run_tool(&["retry-storm", "--json", "--duration", "1s"]);
-        let lines = json_lines(&plan.stdout);
-        let walk = walk_probe(first_of(&lines, "probe_plan").expect("a probe_plan line")).clone();
-        if walk["status"] != "attached" {
-            // The host kernel has no HMM: the scenario cannot run here, and the first test
-            // checks that the tool says so. State it rather than pass silently.
-            eprintln!("retry storms cannot be provoked on this kernel: {}", walk["failed_attempts"]);
-            assert!(
-                !walk["failed_attempts"].as_array().expect("attempts").is_empty(),
-                "an unavailable probe names why"
-            );
-            return;
-        }
+    if !storms_can_run_here() {
+        return;
     }
     let _module = common::MirrorModule::load();
 

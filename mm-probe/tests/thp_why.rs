@@ -163,12 +163,17 @@ fn codes(vma: &Value) -> Vec<&str> {
 }
 
 fn parse_report(stdout: &[u8]) -> Value {
+    parse_lines(stdout).0
+}
+
+/// The report and its lost events.
+fn parse_lines(stdout: &[u8]) -> (Value, Value) {
     let lines = common::json_lines(stdout);
     let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["summary", "lost_events"], "thp-why --json prints the report, then its lost events");
     let v = lines[0].clone();
     assert_eq!((v["type"].as_str(), v["command"].as_str()), (Some("summary"), Some("thp-why")), "{v}");
-    v
+    (v, lines[1].clone())
 }
 
 /// `thp-why --json` with no live window.
@@ -185,8 +190,15 @@ fn thp_why_live(pid: u32, during: impl FnOnce()) -> Value {
 }
 
 fn thp_why_live_until(pid: u32, during: impl FnOnce(), interrupt: bool) -> Value {
+    thp_why_live_lines(pid, during, interrupt, &[]).0
+}
+
+/// The live run, with these variables in the tool's environment (the test hooks); the report
+/// and its lost events.
+fn thp_why_live_lines(pid: u32, during: impl FnOnce(), interrupt: bool, env: &[(&str, &str)]) -> (Value, Value) {
     let mut child = Command::new(mm_probe())
         .args(["thp-why", &pid.to_string(), "--json", "--duration", live_window()])
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -215,11 +227,11 @@ fn thp_why_live_until(pid: u32, during: impl FnOnce(), interrupt: bool) -> Value
     let stderr = reader.join().unwrap();
     eprintln!("mm-probe stderr:\n{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report = parse_report(&out.stdout);
+    let (report, lost) = parse_lines(&out.stdout);
     if interrupt {
         assert_eq!(report["live"]["stopped_by"], "interrupted", "{}", report["live"]);
     }
-    report
+    (report, lost)
 }
 
 fn allow_check_observed(report: &Value) -> bool {

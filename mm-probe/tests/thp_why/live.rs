@@ -72,6 +72,32 @@ fn live_round_is_counted_and_a_prctl_is_caught() {
     );
 }
 
+/// A fault table shrunk to one 2 MiB block (the test hook): the faults of a round it cannot
+/// place in their range are counted lost (`fault_ranges`), and the total stays exact.
+#[test]
+fn a_full_fault_table_is_counted_as_lost_and_the_total_stays_exact() {
+    require_root();
+    let (mut w, _) = Workload::regions(&[]);
+    let target = w.target();
+    let (report, lost) = thp_why_live_lines(
+        target,
+        || {
+            w.command("round");
+            w.next();
+        },
+        true,
+        &[("MM_PROBE_MAP_ENTRIES", "THP_FAULTS=1")],
+    );
+    let faults = &report["faults"];
+    assert_eq!(faults["observed"], true, "{faults}");
+    // The round touches five regions, in more than one 2 MiB block.
+    assert!(lost["fault_ranges"].as_u64().unwrap() > 0, "{lost}");
+    let placed: u64 = report["vmas"].as_array().unwrap().iter().map(|v| v["live"]["faults"].as_u64().unwrap()).sum();
+    let total = faults["total"].as_u64().unwrap();
+    assert!(placed + lost["fault_ranges"].as_u64().unwrap() >= total, "{placed} placed, {lost}, {total} in all");
+    assert!(total >= 256 + 640, "the total is counted apart: {faults}");
+}
+
 /// Guests only: the allow-check counts of a round equal the PMD-level checks its first touches
 /// cause. Tolerance: exact on 6.8+ (the PUD-level check of an anonymous VMA stops in the
 /// wrapper, whose mask has no PUD order); on 6.1 up to one extra PUD-level check per region,

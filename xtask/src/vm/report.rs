@@ -168,6 +168,17 @@ impl KernelRun {
         !self.run_failures.is_empty() || self.binaries.iter().any(BinaryRun::failed)
     }
 
+    /// Each failed test (`binary test`), each binary that failed beyond its tests, and the
+    /// first line of each failure of the run itself.
+    fn failures(&self) -> Vec<String> {
+        let tests = self.binaries.iter().flat_map(|b| {
+            let failed = b.tests.iter().filter(|t| t.verdict.failed()).map(move |t| format!("{} {}", b.binary, t.name));
+            failed.chain(b.binary_problem().map(|p| format!("{}: {p}", b.binary)))
+        });
+        let runs = self.run_failures.iter().map(|f| f.lines().next().unwrap_or_default().chars().take(160).collect());
+        tests.chain(runs).collect()
+    }
+
     /// Passed, failed and ignored tests; a binary that crashed or never finished counts as one
     /// failure on top of its tests.
     fn counts(&self) -> (usize, usize, usize) {
@@ -248,6 +259,10 @@ pub fn render_summary(runs: &[KernelRun], total: Duration) -> String {
             },
             format_duration(run.elapsed),
         );
+        // Named again here: the per-kernel tables have scrolled away in a CI log's tail.
+        for failure in run.failures() {
+            let _ = writeln!(out, "   {:width$}    - {failure}", "");
+        }
     }
     let _ = writeln!(out, "   total {}", format_duration(total));
     out
@@ -351,5 +366,28 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert!(run.binary_problem().unwrap().contains("101"));
         let unfinished = BinaryRun { status: None, ..run };
         assert!(unfinished.failed());
+    }
+
+    #[test]
+    fn the_summary_names_every_failure_of_a_failed_kernel() {
+        let binary = BinaryRun {
+            binary: "latency".into(),
+            tests: parse_libtest("test a ... ok\ntest b ... FAILED\n"),
+            status: Some(101),
+            elapsed: None,
+            failure_details: String::new(),
+        };
+        let run = KernelRun {
+            line: "6.1-rt".into(),
+            description: String::new(),
+            notes: Vec::new(),
+            binaries: vec![binary],
+            run_failures: vec!["guest timed out\nconsole: ...".into()],
+            elapsed: Duration::from_secs(60),
+        };
+        let summary = render_summary(&[run], Duration::from_secs(60));
+        assert!(summary.contains("- latency b\n"), "{summary}");
+        assert!(summary.contains("- guest timed out\n"), "{summary}");
+        assert!(!summary.contains("latency a"), "{summary}");
     }
 }

@@ -28,7 +28,7 @@ use crate::{
         driver::{Capability, End, Printout, Session},
         monotonic_ns,
     },
-    kernel::{Kallsyms, Kernel, config::KernelConfig},
+    kernel::{Kallsyms, Kernel, config::KernelConfig, release::Release},
     probes::GlobalValue,
     report::{json, plot::histogram_svg},
 };
@@ -114,7 +114,8 @@ impl Capability for Latency {
             start_ns,
             previous,
             previous_ns: start_ns,
-            skipped: 0,
+            release: kernel.release.clone(),
+            skipped: None,
             last: None,
         })
     }
@@ -149,8 +150,10 @@ pub struct Watch {
     /// The histograms at the previous interval's end.
     previous: Vec<Distribution>,
     previous_ns: u64,
-    /// Runs the kernel's recursion guard skipped (read before the detach unloads them).
-    skipped: u64,
+    release: Release,
+    /// Runs the kernel's recursion guard skipped (read before the detach unloads them); `None`
+    /// where the kernel does not count them all (kprobes and classic tracepoints before 6.7).
+    skipped: Option<u64>,
     /// What the summary judged, for the figure.
     last: Option<(Summary, Vec<Distribution>)>,
 }
@@ -194,7 +197,7 @@ impl Session for Watch {
     }
 
     fn before_detach(&mut self, ebpf: &Ebpf) {
-        self.skipped = recursion_misses(ebpf);
+        self.skipped = counters::program_runs_skipped(&self.release, ebpf, |_| true);
     }
 
     fn drain(&mut self, _ebpf: &mut Ebpf) -> Result<()> {
@@ -212,16 +215,17 @@ impl Session for Watch {
         // The LRU table evicts without a word: what it created and no longer holds was evicted.
         let evicted = counter(&counters, Counter::TaskRowsCreated).saturating_sub(tasks.len() as u64);
         let lost = LostEvents::from_fn(|kind| {
-            Some(match kind {
+            let n = match kind {
                 Loss::WakeupSpikes => counter(&counters, Counter::LostWakeupSpikes),
                 Loss::FunctionSpikes => counter(&counters, Counter::LostFuncSpikes),
                 Loss::Wakeups => counter(&counters, Counter::LostWakeups),
                 Loss::FunctionEntries => counter(&counters, Counter::LostFuncEntries),
                 Loss::StackErrors => counter(&counters, Counter::StackErrors),
                 Loss::MalformedRecords => self.wakeup_ring.malformed + self.call_ring.malformed,
-                Loss::SkippedByRecursionGuard => self.skipped,
                 Loss::TaskRows => evicted + counter(&counters, Counter::LostTaskRows),
-            })
+                Loss::SkippedByRecursionGuard => return self.skipped,
+            };
+            Some(n)
         });
         let summary = self.judged(&totals, tasks, end);
         let printout = Printout::new(self.summary_json(&summary, &lost), self.summary_text(&summary, &totals, &lost));
@@ -328,12 +332,6 @@ impl Watch {
             start_ns: self.start_ns,
         })
     }
-}
-
-/// Runs of our programs the kernel skipped because another tracing program was running on
-/// that CPU (bpf_prog_info.recursion_misses, shown in the program fd's fdinfo since 5.12).
-fn recursion_misses(ebpf: &Ebpf) -> u64 {
-    counters::recursion_misses(ebpf, |_| true)
 }
 
 pub fn counter(counters: &[u64], which: Counter) -> u64 {

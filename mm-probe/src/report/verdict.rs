@@ -238,3 +238,55 @@ impl<M: std::fmt::Display, C: std::fmt::Display> Verdict<M, C> {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    named! {
+        enum Metric {
+            Rate => "rate",
+            Latency => "latency",
+        }
+    }
+
+    fn band() -> Band {
+        Band { warn: 0.05, crit: 0.15 }
+    }
+
+    #[test]
+    fn the_worst_metric_decides_and_the_headline_names_the_first_of_the_worst() {
+        let metrics = vec![
+            MetricVerdict::judged(Metric::Rate, "", Unit::Fraction, Some(0.5), band(), None),
+            MetricVerdict::judged(Metric::Latency, "", Unit::Ns, Some(900_000.0), Band { warn: 1e5, crit: 5e5 }, None),
+        ];
+        let verdict: Verdict<Metric, &str> = Verdict::of(metrics, Vec::new());
+        assert_eq!(verdict.level, Level::Crit);
+        assert_eq!(verdict.headline, "rate 50.00 % (CRIT above 15.00 %)");
+        assert_eq!(verdict.level_of(Metric::Latency), Level::Crit);
+    }
+
+    #[test]
+    fn a_value_from_incomplete_data_is_none_and_nothing_judged_is_unknown_never_ok() {
+        let lost = MetricVerdict::judged(Metric::Rate, "", Unit::Fraction, Some(0.0), band(), Some("lost".into()));
+        assert_eq!((lost.value, lost.level), (None, Level::Unknown));
+        let unseen = MetricVerdict::judged(Metric::Latency, "", Unit::Ns, None, band(), None);
+        assert_eq!(unseen.unknown_because.as_deref(), Some(NOTHING_SEEN));
+        let verdict: Verdict<Metric, &str> = Verdict::of(vec![lost, unseen], Vec::new());
+        assert_eq!((verdict.level, verdict.headline.as_str()), (Level::Unknown, "lost"));
+        // One metric judged is enough for a level: the others stay UNKNOWN beside it.
+        let ok = MetricVerdict::judged(Metric::Rate, "", Unit::Fraction, Some(0.01), band(), None);
+        let unseen = MetricVerdict::judged(Metric::Latency, "", Unit::Ns, None, band(), None);
+        assert_eq!(Verdict::<Metric, &str>::of(vec![ok, unseen], Vec::new()).level, Level::Ok);
+    }
+
+    #[test]
+    fn the_text_prints_the_level_each_metric_and_the_advice() {
+        let metrics = vec![MetricVerdict::judged(Metric::Rate, "", Unit::Fraction, None, band(), Some("lost".into()))];
+        let advice = vec![Advice { cause: "cause", evidence: "evidence".into(), action: "action".into() }];
+        let text = Verdict::of(metrics, advice).text();
+        assert!(text.starts_with("\nVerdict: UNKNOWN: lost\n  rate "), "{text}");
+        assert!(text.contains("    lost\n"), "{text}");
+        assert!(text.ends_with("\nAdvice\n  - cause: evidence\n    -> action\n"), "{text}");
+    }
+}

@@ -362,6 +362,13 @@ fn assert_counts_match(label: &str, driver: &Value, summary: &Value) {
     assert_eq!(summary["retry_loops"]["timeouts"], driver["timeouts"], "{label}: retry loops that gave up");
 }
 
+/// The test mirror driver, loaded where this kernel can mirror memory at all (as root); `None`
+/// where it cannot, said on stderr.
+fn mirror_here() -> Option<common::MirrorModule> {
+    require_root();
+    storms_can_run_here().then(common::MirrorModule::load)
+}
+
 /// Whether this kernel can mirror memory at all, decided from the tool's own plan on the host
 /// (every guest kernel can). Where it cannot, the first test checks that the tool says so; this
 /// states it rather than let a storm test pass silently.
@@ -385,11 +392,7 @@ fn storms_can_run_here() -> bool {
 /// read_begin calls, counted apart, still equals the driver's.
 #[test]
 fn a_full_read_begin_table_is_counted_and_the_total_stays_exact() {
-    require_root();
-    if !storms_can_run_here() {
-        return;
-    }
-    let _module = common::MirrorModule::load();
+    let Some(_module) = mirror_here() else { return };
     let tool = Tool::start_with(&["--interval", "1s"], &[("MM_PROBE_MAP_ENTRIES", "HMM_READ_BEGINS=4")]);
     let out = Command::new(workload("hmm_storm"))
         .args(["--size", "64M", "--duration-ms", "1000", "--interval-us", "50", "--chunk", "2M", "--notifier", "2M"])
@@ -411,11 +414,7 @@ fn a_full_read_begin_table_is_counted_and_the_total_stays_exact() {
 
 #[test]
 fn retry_storms_are_measured_exactly_and_chunking_helps() {
-    require_root();
-    if !storms_can_run_here() {
-        return;
-    }
-    let _module = common::MirrorModule::load();
+    let Some(_module) = mirror_here() else { return };
 
     let (whole_driver, whole) = storm("whole 64 MiB walks, one notifier", &[]);
     assert_counts_match("whole", &whole_driver, &whole);

@@ -155,16 +155,12 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
     Verdict::of(metrics, advice)
 }
 
-fn level(metrics: &[MetricVerdict], metric: Metric) -> Level {
-    verdict::level_of(metrics, metric)
-}
-
 fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
     let mut advice = Vec::new();
-    if level(metrics, Metric::InvalidateFreq) >= Level::Warn {
+    if verdict::level_of(metrics, Metric::InvalidateFreq) >= Level::Warn {
         advice.push(frequent_invalidations(e));
     }
-    let waits = level(metrics, Metric::WaitPerInvalidation) >= Level::Warn;
+    let waits = verdict::level_of(metrics, Metric::WaitPerInvalidation) >= Level::Warn;
     if let (true, Some((lock, wait_ns)), Some(bytes)) = (waits, &e.notifier_lock, e.mean_invalidation_bytes)
         && bytes < BATCH_BYTES
     {
@@ -191,7 +187,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
         advice.push(waits_in_the_notifier(e));
     }
     if let (Some(Amplified { subscriber, fit }), true) =
-        (&e.amplification, level(metrics, Metric::Amplification) >= Level::Warn)
+        (&e.amplification, verdict::level_of(metrics, Metric::Amplification) >= Level::Warn)
     {
         advice.push(Advice {
             cause: Cause::DeviceFlushAmplification,
@@ -206,7 +202,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict]) -> Vec<Advice> {
             action: "coarser or batched invalidations, notifier ranges aligned to 2 MiB, range-based or deferred device flushes".into(),
         });
     } else if let (Some((subscriber, mean_ns)), true) =
-        (&e.slowest_callback, level(metrics, Metric::CallbackMean) >= Level::Warn)
+        (&e.slowest_callback, verdict::level_of(metrics, Metric::CallbackMean) >= Level::Warn)
     {
         advice.push(Advice {
             cause: Cause::SlowInvalidateCallbacks,

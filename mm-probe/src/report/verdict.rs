@@ -188,12 +188,9 @@ impl<M: Copy + PartialEq + std::fmt::Display, C> Verdict<M, C> {
         let headline = headline(&metrics);
         Self { level, headline, metrics, advice }
     }
-
-    pub fn level_of(&self, metric: M) -> Level {
-        level_of(&self.metrics, metric)
-    }
 }
 
+/// `metric`'s level among `metrics` (UNKNOWN when it is not judged there).
 pub fn level_of<M: PartialEq>(metrics: &[MetricVerdict<M>], metric: M) -> Level {
     metrics.iter().find(|m| m.metric == metric).map_or(Level::Unknown, |m| m.level)
 }
@@ -263,7 +260,7 @@ mod tests {
         let verdict: Verdict<Metric, &str> = Verdict::of(metrics, Vec::new());
         assert_eq!(verdict.level, Level::Crit);
         assert_eq!(verdict.headline, "rate 50.00 % (CRIT above 15.00 %)");
-        assert_eq!(verdict.level_of(Metric::Latency), Level::Crit);
+        assert_eq!(level_of(&verdict.metrics, Metric::Latency), Level::Crit);
     }
 
     #[test]

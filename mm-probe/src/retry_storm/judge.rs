@@ -140,18 +140,14 @@ fn unseen(metric: Metric, e: &Evidence) -> &'static str {
     }
 }
 
-fn level_of(metrics: &[MetricVerdict<Metric>], metric: Metric) -> Level {
-    verdict::level_of(metrics, metric)
-}
-
 fn percent(value: Option<f64>) -> String {
     value.map_or("n/a".into(), |v| format!("{:.1} %", v * 100.0))
 }
 
 fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
     let mut advice = Vec::new();
-    let retrying = level_of(metrics, Metric::RetryRate) >= Level::Warn
-        || level_of(metrics, Metric::TimeoutRate) >= Level::Warn
+    let retrying = verdict::level_of(metrics, Metric::RetryRate) >= Level::Warn
+        || verdict::level_of(metrics, Metric::TimeoutRate) >= Level::Warn
         || e.busy_per_walk.is_some_and(|r| r >= 0.05);
     if retrying && e.mean_walk_bytes.is_some_and(|b| b > CHUNK_BYTES as f64) {
         advice.push(Advice {
@@ -210,7 +206,8 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
             action: "if numa_balancing is on, disable it for this workload (sysctl kernel.numa_balancing=0) or bind its memory (numactl --membind); if the application mprotects the buffer, stop toggling protections on mirrored memory".into(),
         });
     }
-    if level_of(metrics, Metric::InvalidateFreq) >= Level::Warn && e.small_invalidation_share.is_some_and(|s| s >= 0.5)
+    if verdict::level_of(metrics, Metric::InvalidateFreq) >= Level::Warn
+        && e.small_invalidation_share.is_some_and(|s| s >= 0.5)
     {
         advice.push(Advice {
             cause: Cause::FineGrainedUnmaps,

@@ -48,7 +48,7 @@ pub enum Command {
     /// until SIGINT; prints records received and lost, and this process's CPU time and RSS.
     #[command(hide = true)]
     BenchRing {
-        #[arg(value_parser = pid)]
+        #[arg(value_parser = parse_pid)]
         pid: u32,
     },
     /// Benchmark hook (cargo xtask bench): a program that returns at once on each named BTF
@@ -112,30 +112,6 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
-fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map_err(|e| e.to_string())
-}
-
-fn run_duration(text: &str) -> Result<Duration, String> {
-    parse_run_duration(text).map_err(|e| e.to_string())
-}
-
-fn limit(text: &str) -> Result<Duration, String> {
-    parse_limit_duration(text).map_err(|e| e.to_string())
-}
-
-fn limit_number(text: &str) -> Result<f64, String> {
-    parse_limit_number(text).map_err(|e| e.to_string())
-}
-
-fn interval(text: &str) -> Result<Duration, String> {
-    parse_interval(text).map_err(|e| e.to_string())
-}
-
-fn pid(text: &str) -> Result<u32, String> {
-    parse_pid(text).map_err(|e| e.to_string())
-}
-
 /// Each watching command's `-p` and `--plot`, said in its own terms.
 const LATENCY_PIDS: &str =
     "Only these processes, every thread of each (repeatable, or comma-separated); default: every real-time task";
@@ -154,13 +130,13 @@ const INVALIDATIONS_PLOT: &str = "At the end, draw the callbacks' times (WARN li
 #[derive(Debug, Clone, Default, Args)]
 pub struct RunArgs {
     /// Stop after this long (default: until Ctrl-C).
-    #[arg(long, value_name = "DURATION", value_parser = run_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_run_duration)]
     pub duration: Option<Duration>,
     /// Print a line per interval (at least 100ms).
-    #[arg(long, value_name = "DURATION", value_parser = interval)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
     pub interval: Option<Duration>,
     /// Only these processes (repeatable, or comma-separated).
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid)]
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = parse_pid)]
     pub pids: Vec<u32>,
     /// Newline-delimited JSON instead of text (schemas/ at the repository root).
     #[arg(long)]
@@ -173,13 +149,13 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct ThpWhyArgs {
     /// The process to examine.
-    #[arg(value_name = "PID", value_parser = pid, required_unless_present = "pid_option", conflicts_with = "pid_option")]
+    #[arg(value_name = "PID", value_parser = parse_pid, required_unless_present = "pid_option", conflicts_with = "pid_option")]
     pub target_pid: Option<u32>,
     /// The process to examine (the same as the positional PID, as other tracing tools take it).
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = pid)]
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = parse_pid)]
     pub pid_option: Option<u32>,
     /// How long to watch THP checks and page faults live (e.g. 5s, 500ms, 1m; 0s skips live tracing).
-    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = duration)]
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Duration,
     /// List every VMA, not only the largest.
     #[arg(long)]
@@ -200,7 +176,7 @@ impl ThpWhyArgs {
 #[derive(Debug, Clone, Args)]
 pub struct LatencySelection {
     /// Report wakeups and function calls slower than this (units: ns, us/µs, ms, s, m, h).
-    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub threshold: Duration,
     /// Measure every task's wakeup latency, not only real-time ones.
     #[arg(long)]
@@ -226,31 +202,31 @@ pub struct RetryStormArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// A retry chain longer than this counts as a timeout (the driver's HMM timeout).
-    #[arg(long, default_value = "1000ms", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "1000ms", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub timeout: Duration,
     /// retry_rate (-EBUSY ÷ invalidations), in percent, from which the verdict is WARN.
-    #[arg(long, default_value_t = 5.0, value_parser = limit_number, value_name = "PERCENT")]
+    #[arg(long, default_value_t = 5.0, value_parser = parse_limit_number, value_name = "PERCENT")]
     pub retry_rate_warn: f64,
     /// retry_rate, in percent, above which the verdict is CRIT.
-    #[arg(long, default_value_t = 15.0, value_parser = limit_number, value_name = "PERCENT")]
+    #[arg(long, default_value_t = 15.0, value_parser = parse_limit_number, value_name = "PERCENT")]
     pub retry_rate_crit: f64,
     /// timeout_rate (retry loops that gave up ÷ invalidations), in percent, from which it is WARN.
-    #[arg(long, default_value_t = 0.1, value_parser = limit_number, value_name = "PERCENT")]
+    #[arg(long, default_value_t = 0.1, value_parser = parse_limit_number, value_name = "PERCENT")]
     pub timeout_rate_warn: f64,
     /// timeout_rate, in percent, above which the verdict is CRIT.
-    #[arg(long, default_value_t = 1.0, value_parser = limit_number, value_name = "PERCENT")]
+    #[arg(long, default_value_t = 1.0, value_parser = parse_limit_number, value_name = "PERCENT")]
     pub timeout_rate_crit: f64,
     /// Mean hmm_range_fault duration from which the verdict is WARN.
-    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub avg_latency_warn: Duration,
     /// Mean hmm_range_fault duration above which the verdict is CRIT.
-    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub avg_latency_crit: Duration,
     /// Invalidations per second of mirrored memory from which the verdict is WARN.
-    #[arg(long, default_value_t = 1000.0, value_parser = limit_number, value_name = "PER_SECOND")]
+    #[arg(long, default_value_t = 1000.0, value_parser = parse_limit_number, value_name = "PER_SECOND")]
     pub invalidate_freq_warn: f64,
     /// Invalidations per second above which the verdict is CRIT.
-    #[arg(long, default_value_t = 10000.0, value_parser = limit_number, value_name = "PER_SECOND")]
+    #[arg(long, default_value_t = 10000.0, value_parser = parse_limit_number, value_name = "PER_SECOND")]
     pub invalidate_freq_crit: f64,
 }
 
@@ -259,29 +235,29 @@ pub struct InvalidationsArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Invalidations per second (of one process's memory) from which the verdict is WARN.
-    #[arg(long, default_value_t = 1000.0, value_parser = limit_number, value_name = "PER_SECOND")]
+    #[arg(long, default_value_t = 1000.0, value_parser = parse_limit_number, value_name = "PER_SECOND")]
     pub invalidate_freq_warn: f64,
     /// Invalidations per second above which the verdict is CRIT.
-    #[arg(long, default_value_t = 10000.0, value_parser = limit_number, value_name = "PER_SECOND")]
+    #[arg(long, default_value_t = 10000.0, value_parser = parse_limit_number, value_name = "PER_SECOND")]
     pub invalidate_freq_crit: f64,
     /// Lock wait inside invalidations, per invalidation, from which the verdict is WARN.
-    #[arg(long, default_value = "10us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "10us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub wait_warn: Duration,
     /// Lock wait per invalidation above which the verdict is CRIT.
-    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "100us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub wait_crit: Duration,
     /// Mean time of a subscriber's callback from which the verdict is WARN.
-    #[arg(long, default_value = "50us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "50us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub callback_warn: Duration,
     /// Mean callback time above which the verdict is CRIT.
-    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = limit)]
+    #[arg(long, default_value = "500us", value_name = "DURATION", value_parser = parse_limit_duration)]
     pub callback_crit: Duration,
     /// How many times its per-page share a 4 KiB invalidation costs (a fixed cost per call)
     /// from which the verdict is WARN.
-    #[arg(long, default_value_t = 10.0, value_parser = limit_number, value_name = "RATIO")]
+    #[arg(long, default_value_t = 10.0, value_parser = parse_limit_number, value_name = "RATIO")]
     pub amplification_warn: f64,
     /// Amplification above which the verdict is CRIT.
-    #[arg(long, default_value_t = 100.0, value_parser = limit_number, value_name = "RATIO")]
+    #[arg(long, default_value_t = 100.0, value_parser = parse_limit_number, value_name = "RATIO")]
     pub amplification_crit: f64,
 }
 
@@ -302,11 +278,11 @@ pub struct ExporterArgs {
     pub allow_empty: bool,
     /// Wakeups and function calls slower than this are counted apart, and the histograms get an
     /// exact bucket edge here (units: ns, us/µs, ms, s) [default: 500us].
-    #[arg(long, value_name = "DURATION", value_parser = limit, help_heading = "Latency")]
+    #[arg(long, value_name = "DURATION", value_parser = parse_limit_duration, help_heading = "Latency")]
     pub threshold: Option<Duration>,
     /// Only these processes' wakeups, every thread of each (repeatable, or comma-separated);
     /// default: every real-time task.
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = pid, help_heading = "Latency")]
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',', value_parser = parse_pid, help_heading = "Latency")]
     pub pids: Vec<u32>,
     /// Measure every task's wakeup latency, not only real-time ones.
     #[arg(long, help_heading = "Latency")]

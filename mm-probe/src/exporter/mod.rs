@@ -26,11 +26,14 @@ use aya::Ebpf;
 
 use self::{
     http::{Exposition, Format},
-    scrape::{Choice, Slice, Snapshot, Source, probe_series},
+    scrape::{Choice, Slice, Snapshot, Source, probe_series, recursion_guard},
 };
 use crate::{
     cli::{CapabilityId, ExporterArgs},
-    collect::run::{Limits, Stopper, Ticker},
+    collect::{
+        counters::program_runs_skipped,
+        run::{Limits, Stopper, Ticker},
+    },
     error::UserError,
     kernel::{Kernel, privileges, process::running_process, release::Release},
     probes::{MapFamily, detach_all, load_object},
@@ -126,7 +129,7 @@ async fn export(
     let settings: Vec<_> = slices.iter().flat_map(|slice| slice.settings(kernel)).collect();
     let mut ebpf = load_object(kernel, &families, &settings)?;
     let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;
-    let plans: Vec<_> = sources.iter().map(|source| (source.capability(), source.plan())).collect();
+    let plans: Vec<_> = sources.iter().map(|source| (source.attached.capability, &source.attached.plan)).collect();
     if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
         detach_all(&mut ebpf).await;
         return Err(error.into());
@@ -155,7 +158,7 @@ async fn export(
 /// once shutting down).
 struct Exporter {
     release: Release,
-    sources: Vec<Box<dyn Source>>,
+    sources: Vec<Source>,
     object: Rc<RefCell<Option<Ebpf>>>,
 }
 
@@ -163,7 +166,7 @@ struct Exporter {
 /// hold more than one period's keys (the shortest period any source asks for; none, when no
 /// source keeps tables). Returns only on an error.
 async fn drain_every_period(exporter: &Exporter) -> Result<()> {
-    let period = exporter.sources.iter().filter_map(|source| source.drain_period()).min();
+    let period = exporter.sources.iter().filter_map(|source| source.reader.drain_period()).min();
     let mut tick = Ticker::every(period);
     loop {
         tick.tick().await;
@@ -177,7 +180,7 @@ impl Exporter {
         let mut object = self.object.borrow_mut();
         let Some(ebpf) = object.as_mut() else { return Ok(()) };
         for source in &self.sources {
-            source.drain(ebpf).map_err(|e| format!("draining the kernel maps: {e:#}"))?;
+            source.reader.drain(ebpf).map_err(|e| format!("draining the kernel maps: {e:#}"))?;
         }
         Ok(())
     }
@@ -186,8 +189,11 @@ impl Exporter {
     fn read(&self, ebpf: &Ebpf) -> Result<Snapshot> {
         let mut snapshot = Snapshot::new(&self.release);
         for source in &self.sources {
-            snapshot.probe_attached.extend(probe_series(source.capability(), source.plan()));
-            source.read(ebpf, &self.release, &mut snapshot)?;
+            let attached = &source.attached;
+            snapshot.probe_attached.extend(probe_series(attached.capability, &attached.plan));
+            let skipped = program_runs_skipped(&self.release, ebpf, |program| attached.programs.contains(program));
+            snapshot.lost_events.extend(recursion_guard(attached.capability, skipped));
+            source.reader.read(ebpf, &mut snapshot)?;
         }
         Ok(snapshot)
     }

@@ -49,15 +49,42 @@ pub trait Slice {
     fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)>;
 
     /// Attaches it through its own catalog; what cannot attach is in the source's plan.
-    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>>;
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source>;
 }
 
-/// One capability as the exporter keeps it attached.
-pub trait Source {
-    fn capability(&self) -> CapabilityId;
+/// What every attached capability is to the exporter: which, its plan, and its programs.
+pub struct Attached {
+    pub capability: CapabilityId,
+    pub plan: Plan,
+    /// Its own programs, whose runs skipped by the kernel's recursion guard it counts as lost.
+    pub programs: Programs,
+}
 
-    fn plan(&self) -> &Plan;
+/// A capability's programs: those of its catalog, or every program named with its prefix (where
+/// it attaches programs the catalog does not list, such as each subscriber's callback).
+pub enum Programs {
+    Catalog(Vec<&'static str>),
+    Prefix(&'static str),
+}
 
+impl Programs {
+    pub fn contains(&self, program: &str) -> bool {
+        match self {
+            Programs::Catalog(names) => names.contains(&program),
+            Programs::Prefix(prefix) => program.starts_with(prefix),
+        }
+    }
+}
+
+/// One capability as the exporter keeps it attached: what every capability has, and the reader
+/// of its own maps.
+pub struct Source {
+    pub attached: Attached,
+    pub reader: Box<dyn Reader>,
+}
+
+/// The part of an attached capability only it knows: how to drain and read its maps.
+pub trait Reader {
     /// How often its kernel tables must be drained so that none fills (default: it has none).
     fn drain_period(&self) -> Option<Duration> {
         None
@@ -69,7 +96,7 @@ pub trait Source {
     }
 
     /// Adds this capability's series to the scrape.
-    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()>;
+    fn read(&self, ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()>;
 }
 
 /// One labelled value of a counter or gauge family (labels in the family's order).
@@ -146,6 +173,6 @@ pub fn kvm_events(unmaps: Option<u64>, ages: Option<u64>) -> Vec<Series> {
 }
 
 /// Every program a catalog may attach (for the recursion-guard count of its capability).
-pub fn catalog_programs(probes: &[LogicalProbe]) -> Vec<&'static str> {
-    probes.iter().flat_map(|p| p.candidates).flat_map(|c| c.hooks).map(|h| h.program).collect()
+pub fn catalog_programs(probes: &[LogicalProbe]) -> Programs {
+    Programs::Catalog(probes.iter().flat_map(|p| p.candidates).flat_map(|c| c.hooks).map(|h| h.program).collect())
 }

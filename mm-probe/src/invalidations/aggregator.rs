@@ -11,10 +11,10 @@ use mm_probe_common::{
 
 use super::{
     decoder::Tables,
-    judge::{Amplified, Busiest, Evidence, Fit, Metric},
-    locks::WaitPath,
+    judge::{self, Amplified, Busiest, Evidence, Fit, Metric, Thresholds},
+    locks::{self, KvmMembers, LockRow, WaitPath},
     probes::{Observability, subscriber_name},
-    report::{Interval, Invalidations, InvalidatorRow, LockRow, Loss, LostEvents, Peak, SubscriberRow},
+    report::{Interval, Invalidations, InvalidatorRow, Loss, LostEvents, Peak, SubscriberRow, Summary},
 };
 use crate::{
     kernel::{Kallsyms, process::comm_text},
@@ -270,6 +270,43 @@ pub fn fit(stats: &CallbackStats) -> Option<Fit> {
     })
 }
 
+/// What a summary is built from besides the drained totals: what the plan let the run see,
+/// which processes it watched, and what user space measured and read itself.
+pub struct RunFacts<'a> {
+    pub seen: &'a Observability,
+    pub pids: &'a [u32],
+    pub peak: Option<Peak>,
+    pub kvm_members: &'a KvmMembers,
+    pub kallsyms: Option<&'a Kallsyms>,
+    /// Runs the kernel skipped (read before the detach unloaded the programs).
+    pub skipped: Option<u64>,
+}
+
+/// The run's summary: the totals become rows, the rows the judge's evidence, and the evidence
+/// its verdict.
+pub fn summary(tables: &Tables, duration_ns: u64, run: &RunFacts<'_>, thresholds: &Thresholds) -> Summary {
+    let seen = run.seen;
+    let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: run.pids };
+    let mut invalidations = invalidations(tables, duration_ns as f64 / 1e9, scope);
+    invalidations.peak = run.peak.clone();
+    let (locks, other_contention) = locks::locks(tables, run.kvm_members);
+    let subscribers = subscribers(tables, run.kallsyms, seen.lock_waits);
+    let lost_events = lost_events(tables).with(Loss::ProgramRunsSkipped, run.skipped);
+    let evidence = evidence(&invalidations, &locks, &subscribers, seen, &lost_events);
+    Summary {
+        duration_ns,
+        verdict: judge::judge(&evidence, thresholds),
+        invalidations,
+        locks,
+        other_contention,
+        lock_waits_observable: seen.lock_waits,
+        subscribers,
+        callbacks_observable: seen.callbacks,
+        lost_events,
+        counters: counters(tables),
+    }
+}
+
 /// What the verdict judges.
 pub fn evidence(
     inv: &Invalidations,
@@ -308,43 +345,29 @@ pub fn evidence(
 
 /// Why each metric that reads UNKNOWN does.
 fn unknown_reasons(inv: &Invalidations, seen: &Observability, lost: &LostEvents) -> BTreeMap<Metric, String> {
-    let seen_waits = seen.lock_waits;
+    use Metric::{Amplification, CallbackMean, InvalidateFreq, WaitPerInvalidation};
+    // A loss from a kernel table that refused the row: full, or in use on that CPU.
+    let refused = |loss: Loss, what: &str| {
+        let n = lost.get(loss);
+        (n > 0).then(|| format!("{n} {what} were lost (the kernel's table refused them: full, or in use on that CPU)"))
+    };
+    let callbacks_untimed =
+        (!seen.callbacks).then(|| "subscriber callbacks are not timed on this kernel (the plan says why)".to_string());
+    let waits_unseen = (!seen.lock_waits).then(|| "lock contention is not observable on this kernel".to_string());
+    // Later reasons win: what was lost says more than what was never seen.
+    let causes = [
+        (callbacks_untimed, &[CallbackMean, Amplification][..]),
+        (inv.not_observable.clone(), &[InvalidateFreq, WaitPerInvalidation]),
+        (refused(Loss::Invalidations, "invalidations"), &[InvalidateFreq, WaitPerInvalidation]),
+        (waits_unseen.clone(), &[WaitPerInvalidation]),
+        (waits_unseen.is_none().then(|| refused(Loss::Waits, "contended waits")).flatten(), &[WaitPerInvalidation]),
+        (refused(Loss::CallbackCalls, "callback calls"), &[CallbackMean, Amplification]),
+    ];
     let mut reasons = BTreeMap::new();
-    if !seen.callbacks {
-        let why = "subscriber callbacks are not timed on this kernel (the plan says why)".to_string();
-        reasons.insert(Metric::CallbackMean, why.clone());
-        reasons.insert(Metric::Amplification, why);
-    }
-    if let Some(why) = &inv.not_observable {
-        reasons.insert(Metric::InvalidateFreq, why.clone());
-        reasons.insert(Metric::WaitPerInvalidation, why.clone());
-    }
-    if lost.get(Loss::Invalidations) > 0 {
-        let why = format!(
-            "{} invalidations were lost (the kernel's table refused them: full, or in use on that CPU)",
-            lost.get(Loss::Invalidations)
-        );
-        reasons.insert(Metric::InvalidateFreq, why.clone());
-        reasons.insert(Metric::WaitPerInvalidation, why);
-    }
-    if !seen_waits {
-        reasons.insert(Metric::WaitPerInvalidation, "lock contention is not observable on this kernel".into());
-    } else if lost.get(Loss::Waits) > 0 {
-        reasons.insert(
-            Metric::WaitPerInvalidation,
-            format!(
-                "{} contended waits were lost (the kernel's table refused them: full, or in use on that CPU)",
-                lost.get(Loss::Waits)
-            ),
-        );
-    }
-    if lost.get(Loss::CallbackCalls) > 0 {
-        let why = format!(
-            "{} callback calls were lost (the kernel's table refused them: full, or in use on that CPU)",
-            lost.get(Loss::CallbackCalls)
-        );
-        reasons.insert(Metric::CallbackMean, why.clone());
-        reasons.insert(Metric::Amplification, why);
+    for (why, metrics) in causes {
+        if let Some(why) = why {
+            reasons.extend(metrics.iter().map(|&metric| (metric, why.clone())));
+        }
     }
     reasons
 }

@@ -11,19 +11,17 @@ use mm_probe_common::invalidations::{self as names, Counter};
 
 use super::{
     aggregator::{self, Scope},
-    contention,
     decoder::{DRAIN_PERIOD, Drain, Tables},
     globals::{kvm_locks_nameable, kvm_members, settings},
-    locks::KvmMembers,
+    locks::{self, KvmMembers},
     probes::{Observability, PROBES, attach_callbacks, observability},
     report::Loss,
 };
 use crate::{
     capability::CapabilityId,
-    collect::counters::program_runs_skipped,
-    exporter::scrape::{Choice, FloatSeries, Series, Slice, Snapshot, Source, kvm_events, recursion_guard},
-    kernel::{Kallsyms, Kernel, release::Release},
-    probes::{GlobalValue, Plan, Planner},
+    exporter::scrape::{Attached, Choice, FloatSeries, Programs, Reader, Series, Slice, Snapshot, Source, kvm_events},
+    kernel::{Kallsyms, Kernel},
+    probes::{GlobalValue, Planner},
 };
 
 /// Invalidations as the exporter was asked for it.
@@ -38,25 +36,26 @@ impl Slice for InvalidationsSlice {
         settings(kernel, &[])
     }
 
-    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let plan = Planner::new(kernel).attach_all(ebpf, PROBES);
         let callbacks = attach_callbacks(kernel, ebpf);
         let seen = observability(&plan, &callbacks, kvm_locks_nameable(kernel));
         // Read again rather than borrowed: the source outlives the kernel's borrow.
-        Ok(Box::new(InvalidationsSource {
-            plan,
+        let reader = InvalidationsReader {
             seen,
             kallsyms: Kallsyms::read().ok(),
             kvm_members: kvm_members(kernel),
             drain: RefCell::default(),
-        }))
+        };
+        // Every program is named inv_*, each subscriber's callback probe too.
+        let attached = Attached { capability: CapabilityId::Invalidations, plan, programs: Programs::Prefix("inv_") };
+        Ok(Source { attached, reader: Box::new(reader) })
     }
 }
 
-/// Invalidations as attached: its plan, what it lets the exporter see, and the symbols that
+/// Reads invalidations as attached: what its plan lets the exporter see, and the symbols that
 /// name the waiters' paths and the subscribers' callbacks.
-struct InvalidationsSource {
-    plan: Plan,
+struct InvalidationsReader {
     seen: Observability,
     kallsyms: Option<Kallsyms>,
     kvm_members: KvmMembers,
@@ -65,15 +64,7 @@ struct InvalidationsSource {
     drain: RefCell<Drain>,
 }
 
-impl Source for InvalidationsSource {
-    fn capability(&self) -> CapabilityId {
-        CapabilityId::Invalidations
-    }
-
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
+impl Reader for InvalidationsReader {
     fn drain_period(&self) -> Option<Duration> {
         Some(DRAIN_PERIOD)
     }
@@ -82,13 +73,11 @@ impl Source for InvalidationsSource {
         self.drain.borrow_mut().drain(ebpf, self.kallsyms.as_ref())
     }
 
-    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+    fn read(&self, _ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()> {
         let name = CapabilityId::Invalidations.name();
         let drain = self.drain.borrow();
         let tables = &drain.totals;
         let lost = aggregator::lost_events(tables);
-        let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("inv_"));
-        snapshot.lost_events.extend(recursion_guard(CapabilityId::Invalidations, skipped));
         snapshot.lost_events.extend([
             Series::new(&[("capability", name), ("kind", "waiter_stacks")], lost.get(Loss::WaitStacks)),
             Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.get(Loss::OwnerUnresolved)),
@@ -138,7 +127,7 @@ impl Source for InvalidationsSource {
 
 /// Contended acquisitions and their waits by lock class and waiting path.
 fn read_lock_waits(tables: &Tables, kvm_members: &KvmMembers, snapshot: &mut Snapshot) {
-    let (locks, other) = contention::locks(tables, kvm_members);
+    let (locks, other) = locks::locks(tables, kvm_members);
     let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
     if other.locks > 0 {
         // The rest of the machine's contention, one series: its locks are not bounded.

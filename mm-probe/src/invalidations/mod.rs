@@ -8,7 +8,6 @@
 
 pub mod aggregator;
 pub mod callbacks;
-pub mod contention;
 pub mod decoder;
 pub mod export;
 pub mod globals;

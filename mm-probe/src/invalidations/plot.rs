@@ -5,8 +5,9 @@
 
 use super::{
     judge::Thresholds,
+    locks::LockRow,
     render::fit_text,
-    report::{LockRow, SubscriberRow, Summary},
+    report::{SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use super::{
     judge::Fit,
+    locks::LockRow,
     probes::Observability,
-    report::{Interval, InvalidatorRow, LockRow, SubscriberRow, Summary},
+    report::{Interval, InvalidatorRow, SubscriberRow, Summary},
 };
 use crate::{
     collect::Stop,
@@ -300,7 +301,8 @@ mod tests {
     use crate::invalidations::{
         judge::{self, Busiest, Evidence},
         locks::WaitPath,
-        report::{Invalidations, OtherContention, PathRow},
+        locks::{OtherContention, PathRow},
+        report::Invalidations,
     };
 
     fn busy_summary() -> Summary {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{
     judge::{Busiest, Fit, Thresholds, Verdict},
-    locks::WaitPath,
+    locks::{LockRow, OtherContention},
     probes::Observability,
 };
 use crate::{
@@ -74,16 +74,6 @@ loss_kinds! {
 
 pub type LostEvents = lost::LostEvents<Loss>;
 
-/// Contention with no relation to invalidations (the rest of the machine), folded.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct OtherContention {
-    pub locks: usize,
-    pub contended: u64,
-    pub wait_ns: u64,
-    /// The most waited-on of them (a few).
-    pub top: Vec<LockRow>,
-}
-
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Invalidations {
     /// Null where this kernel does not let the tool see the invalidations asked about.
@@ -135,46 +125,6 @@ pub struct InvalidatorRow {
     pub mean_bytes: Option<f64>,
     pub whole_address_space: u64,
     pub mean_duration_ns: Option<f64>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LockRow {
-    pub address: String,
-    /// "kvm->mmu_lock of VM pid 4242", "mmap_lock of pid 4242", or the address and caller.
-    pub name: String,
-    /// "kvm_mmu_lock", "mmap_lock", "kvm_lock" or "unknown".
-    pub class: &'static str,
-    /// How it relates to invalidations: "vm_lock", "in_invalidation", "subscribed_mm",
-    /// "watched" or "unrelated".
-    pub relation: &'static str,
-    pub owner_tgid: Option<u32>,
-    /// How it was taken, from contention_begin's flags of its most waited-on path.
-    pub kind: &'static str,
-    pub contended: u64,
-    pub wait_ns: u64,
-    pub max_ns: u64,
-    /// log2 buckets of ns per wait.
-    #[serde(serialize_with = "log2_ns")]
-    pub buckets: Vec<u64>,
-    pub paths: Vec<PathRow>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PathRow {
-    pub path: WaitPath,
-    pub name: &'static str,
-    /// Waiting inside an invalidation's callbacks.
-    pub in_notifier: bool,
-    pub kind: &'static str,
-    pub contended: u64,
-    pub wait_ns: u64,
-    pub max_ns: u64,
-    /// The waiting threads' names.
-    pub waiters: Vec<String>,
-    /// The first function outside the locking code on the most waited-on stack.
-    pub caller: Option<String>,
-    /// That stack, innermost first (a few frames).
-    pub stack: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

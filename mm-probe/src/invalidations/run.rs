@@ -7,16 +7,15 @@ use aya::Ebpf;
 use mm_probe_common::invalidations as names;
 
 use super::{
-    aggregator::{self, PeakRate, Scope},
+    aggregator::{self, PeakRate, RunFacts},
     callbacks::{self, CallbackTimer},
-    contention,
     decoder::{DRAIN_PERIOD, Drain, Tables},
     globals::{kvm_locks_nameable, kvm_members, settings},
-    judge::{self, Thresholds},
+    judge::Thresholds,
     plot, probes,
     probes::Observability,
     render, report,
-    report::{Loss, Summary},
+    report::Summary,
 };
 use crate::{
     capability::CapabilityId as Id,
@@ -30,7 +29,6 @@ use crate::{
     kernel::{Kallsyms, Kernel},
     probes::{GlobalValue, Planner, select_processes},
     report::{json, plot::histogram_svg, verdict::Band},
-    units::format_nanos,
 };
 
 /// `mm-probe invalidations`, its options checked.
@@ -45,24 +43,12 @@ impl Invalidations {
     }
 }
 
-/// A band of durations, in nanoseconds, refused in the units the user typed.
-fn duration_band(name: &str, warn: std::time::Duration, crit: std::time::Duration) -> Result<Band, UserError> {
-    if warn > crit {
-        return Err(UserError::new(format!(
-            "--{name}-warn ({}) must be no longer than --{name}-crit ({})",
-            format_nanos(warn.as_nanos() as u64),
-            format_nanos(crit.as_nanos() as u64)
-        )));
-    }
-    Ok(Band { warn: warn.as_nanos() as f64, crit: crit.as_nanos() as f64 })
-}
-
 fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {
     let band = Band::checked;
     Ok(Thresholds {
         invalidate_freq: band("invalidate-freq", args.invalidate_freq_warn, args.invalidate_freq_crit)?,
-        wait_per_invalidation_ns: duration_band("wait", args.wait_warn, args.wait_crit)?,
-        callback_mean_ns: duration_band("callback", args.callback_warn, args.callback_crit)?,
+        wait_per_invalidation_ns: Band::durations("wait", args.wait_warn, args.wait_crit)?,
+        callback_mean_ns: Band::durations("callback", args.callback_warn, args.callback_crit)?,
         amplification: band("amplification", args.amplification_warn, args.amplification_crit)?,
     })
 }
@@ -165,28 +151,15 @@ impl Watch<'_> {
     }
 
     fn summarize(&self, end_ns: u64) -> Summary {
-        let tables = &self.drain.totals;
-        let seen = &self.seen;
-        let duration_ns = end_ns - self.started_ns;
-        let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: &self.pids };
-        let mut invalidations = aggregator::invalidations(tables, duration_ns as f64 / 1e9, scope);
-        invalidations.peak = self.peak.peak.clone();
-        let (locks, other_contention) = contention::locks(tables, &kvm_members(self.kernel));
-        let subscribers = aggregator::subscribers(tables, self.kallsyms(), seen.lock_waits);
-        let lost_events = aggregator::lost_events(tables).with(Loss::ProgramRunsSkipped, self.skipped);
-        let evidence = aggregator::evidence(&invalidations, &locks, &subscribers, seen, &lost_events);
-        Summary {
-            duration_ns,
-            verdict: judge::judge(&evidence, &self.thresholds),
-            invalidations,
-            locks,
-            other_contention,
-            lock_waits_observable: seen.lock_waits,
-            subscribers,
-            callbacks_observable: seen.callbacks,
-            lost_events,
-            counters: aggregator::counters(tables),
-        }
+        let run = RunFacts {
+            seen: &self.seen,
+            pids: &self.pids,
+            peak: self.peak.peak.clone(),
+            kvm_members: &kvm_members(self.kernel),
+            kallsyms: self.kallsyms(),
+            skipped: self.skipped,
+        };
+        aggregator::summary(&self.drain.totals, end_ns - self.started_ns, &run, &self.thresholds)
     }
 }
 

@@ -26,13 +26,12 @@ use super::{
 use crate::{
     capability::CapabilityId,
     cli::{ExporterArgs, LatencySelection},
-    collect::counters::program_runs_skipped,
     exporter::{
         buckets::{Bucket, Histogram},
-        scrape::{Choice, Series, Slice, Snapshot, Source, recursion_guard},
+        scrape::{Attached, Choice, Programs, Reader, Series, Slice, Snapshot, Source},
     },
-    kernel::{Kernel, release::Release},
-    probes::{GlobalValue, Plan},
+    kernel::Kernel,
+    probes::GlobalValue,
 };
 
 /// `--threshold` when not given, as `mm-probe latency` has it.
@@ -72,42 +71,36 @@ impl Slice for LatencySlice {
         settings
     }
 
-    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         select_pids(ebpf, &self.options)?;
         let (plan, functions) = attach_probes(kernel, ebpf, &self.options);
-        Ok(Box::new(LatencySource { plan, functions, threshold_ns: self.options.threshold_ns }))
+        // Every latency program is named lat_*; a skipped run of the wakeup or switch program is a
+        // wakeup the histogram never saw.
+        let wakeups_seen = REQUIRED_PROBES.iter().all(|p| plan.is_attached(p));
+        let reader = LatencyReader { wakeups_seen, functions, threshold_ns: self.options.threshold_ns };
+        let attached = Attached { capability: CapabilityId::Latency, plan, programs: Programs::Prefix("lat_") };
+        Ok(Source { attached, reader: Box::new(reader) })
     }
 }
 
-/// Latency as attached: its plan, its function slots and the threshold it was loaded with.
-struct LatencySource {
-    plan: Plan,
+/// Reads latency as attached: its function slots and the threshold it was loaded with.
+struct LatencyReader {
+    /// The wakeup and switch probes attached: the histogram sees every wakeup.
+    wakeups_seen: bool,
     functions: Vec<FunctionPlan>,
     threshold_ns: u64,
 }
 
-impl Source for LatencySource {
-    fn capability(&self) -> CapabilityId {
-        CapabilityId::Latency
-    }
-
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+impl Reader for LatencyReader {
+    fn read(&self, ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()> {
         let name = CapabilityId::Latency.name();
         let totals = read_totals(ebpf, self.functions.len())?;
         let counter = |c: names::Counter| counter(&totals.counters, c);
-        // Every latency program is named lat_*; a skipped run of the wakeup or switch program is
-        // a wakeup the histogram never saw.
-        let skipped = program_runs_skipped(release, ebpf, |program| program.starts_with("lat_"));
-        snapshot.lost_events.extend(recursion_guard(CapabilityId::Latency, skipped));
         snapshot.map_update_failures.extend([
             Series::new(&[("capability", name), ("map", "LAT_WAKEUPS")], counter(names::Counter::LostWakeups)),
             Series::new(&[("capability", name), ("map", "LAT_FUNC_STATE")], counter(names::Counter::LostFuncEntries)),
         ]);
-        if REQUIRED_PROBES.iter().all(|p| self.plan.is_attached(p)) {
+        if self.wakeups_seen {
             snapshot.wakeup_latency = Some(latency_histogram(&totals.wakeup, self.threshold_ns));
             snapshot.wakeups_over_threshold = Some(totals.wakeup.over_threshold);
         }

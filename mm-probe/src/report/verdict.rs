@@ -49,6 +49,22 @@ impl Band {
         Ok(Self { warn, crit })
     }
 
+    /// A band of durations in nanoseconds, refused in the units the user typed.
+    pub fn durations(
+        name: &str,
+        warn: std::time::Duration,
+        crit: std::time::Duration,
+    ) -> Result<Self, crate::error::UserError> {
+        if warn > crit {
+            return Err(crate::error::UserError::new(format!(
+                "--{name}-warn ({}) must be no longer than --{name}-crit ({})",
+                crate::units::format_nanos(warn.as_nanos() as u64),
+                crate::units::format_nanos(crit.as_nanos() as u64)
+            )));
+        }
+        Ok(Self { warn: warn.as_nanos() as f64, crit: crit.as_nanos() as f64 })
+    }
+
     pub fn classify(&self, value: Option<f64>) -> Level {
         match value {
             None => Level::Unknown,

@@ -14,13 +14,12 @@ use super::{
 };
 use crate::{
     capability::CapabilityId,
-    collect::counters::program_runs_skipped,
     exporter::{
         buckets::log2_ns_histogram,
-        scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, kvm_events, recursion_guard},
+        scrape::{Attached, Choice, Reader, Series, Slice, Snapshot, Source, catalog_programs, kvm_events},
     },
-    kernel::{Kernel, release::Release},
-    probes::{GlobalValue, LogicalProbe, Plan, Planner},
+    kernel::Kernel,
+    probes::{GlobalValue, LogicalProbe, Planner},
 };
 
 /// Retry-storm as the exporter was asked for it.
@@ -41,39 +40,27 @@ impl Slice for RetryStormSlice {
         settings
     }
 
-    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let kvm = [KVM_UNMAP_PROBE, KVM_AGE_PROBE];
         let attached: Vec<LogicalProbe> =
             PROBES.iter().filter(|p| !(self.kvm_left_to_invalidations && kvm.contains(&p.name))).copied().collect();
         let plan = Planner::new(kernel).attach_all(ebpf, &attached);
         let seen = observability(kernel, &plan);
-        Ok(Box::new(RetryStormSource { plan, seen, programs: catalog_programs(PROBES) }))
+        let attached = Attached { capability: CapabilityId::RetryStorm, plan, programs: catalog_programs(PROBES) };
+        Ok(Source { attached, reader: Box::new(RetryStormReader { seen }) })
     }
 }
 
-/// Retry-storm as attached, and what its plan lets it see.
-struct RetryStormSource {
-    plan: Plan,
+/// Reads retry-storm as attached, knowing what its plan lets it see.
+struct RetryStormReader {
     seen: Observability,
-    /// Its programs' names (for the recursion-guard count).
-    programs: Vec<&'static str>,
 }
 
-impl Source for RetryStormSource {
-    fn capability(&self) -> CapabilityId {
-        CapabilityId::RetryStorm
-    }
-
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+impl Reader for RetryStormReader {
+    fn read(&self, ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()> {
         let name = CapabilityId::RetryStorm.name();
         let totals = KernelTotals::read(ebpf)?;
         let c = &totals.counters;
-        let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
-        snapshot.lost_events.extend(recursion_guard(CapabilityId::RetryStorm, skipped));
         snapshot.lost_events.extend([
             // A walk return whose entry was not seen: counted, but its duration is unknown.
             Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(names::Counter::StashMisses)),

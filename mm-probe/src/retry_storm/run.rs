@@ -58,11 +58,7 @@ fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {
     Ok(Thresholds {
         retry_rate: band("retry-rate", args.retry_rate_warn / 100.0, args.retry_rate_crit / 100.0)?,
         timeout_rate: band("timeout-rate", args.timeout_rate_warn / 100.0, args.timeout_rate_crit / 100.0)?,
-        avg_latency_ns: band(
-            "avg-latency",
-            args.avg_latency_warn.as_nanos() as f64,
-            args.avg_latency_crit.as_nanos() as f64,
-        )?,
+        avg_latency_ns: Band::durations("avg-latency", args.avg_latency_warn, args.avg_latency_crit)?,
         invalidate_freq: band("invalidate-freq", args.invalidate_freq_warn, args.invalidate_freq_crit)?,
     })
 }

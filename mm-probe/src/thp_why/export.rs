@@ -18,10 +18,9 @@ use super::{
 };
 use crate::{
     capability::CapabilityId,
-    collect::counters::program_runs_skipped,
-    exporter::scrape::{Choice, Series, Slice, Snapshot, Source, catalog_programs, recursion_guard},
-    kernel::{Kernel, layout::ThpDisableBits, release::Release},
-    probes::{GlobalValue, Plan, Planner},
+    exporter::scrape::{Attached, Choice, Reader, Series, Slice, Snapshot, Source, catalog_programs},
+    kernel::{Kernel, layout::ThpDisableBits},
+    probes::{GlobalValue, Planner},
 };
 
 /// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
@@ -57,37 +56,29 @@ impl Slice for ThpSlice {
         settings
     }
 
-    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Box<dyn Source>> {
+    fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let (allow_check, bits) = self.decoding.into_inner().unwrap_or_else(|| thp_allow_check(kernel));
         // Only the allow-check: the faults, prctl and mmap_lock probes serve one target process.
         let probes = [ALLOW_CHECK];
         let plan = Planner::new(kernel).attach_all(ebpf, &probes);
-        Ok(Box::new(ThpSource { plan, allow_check, bits, programs: catalog_programs(&probes) }))
+        let attached = Attached { capability: CapabilityId::Thp, plan, programs: catalog_programs(&probes) };
+        let checks_seen = attached.plan.probes.iter().any(|p| p.attached());
+        Ok(Source { attached, reader: Box::new(ThpReader { checks_seen, allow_check, bits }) })
     }
 }
 
-/// The THP allow-check as attached, counting every mm, and how to decode its keys.
-struct ThpSource {
-    plan: Plan,
+/// Reads the THP allow-check as attached, counting every mm, and decodes its keys.
+struct ThpReader {
+    /// The allow-check probe attached.
+    checks_seen: bool,
     allow_check: AllowCheck,
     bits: ThpDisableBits,
-    programs: Vec<&'static str>,
 }
 
-impl Source for ThpSource {
-    fn capability(&self) -> CapabilityId {
-        CapabilityId::Thp
-    }
-
-    fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    fn read(&self, ebpf: &Ebpf, release: &Release, snapshot: &mut Snapshot) -> Result<()> {
+impl Reader for ThpReader {
+    fn read(&self, ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()> {
         let name = CapabilityId::Thp.name();
         let counts = live::read_counts(ebpf)?;
-        let skipped = program_runs_skipped(release, ebpf, |program| self.programs.contains(&program));
-        snapshot.lost_events.extend(recursion_guard(CapabilityId::Thp, skipped));
         snapshot.lost_events.extend([
             // A kretprobe run without its entry: that check is not counted.
             Series::new(
@@ -99,7 +90,7 @@ impl Source for ThpSource {
             &[("capability", name), ("map", names::CHECKS_MAP)],
             counts.counter(Counter::CheckMapFull),
         ));
-        if !self.plan.probes.iter().any(|p| p.attached()) {
+        if !self.checks_seen {
             return Ok(());
         }
         // The sysfs policy is read now: a refusal is judged against the policy in force.

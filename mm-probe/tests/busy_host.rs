@@ -18,18 +18,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{leftover_programs, mm_probe, our_programs, require_root, workload};
+use common::{kvm_available, leftover_programs, mm_probe, our_programs, require_root, workload};
 use serde_json::Value;
 
 /// The churn the exporter must survive (the command, beside it, sees the same).
 const CHURN: Duration = Duration::from_secs(600);
-
-fn kvm_available() -> bool {
-    let tracepoint = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .any(|root| std::path::Path::new(root).join("events/kvm/kvm_unmap_hva_range").exists());
-    std::path::Path::new("/dev/kvm").exists() && tracepoint
-}
 
 #[test]
 fn after_ten_minutes_of_short_lived_processes_the_vms_lock_is_still_named_and_nothing_lost_reads_as_measured() {

@@ -18,16 +18,8 @@ use std::{
     time::Duration,
 };
 
-use common::{MirrorModule, mm_probe, module_dir, require_root, run_tool, workload};
+use common::{MirrorModule, mm_probe, module_dir, require_root, root_with_kvm, run_tool, workload};
 use serde_json::Value;
-
-/// Whether this kernel can run the workload: /dev/kvm and KVM's tracepoints.
-fn kvm_available() -> bool {
-    let tracepoint = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
-        .iter()
-        .any(|root| std::path::Path::new(root).join("events/kvm/kvm_unmap_hva_range").exists());
-    std::path::Path::new("/dev/kvm").exists() && tracepoint
-}
 
 /// Runs kvm_storm under the tool; returns the workload's counts and the tool's summary line.
 fn traced(workload_args: &[&str], tool_args: &[&str]) -> (Value, Value) {
@@ -139,9 +131,7 @@ fn assert_unmaps_match(counts: &Value, summary: &Value, threads: u64) {
 
 #[test]
 fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises() {
-    require_root();
-    if !kvm_available() {
-        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    if !root_with_kvm() {
         return;
     }
     let (counts, summary) = traced(&["--threads", "1", "--passes", "5", "--size", "32M"], &[]);
@@ -165,9 +155,7 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
 /// never a smaller rate judged OK.
 #[test]
 fn a_full_table_is_counted_as_lost_and_the_rate_built_on_it_is_unknown() {
-    require_root();
-    if !kvm_available() {
-        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    if !root_with_kvm() {
         return;
     }
     let one_key = "INV_INVALIDATIONS_0=1,INV_INVALIDATIONS_1=1";
@@ -205,9 +193,7 @@ fn kvm_callback_matches(counts: &Value, summary: &Value, threads: u64) {
 
 #[test]
 fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowers_it() {
-    require_root();
-    if !kvm_available() {
-        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    if !root_with_kvm() {
         return;
     }
     // A low wait threshold, so that the advice is given whenever the notifier waits at all.
@@ -249,9 +235,7 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
 
 #[test]
 fn a_running_vcpu_waits_on_the_same_lock_in_its_fault_path() {
-    require_root();
-    if !kvm_available() {
-        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    if !root_with_kvm() {
         return;
     }
     let dir = common::scratch_dir("invalidations-plot");
@@ -293,9 +277,7 @@ fn check_plot(path: &std::path::Path, lines: &[Value], summary: &Value) {
 
 #[test]
 fn the_intervals_add_up_to_the_summary() {
-    require_root();
-    if !kvm_available() {
-        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    if !root_with_kvm() {
         return;
     }
     let (counts, lines) =

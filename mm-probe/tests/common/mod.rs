@@ -60,6 +60,25 @@ pub fn require_root() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "end-to-end tests load eBPF programs: run them as root");
 }
 
+/// Whether this kernel can run a VM whose memory is invalidated: /dev/kvm and KVM's
+/// tracepoints.
+pub fn kvm_available() -> bool {
+    let tracepoint = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|root| std::path::Path::new(root).join("events/kvm/kvm_unmap_hva_range").exists());
+    std::path::Path::new("/dev/kvm").exists() && tracepoint
+}
+
+/// Root, with a KVM to run a VM under; says why the test is skipped when there is none.
+pub fn root_with_kvm() -> bool {
+    require_root();
+    let available = kvm_available();
+    if !available {
+        eprintln!("skipped: no /dev/kvm or no kvm tracepoints on this kernel");
+    }
+    available
+}
+
 /// Ids and names of the eBPF programs of mm-probe's object loaded in the kernel now. Program
 /// names are truncated by the kernel to 15 bytes; every program of the object starts with one of
 /// these prefixes (retry-storm's are named after their hooks).

@@ -8,6 +8,7 @@ mod bench;
 mod build;
 mod cmd;
 mod dist;
+mod headers;
 #[cfg(test)]
 mod import_graph;
 mod modules;

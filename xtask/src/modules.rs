@@ -1,5 +1,6 @@
 //! Out-of-tree test kernel modules (each under testing/kmod/<name>/), built against Debian's
-//! linux-headers package for each kernel of the matrix, by the [`Toolchain`] of its line.
+//! linux-headers package for each kernel of the matrix (unpacked into the cache by
+//! crate::headers, or installed in the sid chroot), by the [`Toolchain`] of its line.
 //!
 //! Layout under the target directory (outside the source tree, so kbuild's objects never
 //! land next to the sources):
@@ -17,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd, sid_chroot::SidChroot};
+use crate::sid_chroot::SidChroot;
 
 /// The compiler Debian's bookworm kernels were built with; kbuild warns (and some configs
 /// refuse) when a module is built with another.
@@ -28,7 +29,7 @@ const FINGERPRINT_FILE: &str = ".fingerprint";
 /// with, and runs tools from the headers package (modpost, objtool) on the build machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Toolchain {
-    /// The host's gcc-12 and linux-headers installed on the host, as bookworm's kernels need.
+    /// The host's gcc-12, as bookworm's kernels need, and their headers unpacked into the cache.
     Host,
     /// The Debian unstable chroot of crate::sid_chroot, with the headers installed in it.
     SidChroot,
@@ -44,7 +45,7 @@ impl Toolchain {
     }
 }
 
-/// A toolchain made ready for one kernel release: its headers are installed.
+/// A toolchain made ready for one kernel release: its headers are there.
 enum Builder {
     Host { headers: PathBuf },
     Chroot { chroot: SidChroot, headers: String },
@@ -53,7 +54,7 @@ enum Builder {
 impl Builder {
     fn prepare(toolchain: Toolchain, release: &str) -> Result<Builder> {
         Ok(match toolchain {
-            Toolchain::Host => Builder::Host { headers: ensure_headers(release)? },
+            Toolchain::Host => Builder::Host { headers: crate::headers::ensure(release)? },
             Toolchain::SidChroot => {
                 let chroot = crate::sid_chroot::ensure()?;
                 let headers = chroot.ensure_headers(release)?;
@@ -152,39 +153,6 @@ fn module_sources() -> Result<BTreeMap<String, Vec<PathBuf>>> {
         bail!("no test modules under {}", kmod.display());
     }
     Ok(modules)
-}
-
-/// Installs `linux-headers-<release>` when /usr/src lacks it; returns the headers directory.
-fn ensure_headers(release: &str) -> Result<PathBuf> {
-    let headers = PathBuf::from(format!("/usr/src/linux-headers-{release}"));
-    if headers.join("Makefile").exists() {
-        return Ok(headers);
-    }
-    let package = format!("linux-headers-{release}");
-    if !cmd::is_root() {
-        bail!(
-            "{} is missing and installing {package} needs root: run `sudo apt-get install {package}`",
-            headers.display()
-        );
-    }
-    let install = || {
-        cmd::run(
-            Command::new("apt-get")
-                .args(["install", "-y", "--no-install-recommends", &package])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )
-    };
-    if install().is_err() {
-        // The package lists may predate this kernel's ABI; refresh them once and try again.
-        cmd::run(Command::new("apt-get").arg("update"))?;
-        install().with_context(|| {
-            format!("installing {package} (the headers the test modules for kernel {release} build against)")
-        })?;
-    }
-    if !headers.join("Makefile").exists() {
-        bail!("{package} is installed but {} has no Makefile", headers.display());
-    }
-    Ok(headers)
 }
 
 /// A digest of the module sources, of the exact headers build (kernel.release and the config the

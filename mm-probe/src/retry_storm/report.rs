@@ -1,5 +1,5 @@
 //! The JSON model of retry-storm's report: what each NDJSON line (schemas/retry-storm/) holds,
-//! and the text renderer reads. Built by [`super::metrics`] from an aggregated window.
+//! and the text renderer reads. Built by [`super::window`] from an observation window.
 
 use mm_probe_common::hmm::NotifierEvent;
 use serde::{Serialize, Serializer};

@@ -9,7 +9,7 @@ use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, HmmEvent};
 
 use super::{
-    aggregator::{Collector, read_begins_by_caller},
+    aggregator::{Collector, Streams, read_begins_by_caller},
     counters::KernelTotals,
     judge::{Band, Thresholds},
     plot, probes, render, report,
@@ -91,6 +91,7 @@ impl Capability for RetryStorm {
         let numa_balancing =
             std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
         let mut collector = Collector::new(monotonic_ns(), self.timeout_ns, seen, self.thresholds, numa_balancing);
+        collector.read_from(Streams::new(walks, invalidations));
         let plotting = self.run.plot.is_some();
         if plotting {
             collector.sample_every(PLOT_SAMPLE_PERIOD, PLOT_MAX_SAMPLES);
@@ -99,10 +100,6 @@ impl Capability for RetryStorm {
             kernel,
             plan_line,
             collector,
-            walks,
-            invalidations,
-            walk_batch: Vec::new(),
-            invalidate_batch: Vec::new(),
             settle_tick: Ticker::every(Some(SETTLE_TICK)),
             plot_tick: Ticker::every(plotting.then_some(PLOT_SAMPLE_PERIOD)),
         })
@@ -114,10 +111,6 @@ pub struct Watch<'k> {
     kernel: &'k Kernel,
     plan_line: Printout,
     collector: Collector,
-    walks: RingReader<HmmEvent>,
-    invalidations: RingReader<HmmEvent>,
-    walk_batch: Vec<HmmEvent>,
-    invalidate_batch: Vec<HmmEvent>,
     settle_tick: Ticker,
     plot_tick: Ticker,
 }
@@ -130,21 +123,6 @@ enum Turn {
 }
 
 impl Watch<'_> {
-    /// Takes everything written so far: records below the rings' wake-up mark are still in
-    /// them, and a settle must see every invalidation older than its cutoff.
-    fn drain_rings(&mut self) {
-        self.walks.drain_now(|raw| self.walk_batch.push(raw));
-        self.invalidations.drain_now(|raw| self.invalidate_batch.push(raw));
-    }
-
-    /// Walks first: an invalidation batch read in the same turn may be newer, never older, than
-    /// what the overlap joiner still holds for them.
-    fn absorb(&mut self) {
-        for raw in self.walk_batch.drain(..).chain(self.invalidate_batch.drain(..)) {
-            self.collector.on_raw(&raw);
-        }
-    }
-
     fn kallsyms(&self) -> Option<&Kallsyms> {
         self.kernel.kallsyms().ok()
     }
@@ -157,15 +135,13 @@ impl Session for Watch<'_> {
 
     async fn turn(&mut self, ebpf: &mut Ebpf) -> Result<()> {
         let turn = tokio::select! {
-            read = self.walks.read(|raw| self.walk_batch.push(raw)) => { read?; Turn::Read }
-            read = self.invalidations.read(|raw| self.invalidate_batch.push(raw)) => { read?; Turn::Read }
+            read = self.collector.read() => { read?; Turn::Read }
             () = self.settle_tick.tick() => Turn::Settle,
             () = self.plot_tick.tick() => Turn::Sample,
         };
         if matches!(turn, Turn::Settle) {
-            self.drain_rings();
+            self.collector.drain_rings();
         }
-        self.absorb();
         match turn {
             Turn::Read => {}
             Turn::Settle => self.collector.settle(monotonic_ns()),
@@ -175,8 +151,7 @@ impl Session for Watch<'_> {
     }
 
     fn interval(&mut self, ebpf: &mut Ebpf, now_ns: u64) -> Result<Printout> {
-        self.drain_rings();
-        self.absorb();
+        self.collector.drain_rings();
         self.collector.settle(now_ns);
         let snapshot = self.collector.close_window(KernelTotals::read(ebpf)?, now_ns);
         Ok(Printout::new(report::interval_json(&snapshot), render::interval_text(&snapshot)))
@@ -185,8 +160,7 @@ impl Session for Watch<'_> {
     /// Whatever the rings still hold once nothing more can arrive; then every open chain
     /// closes and joins.
     fn drain(&mut self, ebpf: &mut Ebpf) -> Result<()> {
-        self.drain_rings();
-        self.absorb();
+        self.collector.drain_rings();
         self.collector.finish_streams();
         self.collector.finish_sampling(ebpf, monotonic_ns())
     }
@@ -202,7 +176,7 @@ impl Session for Watch<'_> {
     }
 
     fn notes(&self) -> Vec<String> {
-        let malformed = self.collector.malformed + self.walks.malformed + self.invalidations.malformed;
+        let malformed = self.collector.malformed();
         (malformed > 0)
             .then(|| {
                 format!(

@@ -1,0 +1,268 @@
+//! Unit tests of decoding, chain joining and overlap judging.
+
+mod records {
+    use super::super::*;
+
+    fn raw(kind: EventKind) -> HmmEvent {
+        let mut comm = [0u8; 16];
+        comm[..10].copy_from_slice(b"madv-storm");
+        HmmEvent {
+            kind: kind as u32,
+            pid: 11,
+            tgid: 10,
+            code: 0,
+            ts_ns: 1_000,
+            duration_ns: 500,
+            seq_begin_ns: 900,
+            notifier: 0xffff_8880_0000_1000,
+            mm: 0xffff_8880_0000_2000,
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0020_0000,
+            interval_start: 0x7f00_0000_0000,
+            interval_last: 0x7f00_03ff_ffff,
+            comm,
+        }
+    }
+
+    #[test]
+    fn decodes_a_busy_walk() {
+        let mut r = raw(EventKind::Walk);
+        r.code = -EBUSY;
+        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        assert!(w.busy());
+        assert_eq!((w.entry_ns, w.exit_ns, w.duration_ns), (1_000, 1_500, Some(500)));
+        assert_eq!(w.window_start_ns(), 900);
+        assert_eq!(w.bytes(), 2 << 20);
+        assert_eq!(w.interval, Some((0x7f00_0000_0000, 0x7f00_03ff_ffff)));
+        assert_eq!(w.comm, "madv-storm");
+    }
+
+    #[test]
+    fn decodes_an_invalidation_event_name() {
+        let mut r = raw(EventKind::Invalidate);
+        r.code = 1;
+        let Some(Event::Invalidate(i)) = decode(&r) else { panic!("not an invalidation") };
+        assert_eq!(i.event, NotifierEvent::Clear);
+        assert_eq!(NotifierEvent::from_raw(42), NotifierEvent::Unknown);
+        assert_eq!(NotifierEvent::from_raw(-1), NotifierEvent::Unknown);
+        assert_eq!(NotifierEvent::from_raw(7), NotifierEvent::Exclusive);
+    }
+
+    #[test]
+    fn unknown_kind_is_rejected() {
+        let mut r = raw(EventKind::Walk);
+        r.kind = 99;
+        assert!(decode(&r).is_none());
+    }
+}
+
+mod chains {
+    use super::super::*;
+    use mm_probe_common::hmm::EBUSY;
+
+    const MS: u64 = 1_000_000;
+
+    fn walk(tgid: u32, notifier: u64, begin_ms: u64, exit_ms: u64, ret: i32) -> Walk {
+        Walk {
+            pid: tgid,
+            tgid,
+            comm: "gpu".into(),
+            entry_ns: begin_ms * MS + 1,
+            exit_ns: exit_ms * MS,
+            duration_ns: Some(exit_ms * MS - begin_ms * MS - 1),
+            seq_begin_ns: Some(begin_ms * MS),
+            ret,
+            notifier,
+            mm: 1,
+            start: 0,
+            end: 2 << 20,
+            interval: None,
+        }
+    }
+
+    #[test]
+    fn busy_walks_then_success_make_one_chain() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        assert!(j.walk(&walk(1, 0xa, 0, 10, -EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 10, 20, -EBUSY)).is_none());
+        let chain = j.walk(&walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
+        assert_eq!(chain.end, ChainEnd::Success);
+        assert_eq!((chain.walks, chain.busy_walks), (3, 2));
+        assert_eq!(chain.first_ns, 0);
+        assert_eq!(chain.duration_ns(), 30 * MS);
+        assert_eq!(chain.failed_walk_ns, 2 * (10 * MS - 1));
+        assert_eq!(j.open_chains(), 0);
+    }
+
+    #[test]
+    fn chains_are_per_process_and_notifier() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(2, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 10, -EBUSY));
+        assert_eq!(j.open_chains(), 3);
+        let chain = j.walk(&walk(2, 0xa, 10, 20, 0)).unwrap();
+        assert_eq!((chain.tgid, chain.notifier, chain.walks), (2, 0xa, 2));
+        assert_eq!(j.open_chains(), 2);
+    }
+
+    #[test]
+    fn a_busy_walk_past_the_timeout_ends_the_chain_as_timed_out() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        assert!(j.walk(&walk(1, 0xa, 0, 600, -EBUSY)).is_none());
+        let chain = j.walk(&walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
+        assert_eq!(chain.end, ChainEnd::TimedOut);
+        assert!(chain.end.is_timeout());
+        // The driver's next call starts a fresh chain.
+        assert!(j.walk(&walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
+        assert_eq!(j.open_chains(), 1);
+    }
+
+    #[test]
+    fn removing_the_notifier_of_a_failing_chain_means_it_gave_up() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        j.walk(&walk(1, 0xa, 0, 999, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 5, -EBUSY));
+        let ended = j.notifier_removed(0xa);
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].end, ChainEnd::GaveUp);
+        assert!(ended[0].end.is_timeout());
+        assert!(j.notifier_removed(0xa).is_empty());
+        assert_eq!(j.open_chains(), 1);
+    }
+
+    #[test]
+    fn a_hard_error_ends_the_chain_and_is_not_a_timeout() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        let chain = j.walk(&walk(1, 0xa, 0, 1, -14)).unwrap();
+        assert_eq!(chain.end, ChainEnd::Error(-14));
+        assert!(!chain.end.is_timeout());
+    }
+
+    #[test]
+    fn finishing_leaves_open_chains_unfinished_not_timed_out() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 999, -EBUSY));
+        let ended = j.finish();
+        assert_eq!(ended.len(), 2);
+        assert!(ended.iter().all(|c| c.end == ChainEnd::Unfinished && !c.end.is_timeout()));
+        assert_eq!(j.open_chains(), 0);
+    }
+
+    #[test]
+    fn a_walk_without_read_begin_starts_its_chain_at_entry() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        let mut w = walk(1, 0xa, 5, 10, 0);
+        w.seq_begin_ns = None;
+        let chain = j.walk(&w).unwrap();
+        assert_eq!(chain.first_ns, 5 * MS + 1);
+    }
+}
+
+mod overlaps {
+    use super::super::*;
+    use mm_probe_common::hmm::{EBUSY, NotifierEvent};
+
+    const MIB: u64 = 1 << 20;
+
+    fn walk(start: u64, end: u64, window: (u64, u64), ret: i32) -> Walk {
+        Walk {
+            pid: 1,
+            tgid: 1,
+            comm: "gpu".into(),
+            entry_ns: window.0 + 1,
+            exit_ns: window.1,
+            duration_ns: Some(window.1 - window.0 - 1),
+            seq_begin_ns: Some(window.0),
+            ret,
+            notifier: 0xa,
+            mm: 7,
+            start,
+            end,
+            interval: Some((0, 64 * MIB - 1)),
+        }
+    }
+
+    fn inv(ts: u64, start: u64, end: u64) -> Invalidation {
+        Invalidation {
+            pid: 2,
+            tgid: 1,
+            comm: "madv-storm".into(),
+            ts_ns: ts,
+            mm: 7,
+            start,
+            end,
+            event: NotifierEvent::Clear,
+        }
+    }
+
+    #[test]
+    fn an_invalidation_of_the_walked_range_is_a_true_conflict() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(150, MIB, MIB + 65536));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        let s = j.settle(1_000);
+        assert_eq!(s.busy_causes.len(), 1);
+        assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
+        let done = j.finish();
+        assert!(done.invalidations[0].1.walked_range);
+    }
+
+    #[test]
+    fn an_invalidation_elsewhere_in_the_notifier_is_false_sharing() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 65536));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        let s = j.settle(1_000);
+        assert_eq!(s.busy_causes[0].1, BusyCause::FalseSharing);
+        let done = j.finish();
+        assert!(done.invalidations[0].1.interval_only && !done.invalidations[0].1.walked_range);
+    }
+
+    #[test]
+    fn invalidations_outside_the_window_or_mm_explain_nothing() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(50, 0, MIB)); // before read_begin
+        j.add_invalidation(inv(250, 0, MIB)); // after the walk returned
+        let mut other_mm = inv(150, 0, MIB);
+        other_mm.mm = 8;
+        j.add_invalidation(other_mm);
+        j.add_invalidation(inv(160, 100 * MIB, 101 * MIB)); // outside the interval
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        let s = j.settle(1_000);
+        assert_eq!(s.busy_causes[0].1, BusyCause::Unexplained);
+        let done = j.finish();
+        let outside: Vec<_> = done.invalidations.iter().filter(|(_, o)| o.outside).collect();
+        assert_eq!(outside.len(), 1);
+        assert_eq!(outside[0].0.start, 100 * MIB);
+    }
+
+    #[test]
+    fn walks_wait_until_settled_and_late_invalidations_still_count() {
+        let mut j = OverlapJoiner::new(100, 10_000);
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        assert!(j.settle(250).busy_causes.is_empty(), "not settled yet");
+        // Arrives after the walk (other ring), started inside its window.
+        j.add_invalidation(inv(180, 0, 4096));
+        let s = j.settle(400);
+        assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
+    }
+
+    #[test]
+    fn successful_walks_mark_overlaps_but_have_no_cause() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 4096));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), 0));
+        let s = j.settle(1_000);
+        assert!(s.busy_causes.is_empty());
+        assert_eq!(s.other_walks.len(), 1);
+    }
+
+    #[test]
+    fn empty_joiner_settles_to_nothing() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        let s = j.finish();
+        assert!(s.busy_causes.is_empty() && s.invalidations.is_empty());
+    }
+}

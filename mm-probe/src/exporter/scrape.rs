@@ -5,7 +5,8 @@
 //! into.
 //!
 //! A capability's part of the exporter is its own `export` module: a [`Slice`] from the command
-//! line to its settings and its attach, then the [`Source`] that reads its maps. This module
+//! line to its settings and its attach, which yields its [`Source`]: what every attached
+//! capability is to the exporter, and its own [`Reader`] of its maps. This module
 //! names no capability: what every slice shares (the choice, the snapshot, the series every
 //! capability has, the one KVM family) is written once here.
 

@@ -30,6 +30,12 @@ pub const GUEST_RESULTS_DIR: &str = "/run/mm-probe-vm";
 pub const TEST_SCRIPT: &str = "run-tests.sh";
 /// Console lines from the harness's own scripts start with this; the host echoes them live.
 pub const MARKER: &str = "mm-probe-vm:";
+/// What /init prints every [`HEARTBEAT_PERIOD_S`] seconds of guest time while the tests run:
+/// a kernel that can still run a shell loop is not wedged, whatever a test is doing.
+pub const HEARTBEAT: &str = "alive";
+/// Short, so that an instruction-counted guest, whose clock runs slower than the host's, still
+/// beats well inside the host's silence limit.
+pub const HEARTBEAT_PERIOD_S: u64 = 5;
 /// Kernel command-line word that turns /init into a boot probe (see qemu::choose_accel).
 pub const PROBE_ARG: &str = "mm_probe_vm.probe";
 
@@ -265,8 +271,12 @@ $B mount -t bpf bpf $H/sys/fs/bpf || fail "mount bpffs"
 $B mkdir -p $H{GUEST_RESULTS_DIR}
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 {RESULTS_TAG} $H{GUEST_RESULTS_DIR} || fail "mount results"
 echo "{MARKER} kernel $($B uname -r) up $($B cut -d' ' -f1 /proc/uptime)s"
+( while $B sleep {HEARTBEAT_PERIOD_S}; do echo "{MARKER} {HEARTBEAT}"; done ) &
+beat=$!
 $B chroot $H /bin/sh {GUEST_RESULTS_DIR}/{TEST_SCRIPT}
-echo "{MARKER} tests finished with status $? at $($B cut -d' ' -f1 /proc/uptime)s"
+status=$?
+$B kill $beat
+echo "{MARKER} tests finished with status $status at $($B cut -d' ' -f1 /proc/uptime)s"
 $B dmesg > $H{GUEST_RESULTS_DIR}/dmesg.txt
 $B sync
 $B poweroff -f

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::initramfs::{HOST_ROOT_TAG, MARKER, PROBE_ARG, RESULTS_TAG};
+use super::initramfs::{HEARTBEAT, HOST_ROOT_TAG, MARKER, PROBE_ARG, RESULTS_TAG};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accel {
@@ -270,11 +270,14 @@ fn spawn_reader<R: std::io::Read + Send + 'static>(
             }
             let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(text) = line.split_once(MARKER).map(|(_, t)| t.trim().to_owned()) {
+                seen.last_marker = Instant::now();
+                if text == HEARTBEAT {
+                    continue;
+                }
                 if echo {
                     eprintln!("[{label}] {text}");
                 }
                 seen.markers.push(text);
-                seen.last_marker = Instant::now();
             } else if kernel_failure(&line) {
                 eprintln!("[{label}] KERNEL: {line}");
                 seen.kernel_failures.push(line);

@@ -157,7 +157,7 @@ fn run_lines(matrix: &Matrix<'_>, lines: &[&'static KernelLine], jobs: usize) ->
                     // matrix runs on this host.
                     for boot in 2..=EMULATOR_BOOTS {
                         let Some(why) = emulator_failure(&run, &console(matrix, line)) else { break };
-                        notes.push(format!("boot {boot}: {why} ({})", run.run_failures.join("; ")));
+                        notes.push(format!("boot {boot}: {why} ({})", earlier_failures(&run).join("; ")));
                         run = run_kernel_once(line, matrix);
                     }
                     run.notes.extend(notes);
@@ -198,11 +198,15 @@ fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
 /// booted once more (said in the report); `None` for every other failure.
 ///
 /// Two cases: the guest died before any test ran (seen: an int3 Oops in early jump-label
-/// patching), and the kernel took an int3 Oops while tests ran with no test failed so far.
-/// Attaching a tracepoint rewrites kernel text through int3 breakpoints; under TCG another vCPU
-/// can still execute a breakpoint the patching already removed, which real CPUs (and KVM)
-/// exclude with the serializing IPIs text_poke_bp sends. A run with a failed test is never
-/// repeated: that failure stands.
+/// patching), and the kernel took an int3 Oops while tests ran with no test failed in a binary
+/// that finished. Attaching a tracepoint rewrites kernel text through int3 breakpoints; under
+/// TCG another vCPU can still execute a breakpoint the patching already removed, which real
+/// CPUs (and KVM) exclude with the serializing IPIs text_poke_bp sends. The Oops kills the task
+/// that hit it, often the mm-probe a test was running, so a test of the binary the kernel died
+/// in may fail of it (seen on unstable: doctor_leaves_no_program_loaded, then the panic). A
+/// failed test in a binary that finished stands: that run is never repeated. Nothing is hidden
+/// by a repeat: the last boot's results are the ones reported, and the notes name what the
+/// earlier boots failed.
 fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
     if run.run_failures.is_empty() {
         return None;
@@ -211,13 +215,18 @@ fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
     if !reached_tests {
         return Some("the boot before failed before any test ran");
     }
-    let a_test_failed = run.binaries.iter().flat_map(|b| &b.tests).any(|t| t.verdict == report::Verdict::Failed);
-    if a_test_failed {
+    let a_finished_test_failed = run
+        .binaries
+        .iter()
+        .filter(|b| b.status.is_some())
+        .flat_map(|b| &b.tests)
+        .any(|t| t.verdict == report::Verdict::Failed);
+    if a_finished_test_failed {
         return None;
     }
     if console.contains("Oops: int3") {
         return Some(
-            "the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed; every test runs again",
+            "the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed in a finished binary; every test runs again",
         );
     }
     // Seen once on 6.1-rt, two guests sharing the host's two cores: the guest went silent in
@@ -227,6 +236,17 @@ fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
     run.run_failures.iter().any(|f| f.starts_with(KILLED_AT_TIMEOUT)).then_some(
         "the guest before went silent and was killed at the timeout with no test failed; every test runs again",
     )
+}
+
+/// What a boot that is repeated failed: its run failures and the tests that failed in it.
+fn earlier_failures(run: &KernelRun) -> Vec<String> {
+    let tests = run.binaries.iter().flat_map(|b| {
+        b.tests
+            .iter()
+            .filter(|t| t.verdict == report::Verdict::Failed)
+            .map(move |t| format!("{} {} failed", b.binary, t.name))
+    });
+    run.run_failures.iter().cloned().chain(tests).collect()
 }
 
 /// The requested lines in matrix order; all of them when none is named.
@@ -497,9 +517,16 @@ mod tests {
         assert!(emulator_failure(&run_with(&[], &[Passed]), &tests_started).is_none(), "a green run stands");
         assert!(emulator_failure(&run_with(&[panic], &[Passed, Unfinished]), &tests_started).is_some());
         assert!(
-            emulator_failure(&run_with(&[panic], &[Failed, Unfinished]), &tests_started).is_none(),
-            "a failed test is never run again"
+            emulator_failure(&run_with(&[panic], &[Failed, Unfinished]), &tests_started).is_some(),
+            "the Oops killed the program a test of the unfinished binary ran"
         );
+        let mut finished_failure = run_with(&[panic], &[Failed, Unfinished]);
+        finished_failure.binaries[0].status = Some(101);
+        assert!(
+            emulator_failure(&finished_failure, &tests_started).is_none(),
+            "a failed test in a binary that finished is never run again"
+        );
+        assert_eq!(earlier_failures(&finished_failure), ["the kernel reported: Oops: int3", "latency t0 failed"]);
         let other_death =
             format!("{} kernel 6.12 up 4s\n[ 98.4] BUG: kernel NULL pointer dereference", initramfs::MARKER);
         assert!(emulator_failure(&run_with(&["panic"], &[Passed, Unfinished]), &other_death).is_none());
@@ -509,6 +536,8 @@ mod tests {
         );
         let killed = format!("{} after 7m00.0s; console", KILLED_AT_TIMEOUT);
         assert!(emulator_failure(&run_with(&[&killed], &[Passed, Unfinished]), &tests_started).is_some());
-        assert!(emulator_failure(&run_with(&[&killed], &[Failed, Unfinished]), &tests_started).is_none());
+        let mut killed_after_failure = run_with(&[&killed], &[Failed, Unfinished]);
+        killed_after_failure.binaries[0].status = Some(101);
+        assert!(emulator_failure(&killed_after_failure, &tests_started).is_none());
     }
 }

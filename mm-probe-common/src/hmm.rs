@@ -214,7 +214,36 @@ pub struct HmmEvent {
     /// Walk, remove: the notifier's interval, `interval_tree.start` and `.last` (inclusive).
     pub interval_start: u64,
     pub interval_last: u64,
+    /// Walk: `hmm_range.notifier_seq` at entry, the sequence the driver's read_begin returned
+    /// (meaningful when `seq_state` is not [`SeqState::Unread`]).
+    pub seq: u64,
+    /// Walk: [`SeqState`] at entry.
+    pub seq_state: u32,
+    pub _pad: u32,
     pub comm: [u8; 16],
+}
+
+/// How a walk's sequence stood against its notifier's at the walk's entry.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqState {
+    /// Entry not seen, or the layout to read either sequence is missing on this kernel.
+    Unread = 0,
+    /// Equal: only an invalidation from now on can fail the walk.
+    Current = 1,
+    /// The notifier's sequence had already moved past the walk's: the walk fails whatever
+    /// happens during it (hmm_range_fault checks the sequence before it walks).
+    Stale = 2,
+}
+
+impl SeqState {
+    pub fn from_u32(value: u32) -> Self {
+        match value {
+            1 => Self::Current,
+            2 => Self::Stale,
+            _ => Self::Unread,
+        }
+    }
 }
 
 /// Key of [`READ_BEGINS_MAP`].
@@ -236,6 +265,19 @@ pub struct Stash {
     pub arg: u64,
 }
 
+/// Per-thread entry state of a walk: when it began, its range, and its sequence's state then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WalkStash {
+    pub ts_ns: u64,
+    /// The `struct hmm_range *`, for kretprobes, which cannot read arguments at return.
+    pub range: u64,
+    pub seq: u64,
+    /// [`SeqState`].
+    pub seq_state: u32,
+    pub _pad: u32,
+}
+
 /// Per-thread: the last mmu_interval_read_begin().
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -244,4 +286,4 @@ pub struct SeqBegin {
     pub notifier: u64,
 }
 
-crate::user_pod!(HmmEvent, ReadBeginKey, Stash, SeqBegin);
+crate::user_pod!(HmmEvent, ReadBeginKey, Stash, WalkStash, SeqBegin);

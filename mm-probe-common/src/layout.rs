@@ -36,10 +36,12 @@ pub const KVM_MMU_LOCK: &str = "OFF_KVM_MMU_LOCK";
 pub const HMM_RANGE_NOTIFIER: &str = "OFF_HMM_RANGE_NOTIFIER";
 pub const HMM_RANGE_START: &str = "OFF_HMM_RANGE_START";
 pub const HMM_RANGE_END: &str = "OFF_HMM_RANGE_END";
+pub const HMM_RANGE_NOTIFIER_SEQ: &str = "OFF_HMM_RANGE_NOTIFIER_SEQ";
 pub const INTERVAL_NOTIFIER_MM: &str = "OFF_INTERVAL_NOTIFIER_MM";
 pub const INTERVAL_NOTIFIER_START: &str = "OFF_INTERVAL_NOTIFIER_START";
 pub const INTERVAL_NOTIFIER_LAST: &str = "OFF_INTERVAL_NOTIFIER_LAST";
 pub const INTERVAL_NOTIFIER_OPS: &str = "OFF_INTERVAL_NOTIFIER_OPS";
+pub const INTERVAL_NOTIFIER_INVALIDATE_SEQ: &str = "OFF_INTERVAL_NOTIFIER_INVALIDATE_SEQ";
 pub const INTERVAL_OPS_INVALIDATE: &str = "OFF_INTERVAL_OPS_INVALIDATE";
 /// x86-64 saved user registers: the syscall number, -ENOSYS while the syscall runs, and
 /// arguments 1-4 (the 4th is in r10, not rcx).

@@ -28,7 +28,7 @@ use aya_ebpf::{
 };
 use mm_probe_common::hmm::{
     COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS, NOTIFIER_EVENTS,
-    NotifierEvent, ReadBeginKey, SeqBegin, Stash, WALK_RING_BYTES,
+    NotifierEvent, ReadBeginKey, SeqBegin, SeqState, Stash, WALK_RING_BYTES, WalkStash,
 };
 use mm_probe_common::ring_wakeup_bytes;
 
@@ -59,7 +59,7 @@ static HMM_TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 #[map]
 static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
 #[map]
-static HMM_WALK_STASH: LruHashMap<u32, Stash> = LruHashMap::with_max_entries(THREADS, 0);
+static HMM_WALK_STASH: LruHashMap<u32, WalkStash> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
 static HMM_SEQ_BEGIN: LruHashMap<u32, SeqBegin> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
@@ -144,6 +144,9 @@ fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
         end: 0,
         interval_start: 0,
         interval_last: 0,
+        seq: 0,
+        seq_state: SeqState::Unread as u32,
+        _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     }
 }
@@ -153,9 +156,26 @@ fn walk_enter(range: u64) -> u32 {
     if !watched(current_tgid()) {
         return 0;
     }
-    let stash = Stash { ts_ns: unsafe { bpf_ktime_get_ns() }, arg: range };
+    let ts_ns = unsafe { bpf_ktime_get_ns() };
+    let (seq, seq_state) = entry_seq(range);
+    let stash = WalkStash { ts_ns, range, seq, seq_state: seq_state as u32, _pad: 0 };
     let _ = HMM_WALK_STASH.insert(current_pid(), stash, 0);
     0
+}
+
+/// The walk's sequence and whether the notifier had already moved past it: read at entry,
+/// because at return an invalidation during the walk may have moved it too, and only a
+/// sequence stale before the walk began tells a retry that cannot succeed from a collision.
+#[inline(always)]
+fn entry_seq(range: u64) -> (u64, SeqState) {
+    let notifier: Option<u64> = read_at(range, OFF_HMM_RANGE_NOTIFIER.load());
+    let seq: Option<u64> = read_at(range, OFF_HMM_RANGE_NOTIFIER_SEQ.load());
+    let current: Option<u64> = notifier.and_then(|n| read_at(n, OFF_INTERVAL_NOTIFIER_INVALIDATE_SEQ.load()));
+    match (seq, current) {
+        (Some(seq), Some(current)) if seq == current => (seq, SeqState::Current),
+        (Some(seq), Some(_)) => (seq, SeqState::Stale),
+        _ => (0, SeqState::Unread),
+    }
 }
 
 /// `range` is the argument when the return probe can read it (fexit), else 0 (kretprobe).
@@ -180,7 +200,9 @@ fn walk_return(range: u64, ret: i32) -> u32 {
         Some(s) => {
             event.ts_ns = s.ts_ns;
             event.duration_ns = now - s.ts_ns;
-            if range != 0 { range } else { s.arg }
+            event.seq = s.seq;
+            event.seq_state = s.seq_state;
+            if range != 0 { range } else { s.range }
         }
         None => {
             count(Counter::StashMisses);

@@ -360,6 +360,11 @@ fn assert_counts_match(label: &str, driver: &Value, summary: &Value) {
     assert_eq!(walks["read_begins"], driver["read_begins"], "{label}: mmu_interval_read_begin calls");
     assert_eq!(summary["lost_events"]["walk_events"], 0, "{label}: walk events lost, chains incomplete");
     assert_eq!(summary["retry_loops"]["timeouts"], driver["timeouts"], "{label}: retry loops that gave up");
+    if driver["stale_seq"] == false {
+        let stale = &summary["retry_loops"]["stale_sequence"];
+        assert_eq!(stale["retries"], 0, "{label}: a loop that reads its sequence each time is never stale: {stale}");
+        assert_eq!(summary["walks"]["busy_causes"]["stale_sequence"], 0, "{label}");
+    }
 }
 
 /// The test mirror driver, loaded where this kernel can mirror memory at all (as root); `None`
@@ -410,6 +415,39 @@ fn a_full_read_begin_table_is_counted_and_the_total_stays_exact() {
     assert_eq!(summary["lost_events"]["read_begin_callers"], lost["read_begin_callers"], "{summary}");
     assert_eq!(summary["walks"]["read_begins"], driver["read_begins"], "the total stays exact: {driver}");
     assert_eq!(by_caller + refused, driver["read_begins"].as_u64().unwrap(), "each call is in a row or counted lost");
+}
+
+/// A driver that reads the sequence once, before its retry loop (the field's bug): after the
+/// first -EBUSY of a loop every retry walks with a sequence already stale and fails until the
+/// driver's timeout. The tool calls those retries stale, gives every loop the driver gave up
+/// to them, and makes it the verdict.
+#[test]
+fn a_loop_that_retries_a_stale_sequence_cannot_succeed_and_is_the_verdict() {
+    let Some(_module) = mirror_here() else { return };
+    // 20 ms timeouts and half a second: stale retries spin fast, and every one is streamed.
+    let (driver, summary) =
+        storm_with_timeout("stale sequence", "20", &["--chunk", "2M", "--stale-seq", "--duration-ms", "500"]);
+    assert_counts_match("stale sequence", &driver, &summary);
+    assert!(f(&driver["timeouts"]) > 0.0, "stale loops must time out: {driver}");
+    let stale = &summary["retry_loops"]["stale_sequence"];
+    assert_eq!(stale["gave_up"], driver["timeouts"], "every loop the driver gave up retried a stale sequence: {stale}");
+    // A loop's failures are stale but for its first, and but for the first after a successful
+    // walk that read_retry threw away (a new loop to the tool, with the same old sequence).
+    let busy = f(&driver["busy_returns"]);
+    let live_failures_at_most = f(&driver["chunks"]) + f(&driver["seq_retries"]);
+    assert!(
+        f(&stale["retries"]) >= busy - live_failures_at_most && f(&stale["retries"]) <= busy,
+        "stale retries {} of {busy} failed walks (at most {live_failures_at_most} live): {driver}",
+        stale["retries"]
+    );
+    assert_eq!(stale["retries"], summary["walks"]["busy_causes"]["stale_sequence"], "{summary}");
+    let verdict = &summary["verdict"];
+    assert_eq!(verdict["level"], "CRIT", "{verdict}");
+    assert!(verdict["headline"].as_str().unwrap().starts_with("stale_retries"), "{verdict}");
+    let advice = &verdict["advice"][0];
+    assert_eq!(advice["cause"], "stale sequence", "{verdict}");
+    assert!(advice["evidence"].as_str().unwrap().contains("cannot succeed"), "{advice}");
+    assert!(advice["action"].as_str().unwrap().contains("mmu_interval_read_begin before each"), "{advice}");
 }
 
 #[test]

@@ -30,6 +30,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "xz-utils",
     "zstd",
     "gcc-12",
+    // What linux-kbuild depends on and the unpacked kbuild cannot bring along: modpost's BTF
+    // step for the bookworm kernels' test modules runs pahole (a fresh machine failed there).
+    "pahole",
     "make",
     "stress-ng",
     "rt-tests",

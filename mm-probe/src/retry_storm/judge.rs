@@ -4,7 +4,7 @@
 use mm_probe_common::hmm::NotifierEvent;
 use serde::Serialize;
 
-use super::rates::ratio;
+use super::{rates::ratio, walks::StaleLoops};
 pub use crate::report::verdict::{Band, Level, Unit};
 use crate::{
     report::verdict::{self, MetricVerdict, named},
@@ -14,6 +14,7 @@ use crate::{
 named! {
     /// The metrics the verdict judges, by the names of docs/thresholds.md.
     pub enum Metric {
+        StaleRetries => "stale_retries",
         RetryRate => "retry_rate",
         TimeoutRate => "timeout_rate",
         AvgLatency => "avg_latency",
@@ -24,6 +25,7 @@ named! {
 named! {
     /// What a piece of advice blames.
     pub enum Cause {
+        StaleSequence => "stale sequence",
         LargeWalks => "large walks",
         NotifierFalseSharing => "notifier false sharing",
         Reclaim => "reclaim",
@@ -84,7 +86,24 @@ pub struct Evidence {
     pub callback_p99_ns: Option<u64>,
     /// /proc/sys/kernel/numa_balancing, when readable.
     pub numa_balancing: Option<String>,
+    /// Streamed walks whose sequence was read at entry.
+    pub sequences_read: u64,
+    pub stale_loops: StaleLoops,
 }
+
+impl Evidence {
+    /// Stale-sequence retries ÷ failed walks; unknown when no walk's sequence could be read.
+    fn stale_retry_share(&self) -> Option<f64> {
+        if self.sequences_read == 0 {
+            return None;
+        }
+        Some(ratio(self.stale_loops.retries, self.busy_walks).unwrap_or(0.0))
+    }
+}
+
+/// Any stale-sequence retry is CRIT: such a loop cannot succeed, whatever the machine does.
+/// (A band's lower bound is inclusive in WARN, so "above zero" is the smallest positive value.)
+const STALE_RETRIES: Band = Band { warn: f64::MIN_POSITIVE, crit: f64::MIN_POSITIVE };
 
 /// Walks larger than this are "large": the material's and amdgpu's advice is 2 MiB chunks.
 pub const CHUNK_BYTES: u64 = 2 << 20;
@@ -101,6 +120,14 @@ pub fn judge(e: &Evidence, t: &Thresholds) -> Verdict {
         judged
     };
     let metrics = vec![
+        // First: when it fires, it is the headline; no other figure matters until it is fixed.
+        metric(
+            Metric::StaleRetries,
+            "hmm_range_fault retries with a sequence already stale ÷ -EBUSY returns (such a loop cannot succeed)",
+            Unit::Fraction,
+            e.stale_retry_share(),
+            STALE_RETRIES,
+        ),
         metric(
             Metric::RetryRate,
             "hmm_range_fault -EBUSY returns ÷ invalidations of mirrored mms (the material's definition)",
@@ -135,7 +162,8 @@ fn unseen(metric: Metric, e: &Evidence) -> &'static str {
         Metric::RetryRate | Metric::TimeoutRate | Metric::InvalidateFreq if e.invalidations == 0 => {
             "no invalidation of a mirrored mm was seen"
         }
-        Metric::AvgLatency if e.walks == 0 => "no mirror walk (hmm_range_fault) was seen",
+        Metric::AvgLatency | Metric::StaleRetries if e.walks == 0 => "no mirror walk (hmm_range_fault) was seen",
+        Metric::StaleRetries => "no walk's sequence could be read at its entry (entry missed, or no BTF offsets)",
         _ => verdict::NOTHING_SEEN,
     }
 }
@@ -146,6 +174,21 @@ fn percent(value: Option<f64>) -> String {
 
 fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
     let mut advice = Vec::new();
+    let stale = &e.stale_loops;
+    if stale.retries > 0 {
+        advice.push(Advice {
+            cause: Cause::StaleSequence,
+            evidence: format!(
+                "the driver retries with a stale sequence: this loop cannot succeed. {} of {} failed walks reused the sequence of an earlier failed walk of their loop, already stale when they began; {} loops, {} given up after {} in all",
+                stale.retries,
+                e.busy_walks,
+                stale.loops,
+                stale.gave_up,
+                format_nanos(stale.given_up_ns)
+            ),
+            action: "call mmu_interval_read_begin before each hmm_range_fault in the retry loop (range.notifier_seq = mmu_interval_read_begin(range.notifier) inside the loop, not once before it)".into(),
+        });
+    }
     let retrying = verdict::level_of(metrics, Metric::RetryRate) >= Level::Warn
         || verdict::level_of(metrics, Metric::TimeoutRate) >= Level::Warn
         || e.busy_per_walk.is_some_and(|r| r >= 0.05);
@@ -267,12 +310,17 @@ mod tests {
         };
         let levels = [Level::Unknown, Level::Ok, Level::Warn, Level::Crit].map(|l| serde_json::to_value(l).unwrap());
         assert_eq!(names(levels.to_vec()), ["UNKNOWN", "OK", "WARN", "CRIT"]);
-        let metrics = [Metric::RetryRate, Metric::TimeoutRate, Metric::AvgLatency, Metric::InvalidateFreq]
-            .map(|m| serde_json::to_value(m).unwrap());
-        assert_eq!(names(metrics.to_vec()), ["retry_rate", "timeout_rate", "avg_latency", "invalidate_freq"]);
+        let metrics =
+            [Metric::StaleRetries, Metric::RetryRate, Metric::TimeoutRate, Metric::AvgLatency, Metric::InvalidateFreq]
+                .map(|m| serde_json::to_value(m).unwrap());
+        assert_eq!(
+            names(metrics.to_vec()),
+            ["stale_retries", "retry_rate", "timeout_rate", "avg_latency", "invalidate_freq"]
+        );
         let units = [Unit::Fraction, Unit::Ns, Unit::PerSecond].map(|u| serde_json::to_value(u).unwrap());
         assert_eq!(names(units.to_vec()), ["fraction", "ns", "per_second"]);
         let causes = [
+            Cause::StaleSequence,
             Cause::LargeWalks,
             Cause::NotifierFalseSharing,
             Cause::Reclaim,
@@ -284,6 +332,7 @@ mod tests {
         assert_eq!(
             names(causes.to_vec()),
             [
+                "stale sequence",
                 "large walks",
                 "notifier false sharing",
                 "reclaim",
@@ -292,6 +341,40 @@ mod tests {
                 "slow invalidate callbacks"
             ]
         );
+    }
+
+    #[test]
+    fn a_stale_sequence_retry_is_crit_and_the_headline_whatever_the_rates() {
+        let stale_loops = StaleLoops { loops: 2, retries: 900, gave_up: 2, given_up_ns: 2_000_000_000 };
+        let e = Evidence {
+            walks: 1000,
+            busy_walks: 990,
+            invalidations: 2,
+            retry_rate: Some(0.01),
+            sequences_read: 1000,
+            stale_loops,
+            ..Evidence::default()
+        };
+        let v = judge(&e, &Thresholds::default());
+        assert_eq!(v.level, Level::Crit);
+        assert!(v.headline.starts_with("stale_retries"), "{}", v.headline);
+        let first = &v.advice[0];
+        assert_eq!(first.cause, Cause::StaleSequence);
+        assert!(first.evidence.contains("cannot succeed") && first.evidence.contains("given up after 2s"), "{first:?}");
+        assert!(first.action.contains("mmu_interval_read_begin before each hmm_range_fault"));
+    }
+
+    #[test]
+    fn live_collisions_are_never_called_stale_and_unread_sequences_are_unknown() {
+        let e = Evidence { walks: 10, busy_walks: 5, sequences_read: 10, ..Evidence::default() };
+        let v = judge(&e, &Thresholds::default());
+        assert_eq!(verdict::level_of(&v.metrics, Metric::StaleRetries), Level::Ok);
+        assert!(v.advice.iter().all(|a| a.cause != Cause::StaleSequence));
+        let unread = Evidence { sequences_read: 0, ..e };
+        let v = judge(&unread, &Thresholds::default());
+        let stale = v.metrics.iter().find(|m| m.metric == Metric::StaleRetries).unwrap();
+        assert_eq!(stale.level, Level::Unknown);
+        assert!(stale.unknown_because.as_deref().unwrap().contains("sequence could be read"));
     }
 
     #[test]

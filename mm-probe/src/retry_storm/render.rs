@@ -114,10 +114,11 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
             format_nanos(w.failed_walk_ns),
             percent(w.failed_walk_share)
         );
+        let c = &w.busy_causes;
         let _ = writeln!(
             out,
-            "  -EBUSY causes: true conflict {}  notifier false sharing {}  unexplained {}",
-            w.busy_causes.true_conflict, w.busy_causes.false_sharing, w.busy_causes.unexplained
+            "  -EBUSY causes: true conflict {}  notifier false sharing {}\n                stale sequence {}  unexplained {}",
+            c.true_conflict, c.false_sharing, c.stale_sequence, c.unexplained
         );
         let _ = writeln!(out, "\nRetry rate");
         let _ = writeln!(
@@ -142,6 +143,17 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
             percent(loops.timeout_rate_per_invalidation),
             percent(loops.timeout_rate_per_loop)
         );
+        let stale = &loops.stale_sequence;
+        if stale.loops > 0 {
+            let _ = writeln!(
+                out,
+                "  cannot succeed (stale sequence): {} loops, {} retries\n    {} given up after {} in all",
+                stale.loops,
+                stale.retries,
+                stale.gave_up,
+                format_nanos(stale.given_up_ns)
+            );
+        }
         let _ = writeln!(out, "  loop duration: {}", latency_line(&loops.duration));
         let _ = write!(
             out,
@@ -230,5 +242,23 @@ mod tests {
         assert!(text.contains("  - large walks: "), "{text}");
         assert!(text.contains("(interrupted)"), "{text}");
         assert!(text.contains("CLEAR"), "invalidation events by the kernel's names: {text}");
+    }
+
+    #[test]
+    fn stale_loops_are_said_to_be_unable_to_succeed_in_80_columns() {
+        let mut snapshot = everything_observed();
+        let loops = snapshot.retry_loops.as_mut().unwrap();
+        loops.stale_sequence = crate::retry_storm::report::StaleLoops {
+            loops: 123,
+            retries: 123_456,
+            gave_up: 120,
+            given_up_ns: 120 << 30,
+        };
+        let text = summary_text(&snapshot, &Observability::default(), Stop::Interrupted);
+        assert!(text.contains("cannot succeed (stale sequence): 123 loops, 123456 retries"), "{text}");
+        assert!(text.contains("stale sequence 0"), "the cause tally names stale retries: {text}");
+        let stale_lines = text.lines().filter(|l| l.contains("stale sequence") || l.contains("given up after"));
+        let wide: Vec<&str> = stale_lines.filter(|l| l.chars().count() > 80).collect();
+        assert!(wide.is_empty(), "{wide:?}");
     }
 }

@@ -5,6 +5,7 @@ use mm_probe_common::hmm::NotifierEvent;
 use serde::{Serialize, Serializer};
 
 use super::judge::{Thresholds, Verdict};
+pub use super::walks::StaleLoops;
 use crate::{
     collect::shutdown::Stop,
     probes::Plan,
@@ -38,11 +39,33 @@ impl ChainTally {
     }
 }
 
+impl std::ops::AddAssign for ChainTally {
+    fn add_assign(&mut self, o: Self) {
+        self.success += o.success;
+        self.error += o.error;
+        self.timed_out += o.timed_out;
+        self.gave_up += o.gave_up;
+        self.unfinished += o.unfinished;
+    }
+}
+
+/// Why the failed walks failed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CauseTally {
     pub true_conflict: u64,
     pub false_sharing: u64,
+    /// Retries with a sequence an earlier failure of their loop had already used.
+    pub stale_sequence: u64,
     pub unexplained: u64,
+}
+
+impl std::ops::AddAssign for CauseTally {
+    fn add_assign(&mut self, o: Self) {
+        self.true_conflict += o.true_conflict;
+        self.false_sharing += o.false_sharing;
+        self.stale_sequence += o.stale_sequence;
+        self.unexplained += o.unexplained;
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -96,6 +119,8 @@ pub struct WalkMetrics {
     pub failed_walk_ns: u64,
     pub failed_walk_share: Option<f64>,
     pub busy_causes: CauseTally,
+    /// Streamed walks whose sequence was read at entry (the stale-sequence check needs it).
+    pub sequences_read: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -111,6 +136,7 @@ pub struct ChainMetrics {
     pub tally: ChainTally,
     /// Retry loops that gave up (timed out, or abandoned while failing).
     pub timeouts: u64,
+    pub stale_sequence: StaleLoops,
     pub timeout_rate_per_invalidation: Option<f64>,
     pub timeout_rate_per_loop: Option<f64>,
     pub duration: Percentiles,
@@ -261,12 +287,14 @@ pub(crate) mod tests {
                 latency: percentiles(),
                 failed_walk_ns: 2000,
                 failed_walk_share: Some(0.4),
-                busy_causes: CauseTally { true_conflict: 1, false_sharing: 1, unexplained: 0 },
+                busy_causes: CauseTally { true_conflict: 1, false_sharing: 1, ..CauseTally::default() },
+                sequences_read: 3,
             }),
             retry_rate: Some(RetryRate { ebusy_per_invalidation: Some(0.2), ebusy_per_walk: Some(0.66) }),
             retry_loops: Some(ChainMetrics {
                 tally: ChainTally { success: 1, gave_up: 1, ..ChainTally::default() },
                 timeouts: 1,
+                stale_sequence: StaleLoops::default(),
                 timeout_rate_per_invalidation: Some(0.1),
                 timeout_rate_per_loop: Some(0.5),
                 duration: percentiles(),

@@ -34,11 +34,21 @@
 //!
 //! Walks and invalidations arrive through different rings, so a walk is judged only once
 //! every invalidation that could overlap it has arrived: `settle_ns` after it returned.
+//!
+//! # Stale sequences
+//!
+//! hmm_range_fault() checks the walk's sequence against the notifier's before it walks, so a
+//! walk that starts with a sequence the notifier has already moved past fails whatever happens
+//! during it. The kernel program reads both at entry. A retry that fails so with the very
+//! sequence an earlier failed walk of its loop used is a *stale-sequence retry*: the driver did
+//! not call read_begin again, and its loop cannot succeed until it gives up. The first failed
+//! walk of such a loop is judged as any other (its invalidation came during its window).
 
 use std::collections::{HashMap, VecDeque};
 
 pub use mm_probe_common::hmm::NotifierEvent;
-use mm_probe_common::hmm::{EBUSY, EventKind, HmmEvent};
+use mm_probe_common::hmm::{EBUSY, EventKind, HmmEvent, SeqState};
+use serde::Serialize;
 
 /// One hmm_range_fault() call.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +70,13 @@ pub struct Walk {
     pub end: u64,
     /// The notifier's interval [start, last] (inclusive), when BTF gave its offsets.
     pub interval: Option<(u64, u64)>,
+    /// The walk's sequence, when its entry was seen and BTF gave both sequences' offsets.
+    pub seq: Option<u64>,
+    /// The notifier's sequence had moved past the walk's before the walk began.
+    pub stale_at_entry: bool,
+    /// A failed retry with the sequence of an earlier failed walk of its loop, stale at entry
+    /// (set by [`ChainJoiner::walk`]).
+    pub stale_retry: bool,
 }
 
 impl Walk {
@@ -131,6 +148,9 @@ pub fn decode(raw: &HmmEvent) -> Option<Event> {
             start: raw.start,
             end: raw.end,
             interval: (raw.interval_last != 0).then_some((raw.interval_start, raw.interval_last)),
+            seq: (SeqState::from_u32(raw.seq_state) != SeqState::Unread).then_some(raw.seq),
+            stale_at_entry: SeqState::from_u32(raw.seq_state) == SeqState::Stale,
+            stale_retry: false,
         })),
         EventKind::Invalidate => Some(Event::Invalidate(Invalidation {
             pid: raw.pid,
@@ -181,6 +201,11 @@ pub struct Chain {
     pub busy_walks: u32,
     /// Time spent inside walks that returned -EBUSY: work thrown away.
     pub failed_walk_ns: u64,
+    /// Failed walks that retried with the sequence of an earlier failed walk of this loop.
+    pub stale_retries: u32,
+    /// The thread and sequence of the loop's last failed walk, when read: a retry is stale only
+    /// on the thread that already failed with it (two threads can read one sequence).
+    pub last_failed: Option<(u32, u64)>,
     pub end: ChainEnd,
 }
 
@@ -206,8 +231,9 @@ impl ChainJoiner {
         self.open.len()
     }
 
-    /// Adds a walk (in the order the walker's thread made them); returns the chain it ended.
-    pub fn walk(&mut self, walk: &Walk) -> Option<Chain> {
+    /// Adds a walk (in the order the walker's thread made them), marking it a stale-sequence
+    /// retry when it is one; returns the chain it ended.
+    pub fn walk(&mut self, walk: &mut Walk) -> Option<Chain> {
         let key = (walk.tgid, walk.notifier);
         let chain = self.open.entry(key).or_insert_with(|| Chain {
             tgid: walk.tgid,
@@ -218,6 +244,8 @@ impl ChainJoiner {
             walks: 0,
             busy_walks: 0,
             failed_walk_ns: 0,
+            stale_retries: 0,
+            last_failed: None,
             end: ChainEnd::Unfinished,
         });
         chain.walks += 1;
@@ -225,6 +253,10 @@ impl ChainJoiner {
         let end = if walk.busy() {
             chain.busy_walks += 1;
             chain.failed_walk_ns += walk.duration_ns.unwrap_or(0);
+            let this = walk.seq.map(|seq| (walk.pid, seq));
+            walk.stale_retry = walk.stale_at_entry && this.is_some() && this == chain.last_failed;
+            chain.stale_retries += u32::from(walk.stale_retry);
+            chain.last_failed = this;
             (chain.duration_ns() >= self.timeout_ns).then_some(ChainEnd::TimedOut)
         } else if walk.ret == 0 {
             Some(ChainEnd::Success)
@@ -253,11 +285,50 @@ impl ChainJoiner {
     }
 }
 
+/// Retry loops that retried with a sequence already stale: loops that cannot succeed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StaleLoops {
+    /// Loops with at least one stale-sequence retry.
+    pub loops: u64,
+    /// Their stale-sequence retries.
+    pub retries: u64,
+    /// … of those loops, how many the driver gave up (timed out, or dropped its notifier).
+    pub gave_up: u64,
+    /// The time those given-up loops lasted: the driver's timeout windows, lost.
+    pub given_up_ns: u64,
+}
+
+impl StaleLoops {
+    pub fn add_chain(&mut self, stale_retries: u32, gave_up: bool, duration_ns: u64) {
+        if stale_retries == 0 {
+            return;
+        }
+        self.loops += 1;
+        self.retries += u64::from(stale_retries);
+        if gave_up {
+            self.gave_up += 1;
+            self.given_up_ns += duration_ns;
+        }
+    }
+}
+
+impl std::ops::AddAssign for StaleLoops {
+    fn add_assign(&mut self, o: Self) {
+        self.loops += o.loops;
+        self.retries += o.retries;
+        self.gave_up += o.gave_up;
+        self.given_up_ns += o.given_up_ns;
+    }
+}
+
 /// Why a walk returned -EBUSY.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BusyCause {
     TrueConflict,
     FalseSharing,
+    /// A retry with a sequence already stale from an earlier failure of its loop: no
+    /// invalidation during it was needed, and none is blamed.
+    StaleSequence,
     /// No invalidation of the notifier's interval was seen in the window (lost events, or an
     /// invalidation from a path not probed).
     Unexplained,
@@ -353,6 +424,11 @@ impl OverlapJoiner {
 
     /// Marks the invalidations in `walk`'s window; returns the cause when the walk was busy.
     fn judge(&mut self, walk: &Walk) -> Option<BusyCause> {
+        if walk.stale_retry {
+            // Its window starts at the loop's one read_begin and holds the invalidation the
+            // loop's first failure already answered for.
+            return Some(BusyCause::StaleSequence);
+        }
         let (window_start, window_end) = (walk.window_start_ns(), walk.exit_ns);
         let first = self.invalidations.partition_point(|s| s.invalidation.ts_ns < window_start);
         let mut cause = BusyCause::Unexplained;

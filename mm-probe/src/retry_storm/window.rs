@@ -14,7 +14,7 @@ use super::{
     rates::{per_second, ratio},
     report::{
         CauseTally, ChainMetrics, ChainTally, InvalidationMetrics, Invalidator, KvmMetrics, Loss, LostEvents,
-        Observability, OverlapTally, RetryRate, Snapshot, WalkMetrics,
+        Observability, OverlapTally, RetryRate, Snapshot, StaleLoops, WalkMetrics,
     },
     walks::{BusyCause, Chain, ChainEnd, Invalidation, InvalidationOverlap, Walk},
 };
@@ -42,6 +42,8 @@ pub struct Window {
     pub(super) max_walk_bytes: u64,
     pub(super) chain_lengths: Vec<u64>,
     pub chains: ChainTally,
+    pub(super) stale_loops: StaleLoops,
+    pub(super) sequences_read: u64,
     pub(super) invalidation_events: u64,
     pub(super) small_invalidations: u64,
     pub(super) invalidation_sizes: Vec<u64>,
@@ -69,6 +71,8 @@ impl Window {
             max_walk_bytes: 0,
             chain_lengths: vec![0; CHAIN_LENGTH_BUCKETS],
             chains: ChainTally::default(),
+            stale_loops: StaleLoops::default(),
+            sequences_read: 0,
             invalidation_events: 0,
             small_invalidations: 0,
             invalidation_sizes: vec![0; SIZE_BUCKETS],
@@ -86,6 +90,7 @@ impl Window {
         self.walk_events += 1;
         self.walk_bytes_total = self.walk_bytes_total.saturating_add(walk.bytes());
         self.max_walk_bytes = self.max_walk_bytes.max(walk.bytes());
+        self.sequences_read += u64::from(walk.seq.is_some());
         if let Some(ns) = walk.duration_ns {
             let _ = self.walk_ns.record(ns.max(1));
             self.walk_ns_total += ns;
@@ -106,6 +111,7 @@ impl Window {
         let bucket = Log2Histogram::bucket_of(u64::from(chain.walks)).min(CHAIN_LENGTH_BUCKETS - 1);
         self.chain_lengths[bucket] += 1;
         let _ = self.chain_ns.record(chain.duration_ns().max(1));
+        self.stale_loops.add_chain(chain.stale_retries, chain.end.is_timeout(), chain.duration_ns());
     }
 
     pub fn add_invalidation(&mut self, invalidation: &Invalidation) {
@@ -132,6 +138,7 @@ impl Window {
                         self.max_false_sharing_interval_bytes.max(last.saturating_sub(start).saturating_add(1));
                 }
             }
+            BusyCause::StaleSequence => self.busy_causes.stale_sequence += 1,
             BusyCause::Unexplained => self.busy_causes.unexplained += 1,
         }
     }
@@ -161,12 +168,9 @@ impl Window {
         self.busy_walk_ns += other.busy_walk_ns;
         self.max_walk_bytes = self.max_walk_bytes.max(other.max_walk_bytes);
         add_buckets(&mut self.chain_lengths, &other.chain_lengths);
-        let c = &other.chains;
-        self.chains.success += c.success;
-        self.chains.error += c.error;
-        self.chains.timed_out += c.timed_out;
-        self.chains.gave_up += c.gave_up;
-        self.chains.unfinished += c.unfinished;
+        self.chains += other.chains;
+        self.stale_loops += other.stale_loops;
+        self.sequences_read += other.sequences_read;
         self.invalidation_events += other.invalidation_events;
         self.small_invalidations += other.small_invalidations;
         add_buckets(&mut self.invalidation_sizes, &other.invalidation_sizes);
@@ -175,9 +179,7 @@ impl Window {
             slot.0 += count;
             slot.1 = slot.1.saturating_add(*bytes);
         }
-        self.busy_causes.true_conflict += other.busy_causes.true_conflict;
-        self.busy_causes.false_sharing += other.busy_causes.false_sharing;
-        self.busy_causes.unexplained += other.busy_causes.unexplained;
+        self.busy_causes += other.busy_causes;
         self.max_false_sharing_interval_bytes =
             self.max_false_sharing_interval_bytes.max(other.max_false_sharing_interval_bytes);
         let o = &other.overlap;
@@ -244,6 +246,7 @@ impl Snapshot {
             failed_walk_ns: window.busy_walk_ns,
             failed_walk_share: ratio(window.busy_walk_ns, window.walk_ns_total),
             busy_causes: window.busy_causes,
+            sequences_read: window.sequences_read,
         });
         let retry_rate = seen.walks.then(|| RetryRate {
             ebusy_per_invalidation: if seen.invalidations { ratio(busy, invalidations) } else { None },
@@ -252,6 +255,7 @@ impl Snapshot {
         let retry_loops = seen.walks.then(|| ChainMetrics {
             tally: window.chains,
             timeouts: window.chains.timeouts(),
+            stale_sequence: window.stale_loops,
             timeout_rate_per_invalidation: if seen.invalidations {
                 ratio(window.chains.timeouts(), invalidations)
             } else {
@@ -290,6 +294,8 @@ impl Snapshot {
             mean_walk_bytes: walks.as_ref().and_then(|w| w.mean_bytes),
             true_conflicts: window.busy_causes.true_conflict,
             false_sharing: window.busy_causes.false_sharing,
+            sequences_read: window.sequences_read,
+            stale_loops: window.stale_loops,
             notifier_interval_bytes: (window.max_false_sharing_interval_bytes > 0)
                 .then_some(window.max_false_sharing_interval_bytes),
             top_invalidators: window.top_invalidators().into_iter().map(|i| (i.comm, i.event, i.count)).collect(),
@@ -422,6 +428,9 @@ mod tests {
             start: 0,
             end: 4096,
             interval: None,
+            seq: None,
+            stale_at_entry: false,
+            stale_retry: false,
         };
         let mut a = Window::new(0);
         a.add_walk(&walk);

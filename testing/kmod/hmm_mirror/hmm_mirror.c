@@ -273,11 +273,13 @@ static void mirror_store(struct mirror *mirror, const struct hmm_range *range)
 
 /*
  * Mirrors [start, end), which lies inside one notifier's interval, with the driver retry
- * loop. The timeout runs from the first read_begin, as in nouveau and xe.
+ * loop. The timeout runs from the first read_begin, as in nouveau and xe. With
+ * HMM_MIRROR_STALE_SEQ the sequence is read once, before the loop: the bug under test.
  */
 static int mirror_chunk(struct mirror *mirror, struct mirror_notifier *mn, unsigned long start,
 			unsigned long end, u64 timeout_ns, struct hmm_mirror_walk *out)
 {
+	bool stale_seq = out->flags & HMM_MIRROR_STALE_SEQ;
 	struct hmm_range range = {
 		.notifier = &mn->sub,
 		.start = start,
@@ -289,11 +291,17 @@ static int mirror_chunk(struct mirror *mirror, struct mirror_notifier *mn, unsig
 	u64 deadline_ns = ktime_get_ns() + timeout_ns;
 	int ret;
 
+	if (stale_seq) {
+		range.notifier_seq = mmu_interval_read_begin(range.notifier);
+		out->read_begins++;
+	}
 	for (;;) {
 		if (fatal_signal_pending(current))
 			return -EINTR;
-		range.notifier_seq = mmu_interval_read_begin(range.notifier);
-		out->read_begins++;
+		if (!stale_seq) {
+			range.notifier_seq = mmu_interval_read_begin(range.notifier);
+			out->read_begins++;
+		}
 		mmap_read_lock(mirror->mm);
 		ret = hmm_range_fault(&range);
 		mmap_read_unlock(mirror->mm);
@@ -348,7 +356,7 @@ static int mirror_walk(struct hmm_mirror_walk *req)
 	struct mirror *mirror;
 	int ret = 0;
 
-	if (!mm || req->flags || req->pad || !req->length || req->device_hold_us > 1000 ||
+	if (!mm || (req->flags & ~HMM_MIRROR_STALE_SEQ) || req->pad || !req->length || req->device_hold_us > 1000 ||
 	    req->flush_fixed_us > 10000 || !req->length || req->length > MIRROR_MAX_BYTES ||
 	    !PAGE_ALIGNED(req->addr) || !PAGE_ALIGNED(req->length) ||
 	    !PAGE_ALIGNED(req->chunk_bytes) || !PAGE_ALIGNED(req->notifier_bytes) ||

@@ -23,7 +23,7 @@ struct hmm_mirror_walk {
 	__u64 chunk_bytes;	/* bytes per hmm_range_fault() walk; 0 = the whole range at once */
 	__u64 notifier_bytes;	/* bytes per interval notifier; 0 = one over the whole range */
 	__u32 timeout_ms;	/* give a chunk up after this long retrying; 0 = 1000 (HMM default) */
-	__u32 flags;		/* must be 0 */
+	__u32 flags;		/* 0, or HMM_MIRROR_STALE_SEQ */
 	/* out */
 	__u64 walks;		/* hmm_range_fault() calls */
 	__u64 busy_returns;	/* of which returned -EBUSY */
@@ -46,6 +46,14 @@ struct hmm_mirror_walk {
 	__u64 device_lock_waits;	/* callbacks that found the device lock held */
 	__u64 device_holds;	/* times the device thread took the device lock */
 };
+
+/*
+ * A broken driver on purpose: read the notifier sequence once per chunk, before the retry loop
+ * instead of inside it, so that after the first -EBUSY every retry walks with a sequence the
+ * notifier has already moved past and fails until the timeout. mm-probe must call these
+ * retries stale; the normal loop's must never be.
+ */
+#define HMM_MIRROR_STALE_SEQ	(1U << 0)
 
 #define HMM_MIRROR_IOC_WALK	_IOWR('H', 0x01, struct hmm_mirror_walk)
 

@@ -89,6 +89,7 @@ fn visit(
 
 /// Writes `<work>/initramfs.cpio` for `kernel` and returns its path.
 pub fn build(kernel: &KernelBuild, work: &Path) -> Result<PathBuf> {
+    ensure_mount_point(Path::new(HOST_MODULES))?;
     let modules_dir = kernel.modules_dir();
     let read = |name: &str| {
         let path = modules_dir.join(name);
@@ -224,6 +225,25 @@ fn keep_under(volatile: &str, keep: &[PathBuf]) -> (String, String) {
     (before, after)
 }
 
+/// Where the guest binds its kernel's modules over the host root it runs from.
+const HOST_MODULES: &str = "/lib/modules";
+
+/// The guest binds its kernel's /boot and /lib/modules over the host's, and the host root is
+/// read-only in the guest, so the mount point must exist on the host. Every machine that ever
+/// installed a kernel package has /lib/modules; a host without modules of its own (a fresh
+/// virtual machine here) does not, and every boot then failed at "bind the kernel's
+/// /lib/modules". The empty directory is made, and said.
+fn ensure_mount_point(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask vm-test: making the empty directory {} (every kernel package makes it; the guests bind their kernel's modules over it)",
+        dir.display()
+    );
+    fs::create_dir_all(dir).with_context(|| format!("creating {} (as root)", dir.display()))
+}
+
 /// The guest's /init. Every mount failure is fatal and said on the console: a test run on a
 /// half-mounted system would report confusing failures instead of the real cause.
 /// `boot` and `modules_root` are the unpacked kernel's /boot and /lib/modules on the host, laid
@@ -264,7 +284,7 @@ $B mount -t tmpfs tmpfs $H/tmp || fail "mount /tmp"
 $B mount -t tmpfs tmpfs $H/run || fail "mount /run"
 {keep_after}
 $B mount --bind "$H{boot}" $H/boot || fail "bind the kernel's /boot"
-$B mount --bind "$H{modules_root}" $H/lib/modules || fail "bind the kernel's /lib/modules"
+$B mount --bind "$H{modules_root}" $H{HOST_MODULES} || fail "bind the kernel's {HOST_MODULES}"
 $B mount -t tracefs tracefs $H/sys/kernel/tracing || fail "mount tracefs"
 $B mount -t debugfs debugfs $H/sys/kernel/debug || fail "mount debugfs"
 $B mount -t bpf bpf $H/sys/fs/bpf || fail "mount bpffs"

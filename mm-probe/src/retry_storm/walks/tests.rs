@@ -20,6 +20,9 @@ mod records {
             end: 0x7f00_0020_0000,
             interval_start: 0x7f00_0000_0000,
             interval_last: 0x7f00_03ff_ffff,
+            seq: 6,
+            seq_state: SeqState::Current as u32,
+            _pad: 0,
             comm,
         }
     }
@@ -77,15 +80,18 @@ mod chains {
             start: 0,
             end: 2 << 20,
             interval: None,
+            seq: None,
+            stale_at_entry: false,
+            stale_retry: false,
         }
     }
 
     #[test]
     fn busy_walks_then_success_make_one_chain() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&walk(1, 0xa, 0, 10, -EBUSY)).is_none());
-        assert!(j.walk(&walk(1, 0xa, 10, 20, -EBUSY)).is_none());
-        let chain = j.walk(&walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
+        assert!(j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY)).is_none());
+        assert!(j.walk(&mut walk(1, 0xa, 10, 20, -EBUSY)).is_none());
+        let chain = j.walk(&mut walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
         assert_eq!(chain.end, ChainEnd::Success);
         assert_eq!((chain.walks, chain.busy_walks), (3, 2));
         assert_eq!(chain.first_ns, 0);
@@ -97,11 +103,11 @@ mod chains {
     #[test]
     fn chains_are_per_process_and_notifier() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
-        j.walk(&walk(2, 0xa, 0, 10, -EBUSY));
-        j.walk(&walk(1, 0xb, 0, 10, -EBUSY));
+        j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&mut walk(2, 0xa, 0, 10, -EBUSY));
+        j.walk(&mut walk(1, 0xb, 0, 10, -EBUSY));
         assert_eq!(j.open_chains(), 3);
-        let chain = j.walk(&walk(2, 0xa, 10, 20, 0)).unwrap();
+        let chain = j.walk(&mut walk(2, 0xa, 10, 20, 0)).unwrap();
         assert_eq!((chain.tgid, chain.notifier, chain.walks), (2, 0xa, 2));
         assert_eq!(j.open_chains(), 2);
     }
@@ -109,20 +115,20 @@ mod chains {
     #[test]
     fn a_busy_walk_past_the_timeout_ends_the_chain_as_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&walk(1, 0xa, 0, 600, -EBUSY)).is_none());
-        let chain = j.walk(&walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
+        assert!(j.walk(&mut walk(1, 0xa, 0, 600, -EBUSY)).is_none());
+        let chain = j.walk(&mut walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
         assert_eq!(chain.end, ChainEnd::TimedOut);
         assert!(chain.end.is_timeout());
         // The driver's next call starts a fresh chain.
-        assert!(j.walk(&walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
+        assert!(j.walk(&mut walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
         assert_eq!(j.open_chains(), 1);
     }
 
     #[test]
     fn removing_the_notifier_of_a_failing_chain_means_it_gave_up() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 999, -EBUSY));
-        j.walk(&walk(1, 0xb, 0, 5, -EBUSY));
+        j.walk(&mut walk(1, 0xa, 0, 999, -EBUSY));
+        j.walk(&mut walk(1, 0xb, 0, 5, -EBUSY));
         let ended = j.notifier_removed(0xa);
         assert_eq!(ended.len(), 1);
         assert_eq!(ended[0].end, ChainEnd::GaveUp);
@@ -134,7 +140,7 @@ mod chains {
     #[test]
     fn a_hard_error_ends_the_chain_and_is_not_a_timeout() {
         let mut j = ChainJoiner::new(1000 * MS);
-        let chain = j.walk(&walk(1, 0xa, 0, 1, -14)).unwrap();
+        let chain = j.walk(&mut walk(1, 0xa, 0, 1, -14)).unwrap();
         assert_eq!(chain.end, ChainEnd::Error(-14));
         assert!(!chain.end.is_timeout());
     }
@@ -142,12 +148,46 @@ mod chains {
     #[test]
     fn finishing_leaves_open_chains_unfinished_not_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
-        j.walk(&walk(1, 0xb, 0, 999, -EBUSY));
+        j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&mut walk(1, 0xb, 0, 999, -EBUSY));
         let ended = j.finish();
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|c| c.end == ChainEnd::Unfinished && !c.end.is_timeout()));
         assert_eq!(j.open_chains(), 0);
+    }
+
+    fn with_seq(mut w: Walk, pid: u32, seq: u64, stale_at_entry: bool) -> Walk {
+        w.pid = pid;
+        w.seq = Some(seq);
+        w.stale_at_entry = stale_at_entry;
+        w
+    }
+
+    #[test]
+    fn a_retry_with_the_stale_sequence_of_its_loop_is_told_apart() {
+        let mut j = ChainJoiner::new(1000 * MS);
+        // A live collision: the sequence was current when the walk began.
+        let mut first = with_seq(walk(1, 0xa, 0, 10, -EBUSY), 1, 6, false);
+        j.walk(&mut first);
+        assert!(!first.stale_retry);
+        // The same sequence again, already stale at entry: the driver did not read it again.
+        let mut again = with_seq(walk(1, 0xa, 10, 11, -EBUSY), 1, 6, true);
+        j.walk(&mut again);
+        assert!(again.stale_retry);
+        // Stale at entry with a fresh sequence: an invalidation between read_begin and the walk.
+        let mut fresh = with_seq(walk(1, 0xa, 11, 12, -EBUSY), 1, 8, true);
+        j.walk(&mut fresh);
+        assert!(!fresh.stale_retry);
+        // Another thread that read the same sequence is not retrying this thread's.
+        let mut other_thread = with_seq(walk(1, 0xa, 12, 13, -EBUSY), 2, 8, true);
+        j.walk(&mut other_thread);
+        assert!(!other_thread.stale_retry);
+        let mut unread = walk(1, 0xa, 13, 14, -EBUSY);
+        unread.stale_at_entry = true;
+        j.walk(&mut unread);
+        assert!(!unread.stale_retry, "no sequence read, no claim");
+        let chain = j.walk(&mut walk(1, 0xa, 14, 15, 0)).unwrap();
+        assert_eq!(chain.stale_retries, 1);
     }
 
     #[test]
@@ -155,7 +195,7 @@ mod chains {
         let mut j = ChainJoiner::new(1000 * MS);
         let mut w = walk(1, 0xa, 5, 10, 0);
         w.seq_begin_ns = None;
-        let chain = j.walk(&w).unwrap();
+        let chain = j.walk(&mut w).unwrap();
         assert_eq!(chain.first_ns, 5 * MS + 1);
     }
 }
@@ -181,6 +221,9 @@ mod overlaps {
             start,
             end,
             interval: Some((0, 64 * MIB - 1)),
+            seq: None,
+            stale_at_entry: false,
+            stale_retry: false,
         }
     }
 
@@ -207,6 +250,19 @@ mod overlaps {
         assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
         let done = j.finish();
         assert!(done.invalidations[0].1.walked_range);
+    }
+
+    #[test]
+    fn a_stale_sequence_retry_blames_no_invalidation() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(150, MIB, MIB + 65536));
+        let mut retry = walk(0, 2 * MIB, (100, 300), -EBUSY);
+        retry.stale_retry = true;
+        j.add_walk(retry);
+        let s = j.settle(1_000);
+        assert_eq!(s.busy_causes[0].1, BusyCause::StaleSequence);
+        let done = j.finish();
+        assert_eq!(done.invalidations[0].1, InvalidationOverlap::default(), "its loop's first failure answers for it");
     }
 
     #[test]

@@ -10,11 +10,14 @@
 //! can act as a device: `--flush-fixed-us` / `--flush-per-page-ns` make each invalidate callback
 //! busy-wait like a device TLB flush, `--device-hold-us` makes a device thread hold the lock the
 //! callback takes; its flush time, lock waits and holds are printed with the other counts.
+//! `--stale-seq` makes the driver read the sequence once per chunk, outside its retry loop (a
+//! driver bug): after the first -EBUSY every retry fails until the timeout.
 //!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
 //!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
 //!                  [--piece 64K[,2M…]] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
 //!                  [--flush-fixed-us 0] [--flush-per-page-ns 0] [--device-hold-us 0] [--wait]
+//!                  [--stale-seq]
 
 use std::{
     ffi::CString,
@@ -63,6 +66,9 @@ struct MirrorWalk {
     device_holds: u64,
 }
 
+/// HMM_MIRROR_STALE_SEQ: the sequence is read once, before the retry loop.
+const STALE_SEQ: u32 = 1;
+
 /// _IOWR('H', 0x01, struct hmm_mirror_walk)
 const HMM_MIRROR_IOC_WALK: u64 = (3 << 30) | ((size_of::<MirrorWalk>() as u64) << 16) | ((b'H' as u64) << 8) | 0x01;
 
@@ -97,6 +103,7 @@ struct Options {
     /// madvise(MADV_NOHUGEPAGE) the region: 4 KiB pages make every walk visit every PTE, as a
     /// driver mirroring a fragmented buffer does.
     no_huge: bool,
+    stale_seq: bool,
 }
 
 fn main() -> Result<()> {
@@ -148,6 +155,7 @@ fn main() -> Result<()> {
             chunk_bytes: options.chunk_bytes,
             notifier_bytes: options.notifier_bytes,
             timeout_ms: options.timeout_ms,
+            flags: if options.stale_seq { STALE_SEQ } else { 0 },
             flush_fixed_us: options.flush_fixed_us,
             flush_per_page_ns: options.flush_per_page_ns,
             device_hold_us: options.device_hold_us,
@@ -190,7 +198,7 @@ fn main() -> Result<()> {
 \"notifier_bytes\":{},\"timeout_ms\":{},\"calls\":{calls},\"failed_calls\":{failed_calls},\"walks\":{},\
 \"busy_returns\":{},\"seq_retries\":{},\"timeouts\":{},\"seq_timeouts\":{},\"invalidations\":{},\
 \"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{},\"flush_ns\":{},\
-\"device_lock_waits\":{},\"device_holds\":{}}}",
+\"device_lock_waits\":{},\"device_holds\":{},\"stale_seq\":{}}}",
         std::process::id(),
         options.mode,
         options.size_bytes,
@@ -211,6 +219,7 @@ fn main() -> Result<()> {
         total.flush_ns,
         total.device_lock_waits,
         total.device_holds,
+        options.stale_seq,
     );
     Ok(())
 }
@@ -339,6 +348,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         device_hold_us: 0,
         device: "/dev/hmm_mirror".into(),
         no_huge: false,
+        stale_seq: false,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -359,6 +369,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--interval-us" => options.interval = Duration::from_micros(value()?.parse()?),
             "--device" => options.device = value()?,
             "--no-huge" => options.no_huge = true,
+            "--stale-seq" => options.stale_seq = true,
             // Handled in main: pid first, then a line on stdin before any walk (benchmarks).
             "--wait" => {}
             "--mode" => {

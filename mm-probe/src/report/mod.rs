@@ -7,6 +7,7 @@ pub mod lost;
 pub mod percentiles;
 pub mod plot;
 pub mod statement;
+pub mod tally;
 pub mod text;
 pub mod verdict;
 

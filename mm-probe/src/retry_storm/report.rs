@@ -12,6 +12,7 @@ use crate::{
     report::{
         Percentiles, json,
         lost::{self, loss_kinds},
+        tally::tally,
     },
 };
 
@@ -20,13 +21,15 @@ fn event_name<S: Serializer>(event: &NotifierEvent, serializer: S) -> Result<S::
     serializer.serialize_str(event.name())
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct ChainTally {
-    pub success: u64,
-    pub error: u64,
-    pub timed_out: u64,
-    pub gave_up: u64,
-    pub unfinished: u64,
+tally! {
+    /// Retry loops by how they ended.
+    pub struct ChainTally {
+        pub success,
+        pub error,
+        pub timed_out,
+        pub gave_up,
+        pub unfinished,
+    }
 }
 
 impl ChainTally {
@@ -39,45 +42,29 @@ impl ChainTally {
     }
 }
 
-impl std::ops::AddAssign for ChainTally {
-    fn add_assign(&mut self, o: Self) {
-        self.success += o.success;
-        self.error += o.error;
-        self.timed_out += o.timed_out;
-        self.gave_up += o.gave_up;
-        self.unfinished += o.unfinished;
+tally! {
+    /// Why the failed walks failed.
+    pub struct CauseTally {
+        pub true_conflict,
+        pub false_sharing,
+        /// Retries with a sequence an earlier failure of their loop had already used.
+        pub stale_sequence,
+        pub unexplained,
     }
 }
 
-/// Why the failed walks failed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct CauseTally {
-    pub true_conflict: u64,
-    pub false_sharing: u64,
-    /// Retries with a sequence an earlier failure of their loop had already used.
-    pub stale_sequence: u64,
-    pub unexplained: u64,
-}
-
-impl std::ops::AddAssign for CauseTally {
-    fn add_assign(&mut self, o: Self) {
-        self.true_conflict += o.true_conflict;
-        self.false_sharing += o.false_sharing;
-        self.stale_sequence += o.stale_sequence;
-        self.unexplained += o.unexplained;
+tally! {
+    /// How the invalidations related to the walks running when they started.
+    pub struct OverlapTally {
+        /// Invalidations that overlapped a range being walked.
+        pub walked_range,
+        /// … that overlapped only a walking notifier's interval.
+        pub notifier_interval_only,
+        /// … that started during a walk of their mm but touched no walking notifier.
+        pub outside_notifiers,
+        /// … that started while no walk of their mm was running.
+        pub no_walk_running,
     }
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct OverlapTally {
-    /// Invalidations that overlapped a range being walked.
-    pub walked_range: u64,
-    /// … that overlapped only a walking notifier's interval.
-    pub notifier_interval_only: u64,
-    /// … that started during a walk of their mm but touched no walking notifier.
-    pub outside_notifiers: u64,
-    /// … that started while no walk of their mm was running.
-    pub no_walk_running: u64,
 }
 
 /// What this kernel let mm-probe see, decided from the attach plan.

@@ -48,7 +48,8 @@ use std::collections::{HashMap, VecDeque};
 
 pub use mm_probe_common::hmm::NotifierEvent;
 use mm_probe_common::hmm::{EBUSY, EventKind, HmmEvent, SeqState};
-use serde::Serialize;
+
+use crate::report::tally::tally;
 
 /// One hmm_range_fault() call.
 #[derive(Clone, Debug, PartialEq)]
@@ -285,39 +286,31 @@ impl ChainJoiner {
     }
 }
 
-/// Retry loops that retried with a sequence already stale: loops that cannot succeed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct StaleLoops {
-    /// Loops with at least one stale-sequence retry.
-    pub loops: u64,
-    /// Their stale-sequence retries.
-    pub retries: u64,
-    /// … of those loops, how many the driver gave up (timed out, or dropped its notifier).
-    pub gave_up: u64,
-    /// The time those given-up loops lasted: the driver's timeout windows, lost.
-    pub given_up_ns: u64,
-}
-
-impl StaleLoops {
-    pub fn add_chain(&mut self, stale_retries: u32, gave_up: bool, duration_ns: u64) {
-        if stale_retries == 0 {
-            return;
-        }
-        self.loops += 1;
-        self.retries += u64::from(stale_retries);
-        if gave_up {
-            self.gave_up += 1;
-            self.given_up_ns += duration_ns;
-        }
+tally! {
+    /// Retry loops that retried with a sequence already stale: loops that cannot succeed.
+    pub struct StaleLoops {
+        /// Loops with at least one stale-sequence retry.
+        pub loops,
+        /// Their stale-sequence retries.
+        pub retries,
+        /// … of those loops, how many the driver gave up (timed out, or dropped its notifier).
+        pub gave_up,
+        /// The time those given-up loops lasted: the driver's timeout windows, lost.
+        pub given_up_ns,
     }
 }
 
-impl std::ops::AddAssign for StaleLoops {
-    fn add_assign(&mut self, o: Self) {
-        self.loops += o.loops;
-        self.retries += o.retries;
-        self.gave_up += o.gave_up;
-        self.given_up_ns += o.given_up_ns;
+impl StaleLoops {
+    pub fn add_chain(&mut self, chain: &Chain) {
+        if chain.stale_retries == 0 {
+            return;
+        }
+        self.loops += 1;
+        self.retries += u64::from(chain.stale_retries);
+        if chain.end.is_timeout() {
+            self.gave_up += 1;
+            self.given_up_ns += chain.duration_ns();
+        }
     }
 }
 

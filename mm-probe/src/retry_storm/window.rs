@@ -111,7 +111,7 @@ impl Window {
         let bucket = Log2Histogram::bucket_of(u64::from(chain.walks)).min(CHAIN_LENGTH_BUCKETS - 1);
         self.chain_lengths[bucket] += 1;
         let _ = self.chain_ns.record(chain.duration_ns().max(1));
-        self.stale_loops.add_chain(chain.stale_retries, chain.end.is_timeout(), chain.duration_ns());
+        self.stale_loops.add_chain(chain);
     }
 
     pub fn add_invalidation(&mut self, invalidation: &Invalidation) {
@@ -182,11 +182,7 @@ impl Window {
         self.busy_causes += other.busy_causes;
         self.max_false_sharing_interval_bytes =
             self.max_false_sharing_interval_bytes.max(other.max_false_sharing_interval_bytes);
-        let o = &other.overlap;
-        self.overlap.walked_range += o.walked_range;
-        self.overlap.notifier_interval_only += o.notifier_interval_only;
-        self.overlap.outside_notifiers += o.outside_notifiers;
-        self.overlap.no_walk_running += o.no_walk_running;
+        self.overlap += other.overlap;
         add_buckets(&mut self.callback_ns, &other.callback_ns);
         add_buckets(&mut self.window_ns, &other.window_ns);
         add_buckets(&mut self.kvm_sizes, &other.kvm_sizes);

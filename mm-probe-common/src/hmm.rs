@@ -113,6 +113,9 @@ slots! {
         /// read_begin calls not counted by caller because [`READ_BEGINS_MAP`] was full (the
         /// total in `ReadBegins` stays exact).
         ReadBeginsMapFull,
+        /// -EBUSY returns of stale-sequence retries ([`SeqState::StaleRetry`]): exact even when
+        /// walk events are lost.
+        StaleRetries,
     }
 }
 
@@ -234,6 +237,9 @@ pub enum SeqState {
     /// The notifier's sequence had already moved past the walk's: the walk fails whatever
     /// happens during it (hmm_range_fault checks the sequence before it walks).
     Stale = 2,
+    /// Stale, and a retry: the same thread's previous walk failed on the same notifier with
+    /// this very sequence, so the driver did not take a new one. Set at the walk's return.
+    StaleRetry = 3,
 }
 
 impl SeqState {
@@ -241,6 +247,7 @@ impl SeqState {
         match value {
             1 => Self::Current,
             2 => Self::Stale,
+            3 => Self::StaleRetry,
             _ => Self::Unread,
         }
     }
@@ -278,6 +285,15 @@ pub struct WalkStash {
     pub _pad: u32,
 }
 
+/// Per-thread: the notifier and sequence of the thread's last walk, when it failed with a
+/// sequence read at its entry (absent after a walk that did not fail).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailedSeq {
+    pub notifier: u64,
+    pub seq: u64,
+}
+
 /// Per-thread: the last mmu_interval_read_begin().
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -286,4 +302,4 @@ pub struct SeqBegin {
     pub notifier: u64,
 }
 
-crate::user_pod!(HmmEvent, ReadBeginKey, Stash, WalkStash, SeqBegin);
+crate::user_pod!(HmmEvent, ReadBeginKey, Stash, WalkStash, FailedSeq, SeqBegin);

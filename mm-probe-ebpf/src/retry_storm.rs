@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::hmm::{
-    COUNTER_SLOTS, Counter, EBUSY, EventKind, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS, NOTIFIER_EVENTS,
-    NotifierEvent, ReadBeginKey, SeqBegin, SeqState, Stash, WALK_RING_BYTES, WalkStash,
+    COUNTER_SLOTS, Counter, EBUSY, EventKind, FailedSeq, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS,
+    NOTIFIER_EVENTS, NotifierEvent, ReadBeginKey, SeqBegin, SeqState, Stash, WALK_RING_BYTES, WalkStash,
 };
 use mm_probe_common::ring_wakeup_bytes;
 
@@ -60,6 +60,8 @@ static HMM_TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
 static HMM_MIRRORED_MMS: LruHashMap<u64, u32> = LruHashMap::with_max_entries(1024, 0);
 #[map]
 static HMM_WALK_STASH: LruHashMap<u32, WalkStash> = LruHashMap::with_max_entries(THREADS, 0);
+#[map]
+static HMM_LAST_FAILED: LruHashMap<u32, FailedSeq> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
 static HMM_SEQ_BEGIN: LruHashMap<u32, SeqBegin> = LruHashMap::with_max_entries(THREADS, 0);
 #[map]
@@ -191,8 +193,12 @@ fn walk_return(range: u64, ret: i32) -> u32 {
     count(Counter::Walks);
     if ret == -EBUSY {
         count(Counter::WalkBusy);
-    } else if ret != 0 {
-        count(Counter::WalkErrors);
+    } else {
+        // The loop ended (success or a hard error): the next failure starts a new one.
+        let _ = HMM_LAST_FAILED.remove(pid);
+        if ret != 0 {
+            count(Counter::WalkErrors);
+        }
     }
     let mut event = blank_event(EventKind::Walk, now);
     event.code = ret;
@@ -221,9 +227,31 @@ fn walk_return(range: u64, ret: i32) -> u32 {
     {
         event.seq_begin_ns = begin.ts_ns;
     }
+    if ret == -EBUSY && mark_stale_retry(pid, &mut event) {
+        count(Counter::StaleRetries);
+    }
     mark_mirrored(event.mm, tgid);
     emit(event);
     0
+}
+
+/// Whether a failed walk is a stale-sequence retry: stale at entry, with the notifier and
+/// sequence of the same thread's previous walk, which failed too (the driver did not call
+/// read_begin again). Marks the event, and remembers this failure for the thread's next walk.
+#[inline(always)]
+fn mark_stale_retry(pid: u32, event: &mut HmmEvent) -> bool {
+    let this = FailedSeq { notifier: event.notifier, seq: event.seq };
+    let previous = unsafe { HMM_LAST_FAILED.get(pid) }.copied();
+    let retry = event.seq_state == SeqState::Stale as u32 && previous == Some(this);
+    if retry {
+        event.seq_state = SeqState::StaleRetry as u32;
+    }
+    let _ = if event.seq_state == SeqState::Unread as u32 {
+        HMM_LAST_FAILED.remove(pid)
+    } else {
+        HMM_LAST_FAILED.insert(pid, this, 0)
+    };
+    retry
 }
 
 #[inline(always)]

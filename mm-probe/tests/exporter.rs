@@ -108,6 +108,8 @@ fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
         |probe: &str| served.iter().any(|s| s.labels.get("probe").is_some_and(|p| p == probe) && s.value == 1.0);
     let has = |family: &str| served.iter().any(|s| s.name == family);
     assert_eq!(has("mm_probe_hmm_range_fault_returns_total"), attached("hmm_range_fault walk"), "{classic}");
+    // Every kernel that can walk has both sequences in its BTF (5.10+).
+    assert_eq!(has("mm_probe_hmm_stale_sequence_retries_total"), attached("hmm_range_fault walk"), "{classic}");
     let thp_never =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|m| m.contains("[never]"));
     if attached("THP allow-check") && !thp_never {

@@ -49,6 +49,7 @@ const CONTRACT: &[Metric] = &[
     histogram("mm_probe_function_duration_seconds", &["function"]),
     metric("mm_probe_function_calls_over_threshold_total", &["function"]),
     metric("mm_probe_hmm_range_fault_returns_total", &["result"]),
+    metric("mm_probe_hmm_stale_sequence_retries_total", &[]),
     metric("mm_probe_mmu_invalidations_total", &["event"]),
     histogram("mm_probe_mmu_invalidation_callback_seconds", &[]),
     metric("mm_probe_kvm_mmu_notifier_events_total", &["event"]),

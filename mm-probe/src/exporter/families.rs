@@ -67,6 +67,15 @@ impl Collector for Families {
             "hmm_range_fault() returns by result: ok, ebusy (the range was invalidated: the caller retries), other_error.",
             &s.hmm_range_fault_returns,
         )?;
+        if let Some(stale) = s.hmm_stale_retries {
+            let family = encoder.encode_descriptor(
+                "mm_probe_hmm_stale_sequence_retries",
+                "hmm_range_fault() -EBUSY returns of retries with the sequence their previous failure already had: loops that cannot succeed.",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(stale).encode(family)?;
+        }
         counters(
             &mut encoder,
             "mm_probe_mmu_invalidations",

@@ -128,6 +128,8 @@ pub struct Snapshot {
     /// (function, duration histogram, calls over the threshold), attached slots only.
     pub function_durations: Vec<(String, Histogram, u64)>,
     pub hmm_range_fault_returns: Vec<Series>,
+    /// Retries of a stale sequence, where the walks' sequences are readable.
+    pub hmm_stale_retries: Option<u64>,
     pub mmu_invalidations: Vec<Series>,
     pub mmu_invalidation_callback: Option<Histogram>,
     pub kvm_notifier_events: Vec<Series>,

@@ -155,9 +155,9 @@ impl Collector {
 
     pub fn on_raw(&mut self, raw: &HmmEvent) {
         match decode(raw) {
-            Some(Event::Walk(mut walk)) => {
+            Some(Event::Walk(walk)) => {
                 self.current.add_walk(&walk);
-                if let Some(chain) = self.chains.walk(&mut walk) {
+                if let Some(chain) = self.chains.walk(&walk) {
                     self.current.add_chain(&chain);
                 }
                 self.overlap.add_walk(walk);

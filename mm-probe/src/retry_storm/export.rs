@@ -81,6 +81,7 @@ impl Reader for RetryStormReader {
                 Series::new(&[("result", "ebusy")], ebusy),
                 Series::new(&[("result", "other_error")], other),
             ];
+            snapshot.hmm_stale_retries = self.seen.sequences.then(|| c.get(names::Counter::StaleRetries));
         }
         if self.seen.invalidations {
             snapshot.mmu_invalidations = totals

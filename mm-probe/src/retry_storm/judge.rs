@@ -86,18 +86,17 @@ pub struct Evidence {
     pub callback_p99_ns: Option<u64>,
     /// /proc/sys/kernel/numa_balancing, when readable.
     pub numa_balancing: Option<String>,
-    /// Streamed walks whose sequence was read at entry.
-    pub sequences_read: u64,
+    /// -EBUSY returns of stale-sequence retries (kernel counter); `None` where the walks'
+    /// sequences cannot be read.
+    pub stale_retries: Option<u64>,
+    /// The loops that ended in this window with stale retries.
     pub stale_loops: StaleLoops,
 }
 
 impl Evidence {
-    /// Stale-sequence retries ÷ failed walks; unknown when no walk's sequence could be read.
+    /// Stale-sequence retries ÷ failed walks; unknown where the sequences cannot be read.
     fn stale_retry_share(&self) -> Option<f64> {
-        if self.sequences_read == 0 {
-            return None;
-        }
-        Some(ratio(self.stale_loops.retries, self.busy_walks).unwrap_or(0.0))
+        self.stale_retries.map(|stale| ratio(stale, self.busy_walks).unwrap_or(0.0))
     }
 }
 
@@ -163,7 +162,7 @@ fn unseen(metric: Metric, e: &Evidence) -> &'static str {
             "no invalidation of a mirrored mm was seen"
         }
         Metric::AvgLatency | Metric::StaleRetries if e.walks == 0 => "no mirror walk (hmm_range_fault) was seen",
-        Metric::StaleRetries => "no walk's sequence could be read at its entry (entry missed, or no BTF offsets)",
+        Metric::StaleRetries => "the walks' sequences are not readable on this kernel (no BTF offsets)",
         _ => verdict::NOTHING_SEEN,
     }
 }
@@ -175,12 +174,13 @@ fn percent(value: Option<f64>) -> String {
 fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
     let mut advice = Vec::new();
     let stale = &e.stale_loops;
-    if stale.retries > 0 {
+    let stale_retries = e.stale_retries.unwrap_or(0);
+    if stale_retries > 0 {
         advice.push(Advice {
             cause: Cause::StaleSequence,
             evidence: format!(
-                "the driver retries with a stale sequence: this loop cannot succeed. {} of {} failed walks reused the sequence of an earlier failed walk of their loop, already stale when they began; {} loops, {} given up after {} in all",
-                stale.retries,
+                "the driver retries with a stale sequence: this loop cannot succeed. {} of {} failed walks reused the sequence of an earlier failed walk of their loop, already stale when they began; {} such loops ended, {} given up after {} in all",
+                stale_retries,
                 e.busy_walks,
                 stale.loops,
                 stale.gave_up,
@@ -351,7 +351,7 @@ mod tests {
             busy_walks: 990,
             invalidations: 2,
             retry_rate: Some(0.01),
-            sequences_read: 1000,
+            stale_retries: Some(900),
             stale_loops,
             ..Evidence::default()
         };
@@ -366,15 +366,15 @@ mod tests {
 
     #[test]
     fn live_collisions_are_never_called_stale_and_unread_sequences_are_unknown() {
-        let e = Evidence { walks: 10, busy_walks: 5, sequences_read: 10, ..Evidence::default() };
+        let e = Evidence { walks: 10, busy_walks: 5, stale_retries: Some(0), ..Evidence::default() };
         let v = judge(&e, &Thresholds::default());
         assert_eq!(verdict::level_of(&v.metrics, Metric::StaleRetries), Level::Ok);
         assert!(v.advice.iter().all(|a| a.cause != Cause::StaleSequence));
-        let unread = Evidence { sequences_read: 0, ..e };
+        let unread = Evidence { stale_retries: None, ..e };
         let v = judge(&unread, &Thresholds::default());
         let stale = v.metrics.iter().find(|m| m.metric == Metric::StaleRetries).unwrap();
         assert_eq!(stale.level, Level::Unknown);
-        assert!(stale.unknown_because.as_deref().unwrap().contains("sequence could be read"));
+        assert!(stale.unknown_because.as_deref().unwrap().contains("sequences are not readable"));
     }
 
     #[test]

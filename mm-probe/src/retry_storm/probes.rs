@@ -4,12 +4,12 @@
 //! 6.18: docs/kernel-facts.md, "MMU-notifier invalidations"), so each has a fentry/fexit candidate and a kprobe/kretprobe fallback; KVM's own
 //! tracepoints add the secondary-MMU view where kvm is loaded.
 
-use mm_probe_common::hmm as names;
+use mm_probe_common::{hmm as names, layout as layout_names};
 
 use super::report::{Observability, Statement};
 use crate::{
     function_probe,
-    kernel::Kernel,
+    kernel::{Kernel, layout::Layout},
     probes::{GlobalValue, LogicalProbe, Plan, Target},
     tracepoint_probe,
 };
@@ -84,6 +84,14 @@ fn has_hmm(kernel: &Kernel) -> bool {
         || kernel.kallsyms().ok().and_then(|k| k.resolve("hmm_range_fault")).is_some()
 }
 
+/// Whether both sequences the stale-sequence check compares have offsets on this kernel.
+fn reads_sequences(kernel: &Kernel) -> bool {
+    let Ok(btf) = kernel.btf() else { return false };
+    [layout_names::HMM_RANGE_NOTIFIER_SEQ, layout_names::INTERVAL_NOTIFIER_INVALIDATE_SEQ]
+        .iter()
+        .all(|global| Layout::offset_in(btf, global).is_some())
+}
+
 /// Reads the plan into what can be observed, with a plain sentence for each gap.
 pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     let mut seen = Observability {
@@ -94,8 +102,10 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         invalidation_ends: plan.is_attached(INVALIDATE_END_PROBE),
         kvm_unmap: plan.is_attached(KVM_UNMAP_PROBE),
         kvm_age: plan.is_attached(KVM_AGE_PROBE),
+        sequences: false,
         statements: Vec::new(),
     };
+    seen.sequences = seen.walks && reads_sequences(kernel);
     let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
     let note =
         |subject: &str, why: Option<String>, cost: &str| Statement { subject: subject.into(), why, cost: cost.into() };
@@ -113,6 +123,13 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
             "mmu_interval_read_begin is not observable",
             why(READ_BEGIN_PROBE),
             "walk windows start at walk entry and sequence starts are not counted.",
+        ));
+    }
+    if seen.walks && !seen.sequences {
+        seen.statements.push(note(
+            "the walks' sequences are not readable",
+            Some("hmm_range.notifier_seq or mmu_interval_notifier.invalidate_seq is not in this kernel's BTF".into()),
+            "retries that cannot succeed (a stale sequence) cannot be told from live collisions.",
         ));
     }
     if !seen.notifier_removes && seen.walks {

@@ -77,6 +77,8 @@ pub struct Observability {
     pub invalidation_ends: bool,
     pub kvm_unmap: bool,
     pub kvm_age: bool,
+    /// Walks' sequences are read at their entry (the stale-sequence check can decide).
+    pub sequences: bool,
     /// What could not be observed, what that costs, and why.
     pub statements: Vec<Statement>,
 }
@@ -108,6 +110,9 @@ pub struct WalkMetrics {
     pub busy_causes: CauseTally,
     /// Streamed walks whose sequence was read at entry (the stale-sequence check needs it).
     pub sequences_read: u64,
+    /// -EBUSY returns of stale-sequence retries (kernel counter: exact even if events were
+    /// lost); null where the walks' sequences cannot be read on this kernel.
+    pub stale_retries: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -276,6 +281,7 @@ pub(crate) mod tests {
                 failed_walk_share: Some(0.4),
                 busy_causes: CauseTally { true_conflict: 1, false_sharing: 1, ..CauseTally::default() },
                 sequences_read: 3,
+                stale_retries: Some(0),
             }),
             retry_rate: Some(RetryRate { ebusy_per_invalidation: Some(0.2), ebusy_per_walk: Some(0.66) }),
             retry_loops: Some(ChainMetrics {

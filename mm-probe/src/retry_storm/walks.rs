@@ -39,10 +39,12 @@
 //!
 //! hmm_range_fault() checks the walk's sequence against the notifier's before it walks, so a
 //! walk that starts with a sequence the notifier has already moved past fails whatever happens
-//! during it. The kernel program reads both at entry. A retry that fails so with the very
-//! sequence an earlier failed walk of its loop used is a *stale-sequence retry*: the driver did
-//! not call read_begin again, and its loop cannot succeed until it gives up. The first failed
-//! walk of such a loop is judged as any other (its invalidation came during its window).
+//! during it. The kernel program reads both at entry, and calls a failed walk a *stale-sequence
+//! retry* when it was stale so and carries the notifier and sequence of the same thread's
+//! previous walk, which failed too: the driver did not call read_begin again, and its loop
+//! cannot succeed until it gives up. The kernel counts them exactly (`Counter::StaleRetries`)
+//! and marks their records; here they count per loop, and blame no invalidation. The first
+//! failed walk of such a loop is judged as any other (its invalidation came during its window).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -75,8 +77,8 @@ pub struct Walk {
     pub seq: Option<u64>,
     /// The notifier's sequence had moved past the walk's before the walk began.
     pub stale_at_entry: bool,
-    /// A failed retry with the sequence of an earlier failed walk of its loop, stale at entry
-    /// (set by [`ChainJoiner::walk`]).
+    /// A failed retry with the sequence of the thread's previous failed walk, stale at entry
+    /// (the kernel's [`SeqState::StaleRetry`]).
     pub stale_retry: bool,
 }
 
@@ -150,8 +152,8 @@ pub fn decode(raw: &HmmEvent) -> Option<Event> {
             end: raw.end,
             interval: (raw.interval_last != 0).then_some((raw.interval_start, raw.interval_last)),
             seq: (SeqState::from_u32(raw.seq_state) != SeqState::Unread).then_some(raw.seq),
-            stale_at_entry: SeqState::from_u32(raw.seq_state) == SeqState::Stale,
-            stale_retry: false,
+            stale_at_entry: matches!(SeqState::from_u32(raw.seq_state), SeqState::Stale | SeqState::StaleRetry),
+            stale_retry: SeqState::from_u32(raw.seq_state) == SeqState::StaleRetry,
         })),
         EventKind::Invalidate => Some(Event::Invalidate(Invalidation {
             pid: raw.pid,
@@ -202,11 +204,8 @@ pub struct Chain {
     pub busy_walks: u32,
     /// Time spent inside walks that returned -EBUSY: work thrown away.
     pub failed_walk_ns: u64,
-    /// Failed walks that retried with the sequence of an earlier failed walk of this loop.
+    /// Its stale-sequence retries.
     pub stale_retries: u32,
-    /// The thread and sequence of the loop's last failed walk, when read: a retry is stale only
-    /// on the thread that already failed with it (two threads can read one sequence).
-    pub last_failed: Option<(u32, u64)>,
     pub end: ChainEnd,
 }
 
@@ -232,9 +231,8 @@ impl ChainJoiner {
         self.open.len()
     }
 
-    /// Adds a walk (in the order the walker's thread made them), marking it a stale-sequence
-    /// retry when it is one; returns the chain it ended.
-    pub fn walk(&mut self, walk: &mut Walk) -> Option<Chain> {
+    /// Adds a walk (in the order the walker's thread made them); returns the chain it ended.
+    pub fn walk(&mut self, walk: &Walk) -> Option<Chain> {
         let key = (walk.tgid, walk.notifier);
         let chain = self.open.entry(key).or_insert_with(|| Chain {
             tgid: walk.tgid,
@@ -246,7 +244,6 @@ impl ChainJoiner {
             busy_walks: 0,
             failed_walk_ns: 0,
             stale_retries: 0,
-            last_failed: None,
             end: ChainEnd::Unfinished,
         });
         chain.walks += 1;
@@ -254,10 +251,7 @@ impl ChainJoiner {
         let end = if walk.busy() {
             chain.busy_walks += 1;
             chain.failed_walk_ns += walk.duration_ns.unwrap_or(0);
-            let this = walk.seq.map(|seq| (walk.pid, seq));
-            walk.stale_retry = walk.stale_at_entry && this.is_some() && this == chain.last_failed;
             chain.stale_retries += u32::from(walk.stale_retry);
-            chain.last_failed = this;
             (chain.duration_ns() >= self.timeout_ns).then_some(ChainEnd::TimedOut)
         } else if walk.ret == 0 {
             Some(ChainEnd::Success)

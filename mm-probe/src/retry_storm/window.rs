@@ -243,6 +243,7 @@ impl Snapshot {
             failed_walk_share: ratio(window.busy_walk_ns, window.walk_ns_total),
             busy_causes: window.busy_causes,
             sequences_read: window.sequences_read,
+            stale_retries: seen.sequences.then(|| c.get(Counter::StaleRetries)),
         });
         let retry_rate = seen.walks.then(|| RetryRate {
             ebusy_per_invalidation: if seen.invalidations { ratio(busy, invalidations) } else { None },
@@ -290,7 +291,7 @@ impl Snapshot {
             mean_walk_bytes: walks.as_ref().and_then(|w| w.mean_bytes),
             true_conflicts: window.busy_causes.true_conflict,
             false_sharing: window.busy_causes.false_sharing,
-            sequences_read: window.sequences_read,
+            stale_retries: walks.as_ref().and_then(|w| w.stale_retries),
             stale_loops: window.stale_loops,
             notifier_interval_bytes: (window.max_false_sharing_interval_bytes > 0)
                 .then_some(window.max_false_sharing_interval_bytes),

@@ -21,7 +21,7 @@ mod records {
             interval_start: 0x7f00_0000_0000,
             interval_last: 0x7f00_03ff_ffff,
             seq: 6,
-            seq_state: SeqState::Current as u32,
+            seq_state: SeqState::StaleRetry as u32,
             _pad: 0,
             comm,
         }
@@ -38,6 +38,18 @@ mod records {
         assert_eq!(w.bytes(), 2 << 20);
         assert_eq!(w.interval, Some((0x7f00_0000_0000, 0x7f00_03ff_ffff)));
         assert_eq!(w.comm, "madv-storm");
+        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (Some(6), true, true));
+    }
+
+    #[test]
+    fn a_sequence_not_read_is_no_claim_either_way() {
+        let mut r = raw(EventKind::Walk);
+        r.seq_state = SeqState::Unread as u32;
+        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (None, false, false));
+        r.seq_state = SeqState::Current as u32;
+        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (Some(6), false, false));
     }
 
     #[test]
@@ -89,9 +101,9 @@ mod chains {
     #[test]
     fn busy_walks_then_success_make_one_chain() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY)).is_none());
-        assert!(j.walk(&mut walk(1, 0xa, 10, 20, -EBUSY)).is_none());
-        let chain = j.walk(&mut walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
+        assert!(j.walk(&walk(1, 0xa, 0, 10, -EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 10, 20, -EBUSY)).is_none());
+        let chain = j.walk(&walk(1, 0xa, 20, 30, 0)).expect("success ends the chain");
         assert_eq!(chain.end, ChainEnd::Success);
         assert_eq!((chain.walks, chain.busy_walks), (3, 2));
         assert_eq!(chain.first_ns, 0);
@@ -103,11 +115,11 @@ mod chains {
     #[test]
     fn chains_are_per_process_and_notifier() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY));
-        j.walk(&mut walk(2, 0xa, 0, 10, -EBUSY));
-        j.walk(&mut walk(1, 0xb, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(2, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 10, -EBUSY));
         assert_eq!(j.open_chains(), 3);
-        let chain = j.walk(&mut walk(2, 0xa, 10, 20, 0)).unwrap();
+        let chain = j.walk(&walk(2, 0xa, 10, 20, 0)).unwrap();
         assert_eq!((chain.tgid, chain.notifier, chain.walks), (2, 0xa, 2));
         assert_eq!(j.open_chains(), 2);
     }
@@ -115,20 +127,20 @@ mod chains {
     #[test]
     fn a_busy_walk_past_the_timeout_ends_the_chain_as_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        assert!(j.walk(&mut walk(1, 0xa, 0, 600, -EBUSY)).is_none());
-        let chain = j.walk(&mut walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
+        assert!(j.walk(&walk(1, 0xa, 0, 600, -EBUSY)).is_none());
+        let chain = j.walk(&walk(1, 0xa, 600, 1000, -EBUSY)).expect("timeout ends it");
         assert_eq!(chain.end, ChainEnd::TimedOut);
         assert!(chain.end.is_timeout());
         // The driver's next call starts a fresh chain.
-        assert!(j.walk(&mut walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
+        assert!(j.walk(&walk(1, 0xa, 1001, 1002, -EBUSY)).is_none());
         assert_eq!(j.open_chains(), 1);
     }
 
     #[test]
     fn removing_the_notifier_of_a_failing_chain_means_it_gave_up() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&mut walk(1, 0xa, 0, 999, -EBUSY));
-        j.walk(&mut walk(1, 0xb, 0, 5, -EBUSY));
+        j.walk(&walk(1, 0xa, 0, 999, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 5, -EBUSY));
         let ended = j.notifier_removed(0xa);
         assert_eq!(ended.len(), 1);
         assert_eq!(ended[0].end, ChainEnd::GaveUp);
@@ -140,7 +152,7 @@ mod chains {
     #[test]
     fn a_hard_error_ends_the_chain_and_is_not_a_timeout() {
         let mut j = ChainJoiner::new(1000 * MS);
-        let chain = j.walk(&mut walk(1, 0xa, 0, 1, -14)).unwrap();
+        let chain = j.walk(&walk(1, 0xa, 0, 1, -14)).unwrap();
         assert_eq!(chain.end, ChainEnd::Error(-14));
         assert!(!chain.end.is_timeout());
     }
@@ -148,46 +160,25 @@ mod chains {
     #[test]
     fn finishing_leaves_open_chains_unfinished_not_timed_out() {
         let mut j = ChainJoiner::new(1000 * MS);
-        j.walk(&mut walk(1, 0xa, 0, 10, -EBUSY));
-        j.walk(&mut walk(1, 0xb, 0, 999, -EBUSY));
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        j.walk(&walk(1, 0xb, 0, 999, -EBUSY));
         let ended = j.finish();
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|c| c.end == ChainEnd::Unfinished && !c.end.is_timeout()));
         assert_eq!(j.open_chains(), 0);
     }
 
-    fn with_seq(mut w: Walk, pid: u32, seq: u64, stale_at_entry: bool) -> Walk {
-        w.pid = pid;
-        w.seq = Some(seq);
-        w.stale_at_entry = stale_at_entry;
-        w
-    }
-
     #[test]
-    fn a_retry_with_the_stale_sequence_of_its_loop_is_told_apart() {
+    fn a_loop_counts_the_stale_retries_the_kernel_marked() {
         let mut j = ChainJoiner::new(1000 * MS);
-        // A live collision: the sequence was current when the walk began.
-        let mut first = with_seq(walk(1, 0xa, 0, 10, -EBUSY), 1, 6, false);
-        j.walk(&mut first);
-        assert!(!first.stale_retry);
-        // The same sequence again, already stale at entry: the driver did not read it again.
-        let mut again = with_seq(walk(1, 0xa, 10, 11, -EBUSY), 1, 6, true);
-        j.walk(&mut again);
-        assert!(again.stale_retry);
-        // Stale at entry with a fresh sequence: an invalidation between read_begin and the walk.
-        let mut fresh = with_seq(walk(1, 0xa, 11, 12, -EBUSY), 1, 8, true);
-        j.walk(&mut fresh);
-        assert!(!fresh.stale_retry);
-        // Another thread that read the same sequence is not retrying this thread's.
-        let mut other_thread = with_seq(walk(1, 0xa, 12, 13, -EBUSY), 2, 8, true);
-        j.walk(&mut other_thread);
-        assert!(!other_thread.stale_retry);
-        let mut unread = walk(1, 0xa, 13, 14, -EBUSY);
-        unread.stale_at_entry = true;
-        j.walk(&mut unread);
-        assert!(!unread.stale_retry, "no sequence read, no claim");
-        let chain = j.walk(&mut walk(1, 0xa, 14, 15, 0)).unwrap();
-        assert_eq!(chain.stale_retries, 1);
+        j.walk(&walk(1, 0xa, 0, 10, -EBUSY));
+        for at in 10..13 {
+            let mut retry = walk(1, 0xa, at, at + 1, -EBUSY);
+            retry.stale_retry = true;
+            j.walk(&retry);
+        }
+        let chain = j.walk(&walk(1, 0xa, 13, 14, 0)).unwrap();
+        assert_eq!((chain.walks, chain.busy_walks, chain.stale_retries), (5, 4, 3));
     }
 
     #[test]
@@ -195,7 +186,7 @@ mod chains {
         let mut j = ChainJoiner::new(1000 * MS);
         let mut w = walk(1, 0xa, 5, 10, 0);
         w.seq_begin_ns = None;
-        let chain = j.walk(&mut w).unwrap();
+        let chain = j.walk(&w).unwrap();
         assert_eq!(chain.first_ns, 5 * MS + 1);
     }
 }

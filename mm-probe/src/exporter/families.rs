@@ -51,15 +51,12 @@ impl Collector for Families {
             "Time from sched_wakeup to the sched_switch that ran the task (real-time tasks unless -p or --all-tasks).",
             s.wakeup_latency.as_ref(),
         )?;
-        if let Some(over) = s.wakeups_over_threshold {
-            let family = encoder.encode_descriptor(
-                "mm_probe_wakeups_over_threshold",
-                "Wakeups slower than --threshold.",
-                None,
-                MetricType::Counter,
-            )?;
-            ConstCounter::new(over).encode(family)?;
-        }
+        counter(
+            &mut encoder,
+            "mm_probe_wakeups_over_threshold",
+            "Wakeups slower than --threshold.",
+            s.wakeups_over_threshold,
+        )?;
         function_durations(&mut encoder, s)?;
         counters(
             &mut encoder,
@@ -67,15 +64,12 @@ impl Collector for Families {
             "hmm_range_fault() returns by result: ok, ebusy (the range was invalidated: the caller retries), other_error.",
             &s.hmm_range_fault_returns,
         )?;
-        if let Some(stale) = s.hmm_stale_retries {
-            let family = encoder.encode_descriptor(
-                "mm_probe_hmm_stale_sequence_retries",
-                "hmm_range_fault() -EBUSY returns of retries with the sequence their previous failure already had: loops that cannot succeed.",
-                None,
-                MetricType::Counter,
-            )?;
-            ConstCounter::new(stale).encode(family)?;
-        }
+        counter(
+            &mut encoder,
+            "mm_probe_hmm_stale_sequence_retries",
+            "hmm_range_fault() -EBUSY returns of retries with the sequence their previous failure already had: loops that cannot succeed.",
+            s.hmm_stale_retries,
+        )?;
         counters(
             &mut encoder,
             "mm_probe_mmu_invalidations",
@@ -154,6 +148,12 @@ fn counters<V: EncodeCounterValue + Copy + std::fmt::Debug>(
         ConstCounter::new(s.value).encode(family.encode_family(&s.labels)?)?;
     }
     Ok(())
+}
+
+/// A counter family of one unlabelled series, absent where nothing was measured.
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: Option<u64>) -> Result<(), std::fmt::Error> {
+    let Some(value) = value else { return Ok(()) };
+    ConstCounter::new(value).encode(encoder.encode_descriptor(name, help, None, MetricType::Counter)?)
 }
 
 fn gauges(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: &[Series]) -> Result<(), std::fmt::Error> {

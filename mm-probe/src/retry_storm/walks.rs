@@ -75,8 +75,6 @@ pub struct Walk {
     pub interval: Option<(u64, u64)>,
     /// The walk's sequence, when its entry was seen and BTF gave both sequences' offsets.
     pub seq: Option<u64>,
-    /// The notifier's sequence had moved past the walk's before the walk began.
-    pub stale_at_entry: bool,
     /// A failed retry with the sequence of the thread's previous failed walk, stale at entry
     /// (the kernel's [`SeqState::StaleRetry`]).
     pub stale_retry: bool,
@@ -152,7 +150,6 @@ pub fn decode(raw: &HmmEvent) -> Option<Event> {
             end: raw.end,
             interval: (raw.interval_last != 0).then_some((raw.interval_start, raw.interval_last)),
             seq: (SeqState::from_u32(raw.seq_state) != SeqState::Unread).then_some(raw.seq),
-            stale_at_entry: matches!(SeqState::from_u32(raw.seq_state), SeqState::Stale | SeqState::StaleRetry),
             stale_retry: SeqState::from_u32(raw.seq_state) == SeqState::StaleRetry,
         })),
         EventKind::Invalidate => Some(Event::Invalidate(Invalidation {

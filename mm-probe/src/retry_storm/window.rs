@@ -426,7 +426,6 @@ mod tests {
             end: 4096,
             interval: None,
             seq: None,
-            stale_at_entry: false,
             stale_retry: false,
         };
         let mut a = Window::new(0);

@@ -38,7 +38,7 @@ mod records {
         assert_eq!(w.bytes(), 2 << 20);
         assert_eq!(w.interval, Some((0x7f00_0000_0000, 0x7f00_03ff_ffff)));
         assert_eq!(w.comm, "madv-storm");
-        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (Some(6), true, true));
+        assert_eq!((w.seq, w.stale_retry), (Some(6), true));
     }
 
     #[test]
@@ -46,10 +46,10 @@ mod records {
         let mut r = raw(EventKind::Walk);
         r.seq_state = SeqState::Unread as u32;
         let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
-        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (None, false, false));
+        assert_eq!((w.seq, w.stale_retry), (None, false));
         r.seq_state = SeqState::Current as u32;
         let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
-        assert_eq!((w.seq, w.stale_at_entry, w.stale_retry), (Some(6), false, false));
+        assert_eq!((w.seq, w.stale_retry), (Some(6), false));
     }
 
     #[test]
@@ -93,7 +93,6 @@ mod chains {
             end: 2 << 20,
             interval: None,
             seq: None,
-            stale_at_entry: false,
             stale_retry: false,
         }
     }
@@ -213,7 +212,6 @@ mod overlaps {
             end,
             interval: Some((0, 64 * MIB - 1)),
             seq: None,
-            stale_at_entry: false,
             stale_retry: false,
         }
     }

@@ -65,8 +65,8 @@ pub const FUNC_SPIKES_RING: &str = "LAT_FUNC_SPIKES";
 pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
 /// Per-CPU ring of the last run slices ([`CpuSlices`]).
 pub const SLICES_MAP: &str = "LAT_SLICES";
-/// Per-CPU last long stay ([`LongStay`]).
-pub const LONG_STAY_MAP: &str = "LAT_LONG_STAY";
+/// Per-CPU last long stays ([`LongStays`]).
+pub const LONG_STAYS_MAP: &str = "LAT_LONG_STAYS";
 /// Slot 0 set to 1 once a function probe is attached.
 pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
 
@@ -243,12 +243,10 @@ pub struct CpuSlices {
 /// fault inside a syscall, under the tracepoint's own frames) stay well under it.
 pub const LONG_STAY_FRAMES: usize = 40;
 
-/// What the last task to stay long on a CPU was doing when it left (value of the per-CPU
-/// [`LONG_STAY_MAP`]). A stay counts as long from half the threshold: a task that held the CPU
-/// through most of a wait over the threshold stayed that long, so when another task switched
-/// away last, the holder's stack and syscall are still here, without a stack-map entry per
-/// stay. A shorter long stay that begins within the kept one's length of its end (a stopper
-/// or kernel thread run between the holder and the woken task) does not replace it.
+/// What a task that stayed long on a CPU was doing when it left. A stay counts as long from
+/// half the threshold: a task that held the CPU through most of a wait over the threshold
+/// stayed that long, so when another task switched away last, the holder's stack and syscall
+/// are still kept, without a stack-map entry per stay.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct LongStay {
@@ -274,6 +272,20 @@ impl Default for LongStay {
             frames: [0; LONG_STAY_FRAMES],
         }
     }
+}
+
+/// Long stays remembered per CPU: the holder's, and one more that may follow it within the
+/// same wait (a stopper or kernel thread that ran long between the holder and the woken task).
+/// Kept without judgement: user space picks the holder's. A power of two (masked index).
+pub const LONG_STAYS: usize = 2;
+
+/// The last [`LONG_STAYS`] long stays of one CPU (value of the per-CPU [`LONG_STAYS_MAP`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LongStays {
+    /// Stays written so far: stay `n` is at index `n % LONG_STAYS`.
+    pub written: u64,
+    pub stays: [LongStay; LONG_STAYS],
 }
 
 /// A wakeup over the threshold, sent at the sched_switch that finally ran the task.
@@ -305,8 +317,8 @@ pub struct WakeupSpike {
     /// The run CPU's last slices at the switch (the newest is `prev`'s, just closed): user
     /// space keeps those overlapping the wait to see who held the CPU during it.
     pub slices: CpuSlices,
-    /// This CPU's last long stay at the switch (the holder's context when it was not `prev`).
-    pub long_stay: LongStay,
+    /// This CPU's last long stays at the switch (the holder's context when it was not `prev`).
+    pub long_stays: LongStays,
 }
 
 /// A traced function call over the threshold, sent at its return.

@@ -39,9 +39,9 @@ use aya_ebpf::{
     },
 };
 use mm_probe_common::latency::{
-    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LatencyHist, LongStay,
-    MAX_CPUS, MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart,
-    hist_slot,
+    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LONG_STAYS,
+    LatencyHist, LongStays, MAX_CPUS, MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups,
+    WakeupSpike, WakeupStart, hist_slot,
 };
 
 use crate::kernel::{
@@ -116,10 +116,10 @@ static LAT_SCRATCH: PerCpuArray<WakeupStart> = PerCpuArray::with_max_entries(1, 
 /// Each CPU's last run slices, written at every switch there and read only there.
 #[map]
 static LAT_SLICES: PerCpuArray<CpuSlices> = PerCpuArray::with_max_entries(1, 0);
-/// Each CPU's last long stay: the stack and syscall of a holder that did not switch away last.
+/// Each CPU's last long stays: the stack and syscall of a holder that did not switch away last.
 #[map]
-static LAT_LONG_STAY: PerCpuArray<LongStay> = PerCpuArray::with_max_entries(1, 0);
-/// About 1.5 KiB per spike: room for a burst of several hundred.
+static LAT_LONG_STAYS: PerCpuArray<LongStays> = PerCpuArray::with_max_entries(1, 0);
+/// About 2 KiB per spike: room for a burst of several hundred.
 #[map]
 static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
 
@@ -447,18 +447,13 @@ fn close_slice(switch: &Switch, since_ns: u64, exec_ns: u64, now: u64) {
 }
 
 /// Keeps what the task switching out after a long stay was doing: its kernel stack (copied, not
-/// a stack-map id: long stays that delayed nobody would fill the map) and its syscall. At most
-/// one capture per half threshold per CPU.
+/// a stack-map id: long stays that delayed nobody would fill the map) and its syscall, in this
+/// CPU's ring of long stays. At most one capture per half threshold per CPU.
 #[inline(always)]
 fn keep_long_stay<C: StackIdContext>(ctx: &C, pid: u32, since_ns: u64, now: u64) {
-    let Some(stay) = LAT_LONG_STAY.get_ptr_mut(0) else { return };
-    let stay = unsafe { &mut *stay };
-    // The holder of a wait stayed most of it, so a shorter stay that starts soon after it (a
-    // migration stopper run before the woken task) is the same wait's tail: keep the holder's.
-    let kept_ns = stay.end_ns.wrapping_sub(stay.start_ns);
-    if stay.pid != 0 && now - since_ns < kept_ns && since_ns < stay.end_ns + kept_ns {
-        return;
-    }
+    let Some(ring) = LAT_LONG_STAYS.get_ptr_mut(0) else { return };
+    let ring = unsafe { &mut *ring };
+    let Some(stay) = ring.stays.get_mut(ring.written as usize & (LONG_STAYS - 1)) else { return };
     stay.pid = pid;
     stay.start_ns = since_ns;
     stay.end_ns = now;
@@ -467,6 +462,7 @@ fn keep_long_stay<C: StackIdContext>(ctx: &C, pid: u32, since_ns: u64, now: u64)
     };
     stay.stack_bytes = if bytes > 0 { bytes as u32 } else { 0 };
     current_syscall(&mut stay.syscall);
+    ring.written += 1;
 }
 
 /// The run time charged between two readings of se.sum_exec_runtime, unknown if either is.
@@ -572,9 +568,9 @@ fn emit_wakeup_spike<C: StackIdContext>(
         Some(ring) => copy_record(&mut spike.slices, ring),
         None => spike.slices.written = 0,
     }
-    match LAT_LONG_STAY.get_ptr(0) {
-        Some(stay) => copy_record(&mut spike.long_stay, stay),
-        None => spike.long_stay.pid = 0,
+    match LAT_LONG_STAYS.get_ptr(0) {
+        Some(ring) => copy_record(&mut spike.long_stays, ring),
+        None => spike.long_stays.written = 0,
     }
     entry.submit(0);
 }

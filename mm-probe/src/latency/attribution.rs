@@ -140,10 +140,12 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
     }
 }
 
-/// The holder's own departure, when it did not switch away last and the CPU's last long stay is
-/// its last stay in the wait.
+/// The holder's own departure, when it did not switch away last: the latest of its long stays
+/// that ended in the wait (usually its last stay; an earlier one when a stopper split its hold
+/// and the rest was short).
 fn departure_of<'a>(w: &'a Wakeup, holder: &Holder) -> Option<&'a Departure> {
-    w.long_stay.as_ref().filter(|d| !holder.is_prev && d.pid == holder.pid && d.end_ns == holder.left_at_ns)
+    let own = |d: &&Departure| d.pid == holder.pid && d.end_ns > w.wakeup_ns && d.end_ns <= holder.left_at_ns;
+    w.long_stays.iter().rev().find(own).filter(|_| !holder.is_prev)
 }
 
 /// The time mm-probe's own threads were on the CPU within the wait.

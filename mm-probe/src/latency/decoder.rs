@@ -3,7 +3,8 @@
 
 use aya::maps::{MapData, StackTraceMap};
 use mm_probe_common::latency::{
-    CpuCurrent, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, LongStay, MAX_SLICES, SyscallState, WakeupSpike,
+    CpuCurrent, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, LONG_STAYS, LongStay, LongStays, MAX_SLICES,
+    SyscallState, WakeupSpike,
 };
 use serde::Serialize;
 
@@ -160,8 +161,8 @@ pub struct Wakeup {
     pub slices: Vec<Slice>,
     /// Some stays at the start of the wait fell out of the ring (more switches than it holds).
     pub slices_truncated: bool,
-    /// The run CPU's last stay of at least half the threshold, up to the switch.
-    pub long_stay: Option<Departure>,
+    /// The run CPU's last stays of at least half the threshold, up to the switch, oldest first.
+    pub long_stays: Vec<Departure>,
 }
 
 /// What a task was doing when it left a CPU after a long stay.
@@ -221,20 +222,24 @@ impl Decoder {
             prev_syscall: registers_syscall(&raw.prev_syscall),
             slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
-            long_stay: self.departure(&raw.long_stay),
+            long_stays: self.departures(&raw.long_stays),
         }
     }
 
-    fn departure(&self, raw: &LongStay) -> Option<Departure> {
-        if raw.pid == 0 {
-            return None;
-        }
+    /// The long stays in the ring, oldest first.
+    fn departures(&self, raw: &LongStays) -> Vec<Departure> {
+        (raw.written.saturating_sub(LONG_STAYS as u64)..raw.written)
+            .map(|n| self.departure(&raw.stays[n as usize % LONG_STAYS]))
+            .collect()
+    }
+
+    fn departure(&self, raw: &LongStay) -> Departure {
         let depth = (raw.stack_bytes as usize / size_of::<u64>()).min(raw.frames.len());
         let stack = match depth {
             0 => Stack { frames: Vec::new(), error: Some("bpf_get_stack failed".into()) },
             _ => Stack { frames: self.frames(&raw.frames[..depth]), error: None },
         };
-        Some(Departure { pid: raw.pid, end_ns: raw.end_ns, stack, syscall: registers_syscall(&raw.syscall) })
+        Departure { pid: raw.pid, end_ns: raw.end_ns, stack, syscall: registers_syscall(&raw.syscall) }
     }
 
     pub fn function_call(&mut self, raw: &FuncSpike) -> FunctionCall {

@@ -51,7 +51,7 @@ pub fn wakeup(latency_ns: u64) -> Wakeup {
         })),
         slices: Vec::new(),
         slices_truncated: false,
-        long_stay: None,
+        long_stays: Vec::new(),
     }
 }
 

@@ -359,7 +359,7 @@ mod tests {
             prev_syscall: Some(Some(syscall.clone())),
             slices: Vec::new(),
             slices_truncated: false,
-            long_stay: None,
+            long_stays: Vec::new(),
         };
         let storm_holder = Holder {
             pid: 7,

@@ -231,12 +231,12 @@ fn hog_then_stopper(departure_end_ns: u64) -> Wakeup {
     ];
     let write =
         SyscallState { orig_ax: libc::SYS_write, ax: -i64::from(libc::ENOSYS), regs_read: 1, args: [3, 0, 8, 0] };
-    w.long_stay = Some(Departure {
+    w.long_stays = vec![Departure {
         pid: 264,
         end_ns: departure_end_ns,
         stack: Stack { frames: vec!["__schedule+0x10".into(), "ksys_write+0x60".into()], error: None },
         syscall: Some(decode_syscall(&write)),
-    });
+    }];
     w
 }
 
@@ -274,6 +274,41 @@ fn a_long_stay_that_is_not_the_holders_last_is_not_shown_as_its_stack() {
     assert_eq!(a.stack_of, task(21, "migration/1"));
     assert_eq!(a.stack.frames[1], "smpboot_thread_fn+0x1dc");
     assert_eq!(a.syscall, None);
+}
+
+#[test]
+fn a_holder_whose_last_short_stay_was_not_kept_shows_its_long_stay_in_the_wait() {
+    // A stopper split the hold: the long part ended at 11.5 ms, the short rest (under half the
+    // threshold, so not kept) at 12 ms - 40 µs, then migration/1 ran last.
+    let mut w = hog_then_stopper(11 * MS + 500 * US);
+    w.slices = vec![
+        slice(264, "stress-ng", 9 * MS, 11 * MS + 500 * US, 0x100),
+        slice(21, "migration/1", 11 * MS + 500 * US, 11 * MS + 520 * US, 1),
+        slice(264, "stress-ng", 11 * MS + 520 * US, 12 * MS - 40 * US, 0x100),
+        slice(21, "migration/1", 12 * MS - 40 * US, 12 * MS, 1),
+    ];
+    let a = attribute(&w, &names(), MM_PROBE);
+    assert_eq!(a.held_by.as_ref().map(|h| h.pid), Some(264));
+    assert_eq!(a.stack_of, task(264, "stress-ng"));
+    assert_eq!(a.stack.frames[1], "ksys_write+0x60");
+    assert_eq!(a.cause, Cause::Syscall(libc::SYS_write));
+}
+
+#[test]
+fn a_long_stay_after_the_holders_does_not_hide_it() {
+    // migration/1 itself stayed long (an emulated CPU stalled) after the holder left: the
+    // ring still holds the holder's stay.
+    let mut w = hog_then_stopper(12 * MS - 20 * US);
+    let stopper = Departure {
+        pid: 21,
+        end_ns: 12 * MS,
+        stack: Stack { frames: vec!["__schedule+0x50e".into(), "smpboot_thread_fn+0x1dc".into()], error: None },
+        syscall: Some(None),
+    };
+    w.long_stays.push(stopper);
+    let a = attribute(&w, &names(), MM_PROBE);
+    assert_eq!(a.stack_of, task(264, "stress-ng"));
+    assert_eq!(a.syscall.as_ref().and_then(|c| c.name), Some("write"));
 }
 
 #[test]

@@ -125,12 +125,12 @@ mod tests {
             slice(264, "qemu", 9 * MS, 20 * MS + 680 * US, 0x100),
             slice(21, "migration/1", 20 * MS + 680 * US, 20 * MS + 700 * US, 1),
         ];
-        w.long_stay = Some(Departure {
+        w.long_stays = vec![Departure {
             pid: 264,
             end_ns: 20 * MS + 680 * US,
             stack: interrupted_in_user_space(),
             syscall: Some(None),
-        });
+        }];
         let a = attribute(&w, &names(), MM_PROBE);
         assert_eq!(a.cause, Cause::OutsideKernelView);
         assert!(a.explanation.contains("the CPU ran qemu-264 in user space for 10.68ms"), "{}", a.explanation);

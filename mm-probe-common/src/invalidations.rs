@@ -194,6 +194,8 @@ pub struct InvalidationKey {
     /// does not carry it (KVM's tracepoints).
     pub event: u32,
     pub comm: [u8; 16],
+    /// Why it happened, from the invalidating thread's context.
+    pub cause: crate::cause::Cause,
 }
 
 #[repr(C)]

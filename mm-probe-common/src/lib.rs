@@ -4,6 +4,7 @@
 //! read the same bytes. The `user` feature adds `aya::Pod` so user space can read them from maps.
 #![no_std]
 
+pub mod cause;
 pub mod hmm;
 pub mod invalidations;
 pub mod latency;

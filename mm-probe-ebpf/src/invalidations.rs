@@ -39,6 +39,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, StackTrace},
     programs::{ProbeContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
 };
+use mm_probe_common::cause::{Cause, CauseClass};
 use mm_probe_common::invalidations::{
     CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, DiscoveredCallback, FIT_CLASSES, FIT_SHIFT,
     INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, OpsTable,
@@ -46,8 +47,11 @@ use mm_probe_common::invalidations::{
     WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
 };
 
-use crate::kernel::{
-    bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, tp_field,
+use crate::{
+    cause,
+    kernel::{
+        bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, tp_field,
+    },
 };
 
 /// Threads with a wait, an invalidation or a callback open at once; LRU so a missed end never
@@ -55,6 +59,11 @@ use crate::kernel::{
 const THREADS: u32 = 16384;
 /// Subscriptions walked per mm: KVM, a GPU driver, an IOMMU, a few more; the list is short.
 const MAX_SUBSCRIPTIONS: u32 = 8;
+/// VMs searched for an invalidation's owner: a slot is reused once its VM's mm is gone.
+const MAX_VMS: u32 = 4;
+/// Levels of a memslot interval tree descended: a red-black tree of 2^12 memslots is at most
+/// 24 deep, and KVM allows 32767 per address space, far more than any VM uses.
+const MAX_TREE_DEPTH: u32 = 12;
 /// Hash-map flag: allocate entries when first used, not all at load (per-CPU values of a few
 /// hundred bytes times every CPU would otherwise be reserved up front).
 const BPF_F_NO_PREALLOC: u32 = 1;
@@ -103,6 +112,9 @@ static INV_STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0
 static INV_KVM_LOCKS: HashMap<u64, KvmLock> = HashMap::with_max_entries(1024, 0);
 #[map]
 static INV_KNOWN_MMS: LruHashMap<u64, MmOwner> = LruHashMap::with_max_entries(4096, 0);
+/// The VMs seen so far, to find whose memory another thread's invalidation is (`vm_by_range`).
+#[map]
+static INV_VMS: Array<KnownVm> = Array::with_max_entries(MAX_VMS, 0);
 #[map]
 static INV_CALLBACKS: PerCpuHashMap<CallbackKey, CallbackStats> =
     PerCpuHashMap::with_max_entries(256, BPF_F_NO_PREALLOC);
@@ -156,6 +168,16 @@ fn known_mm(mm: u64) -> MmOwner {
     let unknown = MmOwner { tgid: 0, kvm_searched: 0, subscriptions: 0 };
     let Some(known) = (unsafe { INV_KNOWN_MMS.get(mm) }).copied() else { return unknown };
     if known.subscriptions == subscriptions_of(mm) { known } else { unknown }
+}
+
+/// A VM: its `struct kvm`, and its process's mm with that mm's subscriptions when learned (a
+/// different value means the mm is gone and the slot is free).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KnownVm {
+    kvm: u64,
+    mm: u64,
+    subscriptions: u64,
 }
 
 /// An invalidation open between range_start and range_end on a thread.
@@ -269,6 +291,7 @@ fn learn_kvm(mm: u64, tgid: u32) {
         if start == kvm_start && in_kvm != u32::MAX && lock_in_kvm != u32::MAX {
             let kvm = subscription.wrapping_sub(in_kvm as u64);
             let lock = kvm + lock_in_kvm as u64;
+            remember_vm(KnownVm { kvm, mm, subscriptions });
             if INV_KVM_LOCKS.insert(lock, KvmLock { tgid: owner, _pad: 0, kvm }, 0).is_ok() {
                 count(Counter::KvmLocksLearned);
             } else {
@@ -304,28 +327,116 @@ fn count_invalidation(key: &InvalidationKey, start: u64, end: u64) {
     }
 }
 
+/// Keeps `vm` in the first slot that is free or whose VM's mm is gone.
+#[inline(always)]
+fn remember_vm(vm: KnownVm) {
+    for slot in 0..MAX_VMS {
+        let Some(known) = INV_VMS.get_ptr_mut(slot) else { return };
+        let known = unsafe { &mut *known };
+        if known.kvm == 0 || known.kvm == vm.kvm || subscriptions_of(known.mm) != known.subscriptions {
+            *known = vm;
+            return;
+        }
+    }
+}
+
+/// The mm of the VM one of whose memslots overlaps [start, end): the memory an invalidation
+/// made by another thread (compaction, reclaim, a kernel thread) is of. 0 when no live VM has
+/// such a memslot.
+#[inline(always)]
+fn vm_by_range(start: u64, end: u64) -> u64 {
+    let slots_at = OFF_KVM_MEMSLOTS.load();
+    if slots_at == u32::MAX || OFF_KVM_MEMSLOTS_HVA_ROOT.load() == u32::MAX || end <= start {
+        return 0;
+    }
+    for slot in 0..MAX_VMS {
+        let Some(vm) = INV_VMS.get(slot).copied() else { return 0 };
+        if vm.kvm == 0 {
+            return 0;
+        }
+        if subscriptions_of(vm.mm) != vm.subscriptions {
+            continue;
+        }
+        let memslots: u64 = read_at(vm.kvm, slots_at).unwrap_or(0);
+        if memslot_overlaps(memslots, start, end - 1) {
+            return vm.mm;
+        }
+    }
+    0
+}
+
+/// Whether a memslot of `memslots` covers part of [start, last]: the kernel's interval-tree
+/// overlap search (include/linux/interval_tree_generic.h), pruned by each subtree's last.
+#[inline(always)]
+fn memslot_overlaps(memslots: u64, start: u64, last: u64) -> bool {
+    let rb = OFF_INTERVAL_NODE_RB.load() as u64;
+    let field = |node: u64, offset: &Global<u32>| read_at::<u64>(node.wrapping_sub(rb), offset.load());
+    let child = |node: u64, offset: &Global<u32>| read_at::<u64>(node, offset.load()).unwrap_or(0);
+    let mut node: u64 = read_at(memslots, OFF_KVM_MEMSLOTS_HVA_ROOT.load()).unwrap_or(0);
+    if node == 0 || field(node, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_none_or(|sub| sub < start) {
+        return false;
+    }
+    for _ in 0..MAX_TREE_DEPTH {
+        let left = child(node, &OFF_RB_NODE_LEFT);
+        if left != 0 && field(left, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_some_and(|sub| start <= sub) {
+            node = left;
+            continue;
+        }
+        let (Some(node_start), Some(node_last)) =
+            (field(node, &OFF_INTERVAL_NODE_START), field(node, &OFF_INTERVAL_NODE_LAST))
+        else {
+            return false;
+        };
+        if node_start > last {
+            return false;
+        }
+        if start <= node_last {
+            return true;
+        }
+        node = child(node, &OFF_RB_NODE_RIGHT);
+        if node == 0 || field(node, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_none_or(|sub| sub < start) {
+            return false;
+        }
+    }
+    false
+}
+
 #[inline(always)]
 fn owner_of(mm: u64) -> u32 {
     known_mm(mm).tgid
 }
 
 /// The mm a KVM tracepoint's invalidation is of: the range's (an invalidation the function
-/// probes opened on this thread), the aging's (clear_young's argument), else the thread's own —
-/// which a kernel thread does not have.
+/// probes opened on this thread), the aging's (clear_young's argument); else the thread's own
+/// when it works on its own memory (a syscall, a fault), and otherwise the VM one of whose
+/// memslots holds the range (compaction, reclaim and kernel threads work on others' memory),
+/// or 0 when none does (the VM process's memory outside its memslots).
 #[inline(always)]
-fn kvm_event_mm(pid: u32, source: Source) -> u64 {
+fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -> u64 {
     let from_probe = match source {
         Source::KvmAge => unsafe { INV_AGING_MM.get(pid) }.copied(),
         _ => unsafe { INV_RANGE_STASH.get(pid) }.map(|open| open.mm),
     };
-    from_probe.filter(|&mm| mm != 0).unwrap_or_else(current_mm)
+    if let Some(mm) = from_probe.filter(|&mm| mm != 0) {
+        return mm;
+    }
+    let own = current_mm();
+    let on_own_memory = matches!(CauseClass::from_raw(cause.class), CauseClass::Syscall | CauseClass::UserContext);
+    if own != 0 && on_own_memory {
+        return own;
+    }
+    // Not the thread's own: none (unresolved, counted) unless a VM's memslot holds the range.
+    vm_by_range(start, end)
 }
 
 /// kvm_unmap_hva_range / kvm_age_hva: one invalidation of a VM's memory, in the invalidator.
 #[inline(always)]
 fn kvm_range(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
     let (tgid, pid) = (current_tgid(), current_pid());
-    let mm = kvm_event_mm(pid, source);
+    let start: u64 = tp_field(ctx, &INV_KVM_START_OFFSET).unwrap_or(0);
+    let end: u64 = tp_field(ctx, &INV_KVM_END_OFFSET).unwrap_or(0);
+    let cause = cause::classify();
+    let mm = kvm_event_mm(pid, source, &cause, start, end);
     let own_tgid = if mm == current_mm() { tgid } else { 0 };
     learn_kvm(mm, own_tgid);
     let owner = learn_owner(mm, own_tgid);
@@ -336,9 +447,8 @@ fn kvm_range(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
         return 0;
     }
     count(counter);
-    let start: u64 = tp_field(ctx, &INV_KVM_START_OFFSET).unwrap_or(0);
-    let end: u64 = tp_field(ctx, &INV_KVM_END_OFFSET).unwrap_or(0);
-    let key = InvalidationKey { tgid, owner_tgid: owner, source: source as u32, event: EVENT_UNKNOWN, comm: comm() };
+    let key =
+        InvalidationKey { tgid, owner_tgid: owner, source: source as u32, event: EVENT_UNKNOWN, comm: comm(), cause };
     count_invalidation(&key, start, end);
     0
 }
@@ -367,6 +477,15 @@ pub fn inv_kvm_age(ctx: TracePointContext) -> u32 {
 /// kvm:kvm_page_fault: only to learn the lock of a VM that faults before it is invalidated.
 #[tracepoint]
 pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
+    learn_kvm(current_mm(), current_tgid());
+    0
+}
+
+/// kvm:kvm_vcpu_wakeup: an idle VM's vCPU threads wake at every guest timer tick, so even a VM
+/// that neither faults nor invalidates its own memory is learned, and another thread's
+/// invalidations of its memory (compaction, reclaim) are found to be its.
+#[tracepoint]
+pub fn inv_kvm_wakeup(_ctx: TracePointContext) -> u32 {
     learn_kvm(current_mm(), current_tgid());
     0
 }
@@ -524,7 +643,14 @@ fn range_start(range: u64) -> u32 {
     let start: u64 = read_at(range, OFF_NOTIFIER_RANGE_START.load()).unwrap_or(0);
     let end: u64 = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
     let event = read_at::<u32>(range, OFF_NOTIFIER_RANGE_EVENT.load()).unwrap_or(EVENT_UNKNOWN);
-    let key = InvalidationKey { tgid, owner_tgid: owner, source: Source::RangeStart as u32, event, comm: comm() };
+    let key = InvalidationKey {
+        tgid,
+        owner_tgid: owner,
+        source: Source::RangeStart as u32,
+        event,
+        comm: comm(),
+        cause: cause::classify(),
+    };
     count_invalidation(&key, start, end);
     let stash = RangeStash { key, range, mm, ts_ns: unsafe { bpf_ktime_get_ns() } };
     let _ = INV_RANGE_STASH.insert(current_pid(), stash, 0);

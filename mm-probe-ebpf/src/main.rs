@@ -5,6 +5,7 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+mod cause;
 mod invalidations;
 mod kernel;
 mod latency;

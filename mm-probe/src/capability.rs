@@ -14,8 +14,9 @@ pub struct Definition {
     pub name: &'static str,
     /// The subcommand that runs it alone, which `doctor` names its plan after.
     pub command: &'static str,
-    /// The maps its programs use (named with the family's prefix on the kernel side).
-    pub map_family: MapFamily,
+    /// The maps its programs use (named with the family's prefix on the kernel side): its own
+    /// family first, then the shared ones it uses.
+    pub map_families: &'static [MapFamily],
     /// Every logical probe it may attach, as `doctor` tries them.
     pub catalog: &'static [LogicalProbe],
 }
@@ -49,28 +50,28 @@ capabilities! {
     RetryStorm => Definition {
         name: "retry-storm",
         command: "retry-storm",
-        map_family: MapFamily::RetryStorm,
+        map_families: &[MapFamily::RetryStorm],
         catalog: crate::retry_storm::probes::PROBES,
     },
     /// Why a process gets no transparent huge pages (`thp-why`).
     Thp => Definition {
         name: "thp",
         command: "thp-why",
-        map_family: MapFamily::Thp,
+        map_families: &[MapFamily::Thp],
         catalog: crate::thp_why::probes::PROBES,
     },
     /// Wakeup latency of real-time tasks and the mm code that delays them (`latency`).
     Latency => Definition {
         name: "latency",
         command: "latency",
-        map_family: MapFamily::Latency,
+        map_families: &[MapFamily::Latency],
         catalog: crate::latency::probes::PROBES,
     },
     /// Where MMU-notifier invalidations spend their time (`invalidations`).
     Invalidations => Definition {
         name: "invalidations",
         command: "invalidations",
-        map_family: MapFamily::Invalidations,
+        map_families: &[MapFamily::Invalidations, MapFamily::Cause],
         catalog: crate::invalidations::probes::PROBES,
     },
 }
@@ -86,9 +87,9 @@ impl CapabilityId {
         self.definition().command
     }
 
-    /// The maps this capability's programs use.
-    pub fn map_family(self) -> MapFamily {
-        self.definition().map_family
+    /// The maps this capability's programs use: its own family first.
+    pub fn map_families(self) -> &'static [MapFamily] {
+        self.definition().map_families
     }
 
     /// The logical probes `doctor` tries for it.
@@ -133,8 +134,8 @@ mod tests {
         };
         distinct(CapabilityId::ALL.iter().map(|c| c.name().to_string()).collect());
         distinct(CapabilityId::ALL.iter().map(|c| c.command().to_string()).collect());
-        distinct(CapabilityId::ALL.iter().map(|c| format!("{:?}", c.map_family())).collect());
-        assert!(CapabilityId::ALL.iter().all(|c| MapFamily::ALL.contains(&c.map_family())));
+        distinct(CapabilityId::ALL.iter().map(|c| format!("{:?}", c.map_families()[0])).collect());
+        assert!(CapabilityId::ALL.iter().all(|c| c.map_families().iter().all(|f| MapFamily::ALL.contains(f))));
     }
 
     #[test]

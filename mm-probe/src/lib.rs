@@ -2,6 +2,7 @@
 //! module per capability. `main.rs` only parses and dispatches.
 
 pub mod capability;
+pub mod cause;
 pub mod cli;
 pub mod collect;
 pub mod doctor;

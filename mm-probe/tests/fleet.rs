@@ -53,6 +53,7 @@ const CONTRACT: &[Metric] = &[
     metric("mm_probe_mmu_invalidations_total", &["event"]),
     histogram("mm_probe_mmu_invalidation_callback_seconds", &[]),
     metric("mm_probe_kvm_mmu_notifier_events_total", &["event"]),
+    metric("mm_probe_invalidation_causes_total", &["source", "cause"]),
     metric("mm_probe_thp_checks_total", &["verdict", "reason"]),
 ];
 

@@ -136,6 +136,11 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
     }
     let (counts, summary) = traced(&["--threads", "1", "--passes", "5", "--size", "32M"], &[]);
     assert_unmaps_match(&counts, &summary, 1);
+    // Why: the VM's own madvise, named with its advice, of the VM's memory, and nearly all of it.
+    let madvise = cause_row(&summary, "syscall", "madvise(MADV_DONTNEED)").expect("madvise named as the cause");
+    assert!(u(&madvise["count"]) >= u(&counts["madvise_calls"]), "{madvise}");
+    assert_eq!(madvise["owners"], serde_json::json!([counts["pid"]]), "{madvise}");
+    assert!(madvise["share"].as_f64().unwrap() > 0.9, "{}", summary["invalidations"]["by_cause"]);
     assert!(mmu_lock(&summary).is_none(), "nobody else takes the VM's mmu_lock: {}", summary["locks"]);
     assert_eq!(summary["invalidations"]["by_invalidator"][0]["owner_tgid"], counts["pid"]);
     if summary["callbacks_observable"] == true {
@@ -146,6 +151,54 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
             summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "callback_mean").unwrap();
         assert!(callback["value"].is_null(), "{callback}");
     }
+}
+
+/// The row of `by_cause` with this class and detail.
+fn cause_row<'a>(summary: &'a Value, class: &str, detail: &str) -> Option<&'a Value> {
+    let rows = summary["invalidations"]["by_cause"].as_array().unwrap();
+    rows.iter().find(|r| r["cause"]["class"] == class && r["cause"]["detail"] == detail)
+}
+
+/// One counter of /proc/vmstat.
+fn vmstat(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+    line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("{name} in /proc/vmstat"))
+}
+
+/// Whose memory comes from the memory: the VM's own mprotect, and then compaction run by another
+/// process (`sh` writing compact_memory) that migrates the VM's pages, are both counted as the
+/// VM's under `-p <VM>`, each with its cause; compaction's invalidations of it are at most the
+/// pages the kernel says it migrated, and its settings are shown as read.
+#[test]
+fn a_vms_own_mprotect_and_another_process_compaction_are_both_its_memory_each_named() {
+    if !root_with_kvm() {
+        return;
+    }
+    let migrated_before = vmstat("pgmigrate_success");
+    let passes = emulated_or_host("1", "2");
+    let (counts, summary) = traced(&["--call", "mprotect", "--compact", "--passes", passes, "--size", "32M"], &[]);
+    let migrated = vmstat("pgmigrate_success") - migrated_before;
+    let vm = &counts["pid"];
+    let mprotect = cause_row(&summary, "syscall", "mprotect()").expect("mprotect named as the cause");
+    assert!(u(&mprotect["count"]) >= u(&counts["mprotect_calls"]), "{mprotect}");
+    assert_eq!(mprotect["owners"], serde_json::json!([vm]), "{mprotect}");
+    let rows = summary["invalidations"]["by_invalidator"].as_array().unwrap();
+    let compaction: Vec<&Value> = rows.iter().filter(|r| r["cause"]["class"] == "compaction").collect();
+    let compacted: u64 = compaction.iter().map(|r| u(&r["count"])).sum();
+    assert!(compacted > 0, "sh's compaction migrated pages of the VM (pgmigrate_success +{migrated}): {rows:?}");
+    assert!(compacted <= migrated, "{compacted} compaction invalidations for {migrated} pages migrated");
+    for row in &compaction {
+        assert_eq!(&row["owner_tgid"], vm, "compaction of the VM's memory is the VM's: {row}");
+        assert_ne!(&row["tgid"], vm, "made by another process: {row}");
+    }
+    let by_cause = cause_row(&summary, "compaction", "migration").expect("a compaction row");
+    let knobs = by_cause["knobs"].as_array().unwrap();
+    let proactiveness = std::fs::read_to_string("/proc/sys/vm/compaction_proactiveness").unwrap();
+    assert!(
+        knobs.iter().any(|k| k["setting"] == "vm.compaction_proactiveness" && k["value"] == proactiveness.trim()),
+        "{knobs:?}"
+    );
 }
 
 /// A table filled on purpose: with room for one key a second in each generation of the

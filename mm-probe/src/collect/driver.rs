@@ -280,7 +280,7 @@ async fn watch<C: Capability>(
 /// Loads the object with the capability's globals and attaches it; the object is dropped, and
 /// whatever attached with it, when the attach fails.
 fn load_and_attach<'k, C: Capability>(capability: &C, kernel: &'k Kernel) -> Result<(Ebpf, C::Session<'k>)> {
-    let mut ebpf = load_object(kernel, &[capability.definition().map_family], &capability.settings(kernel))?;
+    let mut ebpf = load_object(kernel, capability.definition().map_families, &capability.settings(kernel))?;
     let session = capability.attach(kernel, &mut ebpf)?;
     Ok((ebpf, session))
 }

@@ -109,6 +109,12 @@ fn invalidation_families(encoder: &mut DescriptorEncoder, s: &Snapshot) -> Resul
     )?;
     counters(
         encoder,
+        "mm_probe_invalidation_causes",
+        "MMU-notifier invalidations by the hook counted and why they happened (compaction, numa_balancing, migration, direct_reclaim, cgroup_reclaim, kswapd, kernel_thread, syscall, fault, unknown), decided in the invalidating thread.",
+        &s.invalidation_causes,
+    )?;
+    counters(
+        encoder,
         "mm_probe_lock_contended",
         "Contended lock acquisitions (lock:contention_begin) by lock class (kvm_mmu_lock, kvm_lock, mmap_lock, unknown) and the path that waited (notifier_start, vcpu_fault, ...).",
         &s.lock_contended,

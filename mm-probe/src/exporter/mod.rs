@@ -125,7 +125,7 @@ async fn export(
 ) -> Result<()> {
     let listener = http::bind(listen).await?;
     let address = listener.local_addr().context("reading the listening address")?;
-    let families: Vec<MapFamily> = capabilities.iter().map(|c| c.map_family()).collect();
+    let families: Vec<MapFamily> = capabilities.iter().flat_map(|c| c.map_families()).copied().collect();
     let settings: Vec<_> = slices.iter().flat_map(|slice| slice.settings(kernel)).collect();
     let mut ebpf = load_object(kernel, &families, &settings)?;
     let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;

@@ -137,6 +137,9 @@ pub struct Snapshot {
     /// invalidations: by hook (source) and event; contended locks and waits by lock class and
     /// waiting path; callbacks by subscriber. Every label set is bounded by a table of names.
     pub notifier_invalidations: Vec<Series>,
+    /// invalidations by the hook counted (the function probe where attached, else KVM's unmap
+    /// tracepoint) and cause class: bounded by the class list.
+    pub invalidation_causes: Vec<Series>,
     pub lock_contended: Vec<Series>,
     pub lock_wait_seconds: Vec<FloatSeries>,
     pub callback_calls: Vec<Series>,

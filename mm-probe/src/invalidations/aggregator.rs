@@ -2,7 +2,7 @@
 //! and split by the path that waited, subscribers with their callback fit, and the evidence the
 //! verdict judges.
 
-use std::collections::BTreeMap;
+use std::{cmp::Reverse, collections::BTreeMap, path::Path};
 
 use mm_probe_common::{
     hmm::NotifierEvent,
@@ -14,9 +14,10 @@ use super::{
     judge::{self, Amplified, Busiest, Evidence, Fit, Metric, Thresholds},
     locks::{self, KvmMembers, LockRow, WaitPath},
     probes::{Observability, subscriber_name},
-    report::{Interval, Invalidations, InvalidatorRow, Loss, LostEvents, Peak, SubscriberRow, Summary},
+    report::{CauseRow, Interval, Invalidations, InvalidatorRow, Loss, LostEvents, Peak, SubscriberRow, Summary},
 };
 use crate::{
+    cause::{self, CauseName, Namer},
     kernel::{Kallsyms, process::comm_text},
     report::Log2Histogram,
 };
@@ -29,6 +30,7 @@ pub struct Scope<'a> {
     /// KVM's tracepoints are attached: VMs' memory.
     pub kvm_unmaps: bool,
     pub pids: &'a [u32],
+    pub namer: &'a Namer,
 }
 
 const SCOPE_EVERY_MM: &str = "every mm with subscribers";
@@ -44,6 +46,7 @@ pub fn invalidations(tables: &Tables, duration_s: f64, scope: Scope<'_>) -> Inva
             owner_tgid: (key.owner_tgid != 0).then_some(key.owner_tgid),
             source: source_name(key.source),
             event: event_name(key.event),
+            cause: scope.namer.name(&key.cause, &comm_text(&key.comm), event_name(key.event)),
             count: stats.count,
             bytes: stats.bytes,
             mean_bytes: mean(stats.bytes, stats.count - stats.whole_mm),
@@ -81,12 +84,49 @@ pub fn invalidations(tables: &Tables, duration_s: f64, scope: Scope<'_>) -> Inva
         peak: None,
         sizes,
         mean_duration_ns: (ended > 0).then(|| duration_ns as f64 / ended as f64),
+        by_cause: by_cause(&rows, primary, Path::new("/")),
         by_invalidator: rows,
     }
 }
 
+/// The primary source's rows grouped by cause, with each cause's settings read under `root`.
+fn by_cause(rows: &[InvalidatorRow], primary: &str, root: &Path) -> Vec<CauseRow> {
+    let counted: Vec<&InvalidatorRow> = rows.iter().filter(|r| r.source == primary).collect();
+    let total: u64 = counted.iter().map(|r| r.count).sum();
+    let mut groups: BTreeMap<&CauseName, Vec<&InvalidatorRow>> = BTreeMap::new();
+    for row in counted {
+        groups.entry(&row.cause).or_default().push(row);
+    }
+    let mut causes: Vec<CauseRow> = groups
+        .into_iter()
+        .map(|(cause, rows)| {
+            let count = rows.iter().map(|r| r.count).sum();
+            let mut per_owner: BTreeMap<u32, u64> = BTreeMap::new();
+            for row in &rows {
+                if let Some(owner) = row.owner_tgid {
+                    *per_owner.entry(owner).or_default() += row.count;
+                }
+            }
+            let mut owners: Vec<(u32, u64)> = per_owner.into_iter().collect();
+            owners.sort_by_key(|&(_, n)| Reverse(n));
+            // The rows are sorted most first: the first is the busiest invalidating process.
+            let tgid = rows.first().map_or(0, |r| r.tgid);
+            CauseRow {
+                cause: cause.clone(),
+                count,
+                share: count as f64 / total.max(1) as f64,
+                owners: owners.into_iter().map(|(owner, _)| owner).collect(),
+                knobs: cause::knobs(root, cause, tgid),
+                remedy: cause::remedy(cause.class),
+            }
+        })
+        .collect();
+    causes.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.cause.cmp(&b.cause)));
+    causes
+}
+
 /// Where function probes see every invalidation, KVM's tracepoints see some of them again.
-fn primary_source(rows: &[InvalidatorRow]) -> &'static str {
+pub fn primary_source(rows: &[InvalidatorRow]) -> &'static str {
     if rows.iter().any(|r| r.source == "invalidate_range_start") {
         "invalidate_range_start"
     } else {
@@ -280,13 +320,15 @@ pub struct RunFacts<'a> {
     pub kallsyms: Option<&'a Kallsyms>,
     /// Runs the kernel skipped (read before the detach unloaded the programs).
     pub skipped: Option<u64>,
+    pub namer: &'a Namer,
 }
 
 /// The run's summary: the totals become rows, the rows the judge's evidence, and the evidence
 /// its verdict.
 pub fn summary(tables: &Tables, duration_ns: u64, run: &RunFacts<'_>, thresholds: &Thresholds) -> Summary {
     let seen = run.seen;
-    let scope = Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: run.pids };
+    let scope =
+        Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: run.pids, namer: run.namer };
     let mut invalidations = invalidations(tables, duration_ns as f64 / 1e9, scope);
     invalidations.peak = run.peak.clone();
     let (locks, other_contention) = locks::locks(tables, run.kvm_members);

@@ -15,10 +15,11 @@ use super::{
     globals::{kvm_locks_nameable, kvm_members, settings},
     locks::{self, KvmMembers},
     probes::{Observability, PROBES, attach_callbacks, observability},
-    report::Loss,
+    report::{Invalidations, Loss},
 };
 use crate::{
     capability::CapabilityId,
+    cause::Namer,
     exporter::scrape::{Attached, Choice, FloatSeries, Programs, Reader, Series, Slice, Snapshot, Source, kvm_events},
     kernel::{Kallsyms, Kernel},
     probes::{GlobalValue, Planner},
@@ -39,11 +40,12 @@ impl Slice for InvalidationsSlice {
     fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let plan = Planner::new(kernel).attach_all(ebpf, PROBES);
         let callbacks = attach_callbacks(kernel, ebpf);
-        let seen = observability(&plan, &callbacks, kvm_locks_nameable(kernel));
+        let seen = observability(&plan, &callbacks, kvm_locks_nameable(kernel), kernel);
         // Read again rather than borrowed: the source outlives the kernel's borrow.
         let reader = InvalidationsReader {
             seen,
             kallsyms: Kallsyms::read().ok(),
+            namer: Namer::from_tracefs(),
             kvm_members: kvm_members(kernel),
             drain: RefCell::default(),
         };
@@ -57,6 +59,7 @@ impl Slice for InvalidationsSlice {
 /// name the waiters' paths and the subscribers' callbacks.
 struct InvalidationsReader {
     seen: Observability,
+    namer: Namer,
     kallsyms: Option<Kallsyms>,
     kvm_members: KvmMembers,
     /// The totals since attach: the kernel's tables are drained into them every period and at
@@ -94,14 +97,21 @@ impl Reader for InvalidationsReader {
             Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.get(Loss::VmLocks)),
         ]);
         let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        let scope = Scope { range_starts: self.seen.range_starts, kvm_unmaps: self.seen.kvm_unmaps, pids: &[] };
+        let scope = Scope {
+            range_starts: self.seen.range_starts,
+            kvm_unmaps: self.seen.kvm_unmaps,
+            pids: &[],
+            namer: &self.namer,
+        };
+        let invalidations = aggregator::invalidations(tables, 0.0, scope);
         // KVM's tracepoints are served once, in the KVM family below; this family is the
         // notifier's.
-        for row in aggregator::invalidations(tables, 0.0, scope).by_invalidator {
+        for row in &invalidations.by_invalidator {
             if row.source == "invalidate_range_start" {
                 *by_event.entry((row.source, row.event.unwrap_or("unknown"))).or_default() += row.count;
             }
         }
+        snapshot.invalidation_causes = causes(&invalidations);
         snapshot.kvm_notifier_events.extend(kvm_events(
             self.seen.kvm_unmaps.then(|| tables.counter(Counter::KvmUnmaps)),
             self.seen.kvm_ages.then(|| tables.counter(Counter::KvmAges)),
@@ -123,6 +133,20 @@ impl Reader for InvalidationsReader {
         }
         Ok(())
     }
+}
+
+/// The counted invalidations by cause class (the details, unbounded, stay in the JSON).
+fn causes(invalidations: &Invalidations) -> Vec<Series> {
+    let source = invalidations
+        .by_invalidator
+        .iter()
+        .find(|r| r.source == "invalidate_range_start")
+        .map_or("kvm_unmap_hva_range", |r| r.source);
+    let mut by_class: BTreeMap<&str, u64> = BTreeMap::new();
+    for row in &invalidations.by_cause {
+        *by_class.entry(row.cause.class).or_default() += row.count;
+    }
+    by_class.into_iter().map(|(class, count)| Series::new(&[("source", source), ("cause", class)], count)).collect()
 }
 
 /// Contended acquisitions and their waits by lock class and waiting path.

@@ -6,6 +6,7 @@ use mm_probe_common::{invalidations as names, layout as offsets};
 
 use super::{callbacks, locks::KvmMembers, probes};
 use crate::{
+    cause::probes as cause,
     kernel::{Kernel, layout::Layout, tracefs},
     probes::GlobalValue,
 };
@@ -62,4 +63,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         notifier_ops,
         interval_ops,
     ]
+    .into_iter()
+    .chain(cause::settings(kernel))
+    .collect()
 }

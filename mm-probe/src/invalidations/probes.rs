@@ -13,6 +13,7 @@ use aya::{
 use mm_probe_common::invalidations::{self as names, CallbackKey, CallbackStats, ReturnKind};
 
 use crate::{
+    cause::probes as cause,
     function_probe,
     kernel::Kernel,
     probes::{LogicalProbe, Plan, Target},
@@ -23,6 +24,7 @@ use crate::{
 pub const KVM_UNMAP_PROBE: &str = "kvm_unmap_hva_range";
 pub const KVM_AGE_PROBE: &str = "kvm_age_hva";
 pub const KVM_FAULT_PROBE: &str = "kvm_page_fault";
+pub const KVM_WAKEUP_PROBE: &str = "kvm_vcpu_wakeup";
 pub const CONTENTION_BEGIN_PROBE: &str = "contention_begin";
 pub const CONTENTION_END_PROBE: &str = "contention_end";
 pub const RANGE_START_PROBE: &str = "invalidate_range_start";
@@ -52,6 +54,11 @@ pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
 pub const KVM_FAULT: LogicalProbe = tracepoint_probe!(
     KVM_FAULT_PROBE, "the mmu_lock of VMs that fault before any invalidation names it";
     "kvm:kvm_page_fault" on "KVM on x86" => "inv_kvm_fault"
+);
+
+pub const KVM_WAKEUP: LogicalProbe = tracepoint_probe!(
+    KVM_WAKEUP_PROBE, "idle VMs (their vCPUs wake at each guest tick), whose memory others' invalidations may be";
+    "kvm:kvm_vcpu_wakeup" on "KVM" => "inv_kvm_wakeup"
 );
 
 pub const CONTENTION_BEGIN: LogicalProbe = tracepoint_probe!(
@@ -101,11 +108,21 @@ pub const INTERVAL_BEGIN: LogicalProbe = function_probe!(
     Fentry "inv_interval_begin_fentry" | Kprobe "inv_interval_begin_kprobe"
 );
 
-/// In attach order: the KVM probes learn the locks the contention probes name.
+/// In attach order: the cause brackets before anything they classify (ends before begins),
+/// then the KVM probes, which learn the locks the contention probes name.
 pub const PROBES: &[LogicalProbe] = &[
+    cause::BRACKETS[0],
+    cause::BRACKETS[1],
+    cause::BRACKETS[2],
+    cause::BRACKETS[3],
+    cause::BRACKETS[4],
+    cause::BRACKETS[5],
+    cause::BRACKETS[6],
+    cause::BRACKETS[7],
     KVM_UNMAP,
     KVM_AGE,
     KVM_FAULT,
+    KVM_WAKEUP,
     RANGE_STARTS,
     RANGE_ENDS,
     CLEAR_YOUNGS,
@@ -307,7 +324,7 @@ pub struct Observability {
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.
-pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool) -> Observability {
+pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool, kernel: &Kernel) -> Observability {
     let mut seen = Observability {
         kvm_unmaps: plan.is_attached(KVM_UNMAP_PROBE),
         kvm_ages: plan.is_attached(KVM_AGE_PROBE),
@@ -319,6 +336,7 @@ pub fn observability(plan: &Plan, callbacks: &CallbackPlan, kvm_lock_names: bool
         statements: Vec::new(),
         callbacks_skipped: Vec::new(),
     };
+    seen.statements.extend(cause::statements(plan, kernel));
     let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
     let mut note = |subject: &str, why: Option<String>, cost: &str| {
         seen.statements.push(Statement { subject: subject.into(), why, cost: cost.into() })

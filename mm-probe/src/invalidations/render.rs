@@ -89,6 +89,39 @@ fn invalidations_text(s: &Summary, stopped_by: Stop, width: usize) -> String {
         let _ = writeln!(out, "  start to end: {} on average", format_nanos(ns as u64));
     }
     out += &invalidators_text(s, width);
+    out += &causes_text(s, width);
+    out
+}
+
+/// A share as a whole percentage, "<1%" for a small one that is not none.
+fn percent(share: f64) -> String {
+    if share > 0.0 && share < 0.005 { "<1%".to_string() } else { format!("{:.0}%", share * 100.0) }
+}
+
+/// Why the invalidations happened, most first, with each cause's settings on this machine.
+fn causes_text(s: &Summary, width: usize) -> String {
+    let causes = &s.invalidations.by_cause;
+    if causes.is_empty() {
+        return String::new();
+    }
+    let cells: Vec<Vec<String>> = causes
+        .iter()
+        .map(|c| {
+            let owners: Vec<String> = c.owners.iter().take(3).map(u32::to_string).collect();
+            let more = if c.owners.len() > 3 { format!(" +{}", c.owners.len() - 3) } else { String::new() };
+            let whose = if owners.is_empty() { "-".to_string() } else { format!("{}{more}", owners.join(",")) };
+            vec![c.cause.to_string(), c.count.to_string(), percent(c.share), whose]
+        })
+        .collect();
+    let mut out = String::from("  why (the invalidating thread's context):\n");
+    out += &text::table(&["CAUSE", "COUNT", "SHARE", "MEMORY OF PID"], &cells, width, 4);
+    for c in causes.iter().filter(|c| !c.knobs.is_empty() || c.remedy.is_some()) {
+        let knobs: Vec<String> =
+            c.knobs.iter().map(|k| format!("{}={}", k.setting, k.value.as_deref().unwrap_or("UNKNOWN"))).collect();
+        let settings = if knobs.is_empty() { String::new() } else { format!(" {}", knobs.join(", ")) };
+        let remedy = c.remedy.map_or_else(String::new, |r| format!("; {r}"));
+        let _ = writeln!(out, "    {}:{settings}{remedy}", c.cause.class.replace('_', " "));
+    }
     out
 }
 
@@ -298,11 +331,12 @@ pub fn fit_text(f: &Fit) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cause::{CauseName, Knob};
     use crate::invalidations::{
         judge::{self, Busiest, Evidence},
         locks::WaitPath,
         locks::{OtherContention, PathRow},
-        report::Invalidations,
+        report::{CauseRow, Invalidations},
     };
 
     fn busy_summary() -> Summary {
@@ -337,6 +371,7 @@ mod tests {
             owner_tgid: Some(4_194_303),
             source: "invalidate_range_start",
             event: Some("PROTECTION_PAGE"),
+            cause: CauseName { class: "syscall", detail: Some("mprotect()".into()) },
             count: 123_456_789,
             bytes: 0,
             mean_bytes: Some(4096.0),
@@ -353,6 +388,17 @@ mod tests {
                 scope: "every mm with subscribers",
                 busiest: Some(busiest.clone()),
                 by_invalidator: vec![row("kvm-madv-thread"), row("kcompactd0")],
+                by_cause: vec![CauseRow {
+                    cause: CauseName { class: "compaction", detail: Some("migration".into()) },
+                    count: 123_456_789,
+                    share: 0.5,
+                    owners: vec![4_194_303, 4_194_302, 4_194_301, 4_194_300],
+                    knobs: vec![
+                        Knob { setting: "vm.compaction_proactiveness".into(), value: Some("20".into()) },
+                        Knob { setting: "/sys/kernel/mm/transparent_hugepage/defrag".into(), value: None },
+                    ],
+                    remedy: crate::cause::remedy("compaction"),
+                }],
                 ..Invalidations::default()
             },
             locks: vec![lock.clone()],
@@ -389,5 +435,12 @@ mod tests {
         assert!(text.lines().all(|l| l.trim() != "kvm_mmu_notifier_invalidate_range_start"), "no caller alone: {text}");
         assert!(text.contains("Other contention (unrelated to invalidations): 1500 locks"), "{text}");
         assert!(text.contains("(warn 1000/s, crit 10000/s)"), "each metric with its bands: {text}");
+        assert!(one_line.contains("compaction migration 123456789 50% 4194303,4194302,4194301 +1"), "{text}");
+        assert!(
+            one_line.contains(
+                "compaction: vm.compaction_proactiveness=20, /sys/kernel/mm/transparent_hugepage/defrag=UNKNOWN; mlock"
+            ),
+            "{text}"
+        );
     }
 }

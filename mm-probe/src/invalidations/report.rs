@@ -11,6 +11,7 @@ use super::{
     probes::Observability,
 };
 use crate::{
+    cause::{CauseName, Knob},
     collect::Stop,
     probes::Plan,
     report::{
@@ -98,6 +99,21 @@ pub struct Invalidations {
     /// Start → end, where the notifier's functions can be probed; null otherwise.
     pub mean_duration_ns: Option<f64>,
     pub by_invalidator: Vec<InvalidatorRow>,
+    /// The primary source's invalidations grouped by why they happened, most first.
+    pub by_cause: Vec<CauseRow>,
+}
+
+/// The invalidations of one cause, with the settings that stop it on this machine.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CauseRow {
+    pub cause: CauseName,
+    pub count: u64,
+    /// Of the invalidations counted (the primary source's).
+    pub share: f64,
+    /// Whose memory, most invalidated first (owners not seen are left out).
+    pub owners: Vec<u32>,
+    pub knobs: Vec<Knob>,
+    pub remedy: Option<&'static str>,
 }
 
 /// The most invalidations of one mm within one drain period (about a second).
@@ -119,6 +135,8 @@ pub struct InvalidatorRow {
     pub source: &'static str,
     /// The notifier event (UNMAP, CLEAR, …); null where the hook does not carry it.
     pub event: Option<&'static str>,
+    /// Why: decided in the kernel from the invalidating thread's context.
+    pub cause: CauseName,
     pub count: u64,
     pub bytes: u64,
     /// Null when every one was a whole address space.

@@ -19,6 +19,7 @@ use super::{
 };
 use crate::{
     capability::CapabilityId as Id,
+    cause::Namer,
     cli::{InvalidationsArgs, RunArgs},
     collect::{
         Ticker,
@@ -70,7 +71,7 @@ impl Capability for Invalidations {
         select_processes(ebpf, names::TARGET_TGIDS_MAP, &self.run.pids)?;
         let plan = Planner::new(kernel).attach_all(ebpf, probes::PROBES);
         let timer = CallbackTimer::start(kernel, ebpf, &plan);
-        let seen = probes::observability(&plan, timer.plan(), kvm_locks_nameable(kernel));
+        let seen = probes::observability(&plan, timer.plan(), kvm_locks_nameable(kernel), kernel);
         let release = &kernel.release.text;
         let plan_line = Printout::new(
             report::plan_json(release, &plan, &timer.plan().timed, &seen, &self.thresholds),
@@ -83,6 +84,7 @@ impl Capability for Invalidations {
             thresholds: self.thresholds,
             plan_line,
             seen,
+            namer: Namer::from_tracefs(),
             timer,
             drain: Drain::default(),
             peak: PeakRate::default(),
@@ -105,6 +107,7 @@ pub struct Watch<'k> {
     thresholds: Thresholds,
     plan_line: Printout,
     seen: Observability,
+    namer: Namer,
     timer: CallbackTimer,
     drain: Drain,
     peak: PeakRate,
@@ -158,6 +161,7 @@ impl Watch<'_> {
             kvm_members: &kvm_members(self.kernel),
             kallsyms: self.kallsyms(),
             skipped: self.skipped,
+            namer: &self.namer,
         };
         aggregator::summary(&self.drain.totals, end_ns - self.started_ns, &run, &self.thresholds)
     }

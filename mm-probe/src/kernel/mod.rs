@@ -8,6 +8,7 @@ pub mod layout;
 pub mod privileges;
 pub mod process;
 pub mod release;
+pub mod syscalls;
 pub mod tracefs;
 
 use std::sync::OnceLock;

@@ -14,7 +14,7 @@ use super::{
     probes::{SCHED_PROBES, classic_only, function_probe},
 };
 use crate::{
-    kernel::{Kernel, layout::Layout, tracefs},
+    kernel::{Kernel, layout::Layout, syscalls, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan, Planner},
     user_bail,
 };
@@ -187,29 +187,10 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
         .collect()
 }
 
-/// Whether a blocker's syscall can be read from its saved user registers: that needs the
-/// bpf_task_pt_regs helper (5.15+) and x86-64's pt_regs members, both learned from BTF.
+/// Whether a blocker's syscall can be read from its saved user registers.
 pub fn syscall_attribution(kernel: &Kernel) -> Availability {
-    const MEMBERS: [&str; 6] = [
-        layout::PT_REGS_ORIG_AX,
-        layout::PT_REGS_AX,
-        layout::PT_REGS_DI,
-        layout::PT_REGS_SI,
-        layout::PT_REGS_DX,
-        layout::PT_REGS_R10,
-    ];
-    let unavailable = |reason: String| Availability { available: false, reason: Some(reason) };
-    let btf = match kernel.btf() {
-        Ok(btf) => btf,
-        Err(why) => return unavailable(format!("no kernel BTF to find the saved registers in: {why}")),
-    };
-    if btf.enumerator("BPF_FUNC_task_pt_regs").is_none() {
-        return unavailable(format!("kernel {} has no bpf_task_pt_regs helper (5.15+)", kernel.release));
-    }
-    match MEMBERS.iter().find(|m| Layout::offset_in(btf, m).is_none()) {
-        Some(missing) => unavailable(format!("{missing} is not in this kernel's BTF (x86-64 only)")),
-        None => Availability { available: true, reason: None },
-    }
+    let reason = syscalls::registers_unreadable(kernel);
+    Availability { available: reason.is_none(), reason }
 }
 
 pub fn function_availability(functions: &[FunctionPlan]) -> Availability {

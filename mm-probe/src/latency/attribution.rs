@@ -17,10 +17,8 @@ use std::cmp::Reverse;
 use mm_probe_common::latency::{FuncState, MAX_FUNCS};
 use serde::Serialize;
 
-use super::{
-    decoder::{Departure, KernelEntry, Slice, Stack, Syscall, TaskRef, Wakeup, prev_state_name},
-    syscalls,
-};
+use super::decoder::{Departure, KernelEntry, Slice, Stack, Syscall, TaskRef, Wakeup, prev_state_name};
+use crate::kernel::syscalls;
 use crate::units::format_nanos;
 
 mod budget;

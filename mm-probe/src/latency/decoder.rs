@@ -8,7 +8,7 @@ use mm_probe_common::latency::{
 };
 use serde::Serialize;
 
-use super::syscalls;
+use crate::kernel::syscalls;
 use crate::{kernel::Kallsyms, units::format_bytes};
 
 /// A task as the tracepoints name it.

@@ -27,7 +27,6 @@ pub mod render;
 pub mod report;
 pub mod run;
 pub mod steal;
-pub mod syscalls;
 
 pub use self::{
     attach::{

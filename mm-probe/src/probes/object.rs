@@ -23,11 +23,13 @@ pub enum MapFamily {
     RetryStorm,
     Thp,
     Selftest,
+    /// The invalidation-cause classifier's, shared by the capabilities that count invalidations.
+    Cause,
 }
 
 impl MapFamily {
     pub const ALL: &'static [MapFamily] =
-        &[Self::Invalidations, Self::Latency, Self::RetryStorm, Self::Thp, Self::Selftest];
+        &[Self::Invalidations, Self::Latency, Self::RetryStorm, Self::Thp, Self::Selftest, Self::Cause];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -36,6 +38,7 @@ impl MapFamily {
             Self::RetryStorm => "HMM_",
             Self::Thp => "THP_",
             Self::Selftest => "SELFTEST_",
+            Self::Cause => "CAUSE_",
         }
     }
 

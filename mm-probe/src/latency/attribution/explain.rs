@@ -4,10 +4,8 @@ use super::{
     facts::{CAUSE_SHARE, Cause, Facts, FunctionShare, Holder, Occupancy, running},
     unseen,
 };
-use crate::latency::{
-    decoder::{Stack, Syscall, prev_state_name},
-    syscalls,
-};
+use crate::kernel::syscalls;
+use crate::latency::decoder::{Stack, Syscall, prev_state_name};
 use crate::units::format_nanos;
 
 pub(super) fn explain(

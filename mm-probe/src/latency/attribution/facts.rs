@@ -4,10 +4,8 @@
 
 use serde::Serialize;
 
-use crate::latency::{
-    decoder::{Departure, TaskRef, Wakeup},
-    syscalls,
-};
+use crate::kernel::syscalls;
+use crate::latency::decoder::{Departure, TaskRef, Wakeup};
 
 /// Time one traced function took out of a wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -14,8 +14,15 @@
 //! `--fifo` runs the invalidating threads and vCPUs SCHED_FIFO, so that they overlap on a busy
 //! machine (give them no more threads than CPUs).
 //!
+//! `--call mprotect` invalidates with mprotect instead: each chunk made read-only, then writable
+//! again (two invalidations per chunk; `mprotect_calls` counts them). mprotect only invalidates
+//! what is mapped, so the memslot is written first. `--compact` then has another process (`sh`)
+//! write /proc/sys/vm/compact_memory while the VM's memory is still mapped (`compactions` 1):
+//! compaction migrates the VM's pages, each migration an invalidation of the VM's memory made
+//! by that process.
+//!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
-//!                  [--dirty-log] [--fifo] [--wait]
+//!                  [--call madvise|mprotect] [--compact] [--dirty-log] [--fifo] [--wait]
 
 use std::{
     sync::{
@@ -40,6 +47,15 @@ struct Options {
     /// Run the invalidating threads and the vCPUs SCHED_FIFO, each pinned to its own CPU: on a
     /// loaded machine they then still run at the same time, which contention needs.
     fifo: bool,
+    call: Call,
+    compact: bool,
+}
+
+/// The call that invalidates each chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Madvise,
+    Mprotect,
 }
 
 /// How long the vCPUs' first pass may take (milliseconds on the host, seconds under nested
@@ -49,6 +65,9 @@ const FIRST_PASS_LIMIT: Duration = Duration::from_secs(120);
 fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
     let vm = Arc::new(Vm::create(options.size_bytes, options.dirty_log)?);
+    if options.call == Call::Mprotect || options.compact {
+        populate(&vm);
+    }
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
     let stop = Arc::new(AtomicBool::new(false));
     let vcpu_passes = Arc::new(AtomicU64::new(0));
@@ -113,14 +132,16 @@ fn main() -> Result<()> {
         calls += thread.join().map_err(|_| anyhow::anyhow!("an invalidating thread panicked"))??;
     }
     let elapsed_ns = started.elapsed().as_nanos();
+    let compactions = if options.compact { compact_from_another_process()? } else { 0 };
     stop.store(true, Ordering::Relaxed);
     for thread in background {
         thread.join().map_err(|_| anyhow::anyhow!("a vCPU or dirty-log thread panicked"))??;
     }
+    let (madvise_calls, mprotect_calls) = if options.call == Call::Madvise { (calls, 0) } else { (0, calls) };
     println!(
-        "{{\"pid\":{},\"madvise_calls\":{calls},\"madvise_bytes\":{},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
+        "{{\"pid\":{},\"madvise_calls\":{madvise_calls},\"madvise_bytes\":{},\"mprotect_calls\":{mprotect_calls},\"compactions\":{compactions},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
         std::process::id(),
-        calls * options.chunk_bytes as u64,
+        madvise_calls * options.chunk_bytes as u64,
         vcpu_passes.load(Ordering::Relaxed),
         dirty_log_calls.load(Ordering::Relaxed),
     );
@@ -140,13 +161,54 @@ fn invalidate(vm: &Vm, options: &Options, index: usize, cpu: usize, start_line: 
         for chunk in (index..chunks).step_by(options.threads) {
             // SAFETY: the chunk lies inside the data memslot's mapping, which lives until exit.
             let addr = unsafe { vm.data.add(chunk * options.chunk_bytes) };
-            if unsafe { libc::madvise(addr.cast(), options.chunk_bytes, libc::MADV_DONTNEED) } != 0 {
-                bail!("madvise(MADV_DONTNEED): {}", std::io::Error::last_os_error());
-            }
-            calls += 1;
+            calls += invalidate_chunk(options.call, addr, options.chunk_bytes)?;
         }
     }
     Ok(calls)
+}
+
+/// Invalidates one chunk with `call`; returns the calls made.
+fn invalidate_chunk(call: Call, addr: *mut u8, bytes: usize) -> Result<u64> {
+    let check = |rc: i32, what: &str| {
+        if rc != 0 {
+            bail!("{what}: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: [addr, addr + bytes) lies inside the data memslot's anonymous mapping.
+    unsafe {
+        match call {
+            Call::Madvise => {
+                check(libc::madvise(addr.cast(), bytes, libc::MADV_DONTNEED), "madvise(MADV_DONTNEED)")?;
+                Ok(1)
+            }
+            Call::Mprotect => {
+                check(libc::mprotect(addr.cast(), bytes, libc::PROT_READ), "mprotect(PROT_READ)")?;
+                check(libc::mprotect(addr.cast(), bytes, libc::PROT_READ | libc::PROT_WRITE), "mprotect(PROT_WRITE)")?;
+                Ok(2)
+            }
+        }
+    }
+}
+
+/// Writes every page of the memslot, so that each is mapped (and movable) before the storm.
+fn populate(vm: &Vm) {
+    for offset in (0..vm.data_bytes).step_by(4096) {
+        // SAFETY: the offset lies inside the data memslot's writable mapping.
+        unsafe { vm.data.add(offset).write_volatile(1) };
+    }
+}
+
+/// Has `sh`, another process, compact all memory while this VM's pages are mapped; returns 1.
+fn compact_from_another_process() -> Result<u64> {
+    let status = std::process::Command::new("sh")
+        .args(["-c", "echo 1 > /proc/sys/vm/compact_memory"])
+        .status()
+        .context("running sh to write /proc/sys/vm/compact_memory")?;
+    if !status.success() {
+        bail!("writing /proc/sys/vm/compact_memory failed: {status}");
+    }
+    Ok(1)
 }
 
 /// SCHED_FIFO at the lowest real-time priority: ahead of every ordinary task, behind the
@@ -169,6 +231,8 @@ fn parse(args: Vec<String>) -> Result<Options> {
         vcpus: 0,
         dirty_log: false,
         fifo: false,
+        call: Call::Madvise,
+        compact: false,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -181,6 +245,14 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--vcpus" => options.vcpus = value()?.parse()?,
             "--dirty-log" => options.dirty_log = true,
             "--fifo" => options.fifo = true,
+            "--compact" => options.compact = true,
+            "--call" => {
+                options.call = match value()?.as_str() {
+                    "madvise" => Call::Madvise,
+                    "mprotect" => Call::Mprotect,
+                    other => bail!("--call takes madvise or mprotect, not {other}"),
+                }
+            }
             "--wait" => {}
             other => bail!("unknown argument {other}; see the usage at the top of kvm_storm.rs"),
         }

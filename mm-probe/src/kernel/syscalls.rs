@@ -1,8 +1,36 @@
-//! x86-64 syscall names by number, and which syscalls only wait.
+//! The syscall a task is in, from its saved user registers: whether this kernel lets a program
+//! read them, x86-64 syscall names by number, and which syscalls only wait.
 //!
 //! x86-64's syscall numbers are a stable ABI, so the table is data: the libc crate's `SYS_*`
 //! constants for x86-64, each named after itself. Elsewhere registers are not read (see
-//! `probes::syscall_attribution`), so the table is empty.
+//! [`registers_unreadable`]), so the table is empty.
+
+use mm_probe_common::layout;
+
+use super::{Kernel, layout::Layout};
+
+/// Why a kernel program cannot read a task's syscall from its saved user registers here, or
+/// `None` when it can: that needs the bpf_task_pt_regs helper (5.15+) and x86-64's pt_regs
+/// members, both learned from BTF.
+pub fn registers_unreadable(kernel: &Kernel) -> Option<String> {
+    const MEMBERS: [&str; 6] = [
+        layout::PT_REGS_ORIG_AX,
+        layout::PT_REGS_AX,
+        layout::PT_REGS_DI,
+        layout::PT_REGS_SI,
+        layout::PT_REGS_DX,
+        layout::PT_REGS_R10,
+    ];
+    let btf = match kernel.btf() {
+        Ok(btf) => btf,
+        Err(why) => return Some(format!("no kernel BTF to find the saved registers in: {why}")),
+    };
+    if btf.enumerator("BPF_FUNC_task_pt_regs").is_none() {
+        return Some(format!("kernel {} has no bpf_task_pt_regs helper (5.15+)", kernel.release));
+    }
+    let missing = MEMBERS.iter().find(|m| Layout::offset_in(btf, m).is_none())?;
+    Some(format!("{missing} is not in this kernel's BTF (x86-64 only)"))
+}
 
 /// `(number, "SYS_name")` for each listed constant.
 macro_rules! table {

@@ -1,0 +1,88 @@
+//! Why an invalidation happens: the class the kernel program decides from the invalidating
+//! thread's context at the moment it happens, with one detail number. User space names them.
+
+/// What the invalidating thread was doing (decided in this order, first match wins).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CauseClass {
+    /// Not decided: the context could not be read (no saved registers on this kernel).
+    Unknown = 0,
+    /// Inside migrate_pages (migrate:mm_migrate_pages_start → mm_migrate_pages); detail: the
+    /// `enum migrate_reason` (compaction, NUMA misplaced, mbind, demotion, …).
+    Migration = 1,
+    /// Inside compact_zone (compaction:mm_compaction_begin → _end) but not migrating.
+    Compaction = 2,
+    /// Inside direct reclaim (vmscan:mm_vmscan_direct_reclaim_begin → _end).
+    DirectReclaim = 3,
+    /// Inside a memory cgroup's reclaim (vmscan:mm_vmscan_memcg_reclaim_begin → _end).
+    CgroupReclaim = 4,
+    /// kswapd (PF_KSWAPD), outside the brackets above.
+    Kswapd = 5,
+    /// Another kernel thread (PF_KTHREAD): khugepaged, ksmd, kdamond, a kworker; its comm names it.
+    KernelThread = 6,
+    /// A user thread inside a syscall; detail: the syscall number, arg: madvise's advice (0 for
+    /// other calls).
+    Syscall = 7,
+    /// A user thread outside any syscall: a fault (copy-on-write) or work run on the way back to
+    /// user space (NUMA hinting's task_numa_work).
+    UserContext = 8,
+}
+
+impl CauseClass {
+    pub const ALL: [CauseClass; 9] = [
+        CauseClass::Unknown,
+        CauseClass::Migration,
+        CauseClass::Compaction,
+        CauseClass::DirectReclaim,
+        CauseClass::CgroupReclaim,
+        CauseClass::Kswapd,
+        CauseClass::KernelThread,
+        CauseClass::Syscall,
+        CauseClass::UserContext,
+    ];
+
+    pub fn from_raw(raw: u32) -> CauseClass {
+        *Self::ALL.get(raw as usize).unwrap_or(&CauseClass::Unknown)
+    }
+}
+
+/// The cause of one invalidation as the kernel program records it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cause {
+    /// A [`CauseClass`].
+    pub class: u32,
+    pub detail: u32,
+    pub arg: u32,
+    pub _pad: u32,
+}
+
+/// Bits of a thread's bracket state: which mm work it is inside.
+pub const IN_MIGRATION: u32 = 1;
+pub const IN_COMPACTION: u32 = 1 << 1;
+pub const IN_DIRECT_RECLAIM: u32 = 1 << 2;
+pub const IN_CGROUP_RECLAIM: u32 = 1 << 3;
+
+/// task_struct.flags bits (include/linux/sched.h; unchanged 2.6 → 7.2, not in BTF: #defines).
+pub const PF_KSWAPD: u32 = 0x0002_0000;
+pub const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// The tracepoint programs that bracket a thread's mm work, in the kernel object: each
+/// capability that classifies invalidations attaches all of them.
+pub const BRACKETS: [(&str, &str, &str); 8] = [
+    ("cause_migrate_start", "migrate", "mm_migrate_pages_start"),
+    ("cause_migrate_end", "migrate", "mm_migrate_pages"),
+    ("cause_compaction_begin", "compaction", "mm_compaction_begin"),
+    ("cause_compaction_end", "compaction", "mm_compaction_end"),
+    ("cause_direct_reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin"),
+    ("cause_direct_reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end"),
+    ("cause_cgroup_reclaim_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin"),
+    ("cause_cgroup_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
+];
+
+/// Global: the offset of `reason` in migrate:mm_migrate_pages_start's record (from tracefs).
+pub const MIGRATE_REASON_OFFSET_GLOBAL: &str = "CAUSE_MIGRATE_REASON_OFFSET";
+/// Global: madvise's syscall number on this architecture.
+pub const MADVISE_NR_GLOBAL: &str = "CAUSE_MADVISE_NR";
+/// Global: 1 when the saved user registers can be read (bpf_task_pt_regs and BTF offsets).
+pub const SYSCALL_FROM_REGS_GLOBAL: &str = "CAUSE_SYSCALL_FROM_REGS";

@@ -1,0 +1,174 @@
+//! Why an invalidation happens, decided in the invalidating thread when it happens, for every
+//! capability that counts invalidations.
+//!
+//! The mm's own tracepoints bracket the work that invalidates other processes' memory:
+//! migrate_pages (with its reason: compaction, NUMA misplaced, mbind, demotion, …), compact_zone,
+//! direct reclaim and a memory cgroup's reclaim. Each begin sets a bit in the thread's entry,
+//! each end clears it, so classifying costs one lookup, and no stack is walked. Outside the
+//! brackets the thread itself says it: kswapd and the other kernel threads by their task flags,
+//! a user thread by the syscall in its saved user registers (orig_ax, with ax still -ENOSYS while
+//! the call runs, as x86-64's entry code leaves it), and a user thread outside any syscall is in
+//! a fault or in work run on its way back to user space.
+
+use aya_ebpf::{
+    Global,
+    helpers::{bpf_get_current_task, generated},
+    macros::{map, tracepoint},
+    maps::LruHashMap,
+    programs::TracePointContext,
+};
+use mm_probe_common::cause::{
+    Cause, CauseClass, IN_CGROUP_RECLAIM, IN_COMPACTION, IN_DIRECT_RECLAIM, IN_MIGRATION, PF_KSWAPD, PF_KTHREAD,
+};
+
+use crate::kernel::{current_pid, offsets::*, read_at, tp_field};
+
+/// Threads inside a bracket at once: every CPU's few, with room for threads whose end was
+/// missed (LRU, so such an entry ages out).
+const THREADS: u32 = 8192;
+/// -ENOSYS: x86-64's entry code stores it in pt_regs->ax before running a syscall.
+const ENOSYS: i64 = -38;
+
+#[unsafe(no_mangle)]
+static CAUSE_MIGRATE_REASON_OFFSET: Global<u32> = Global::new(12);
+#[unsafe(no_mangle)]
+static CAUSE_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
+/// madvise's number: only its third argument (the advice) is kept, so that other calls'
+/// arguments do not split their rows.
+#[unsafe(no_mangle)]
+static CAUSE_MADVISE_NR: Global<u32> = Global::new(u32::MAX);
+
+/// The mm work a thread is inside.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Brackets {
+    bits: u32,
+    migrate_reason: u32,
+}
+
+#[map]
+static CAUSE_BRACKETS: LruHashMap<u32, Brackets> = LruHashMap::with_max_entries(THREADS, 0);
+
+#[inline(always)]
+fn enter(bit: u32, migrate_reason: u32) -> u32 {
+    let pid = current_pid();
+    let now = match unsafe { CAUSE_BRACKETS.get(pid) } {
+        Some(open) => Brackets {
+            bits: open.bits | bit,
+            migrate_reason: if bit == IN_MIGRATION { migrate_reason } else { open.migrate_reason },
+        },
+        None => Brackets { bits: bit, migrate_reason },
+    };
+    let _ = CAUSE_BRACKETS.insert(pid, now, 0);
+    0
+}
+
+#[inline(always)]
+fn leave(bit: u32) -> u32 {
+    let pid = current_pid();
+    if let Some(open) = CAUSE_BRACKETS.get_ptr_mut(pid) {
+        let open = unsafe { &mut *open };
+        open.bits &= !bit;
+        if open.bits == 0 {
+            let _ = CAUSE_BRACKETS.remove(pid);
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn cause_migrate_start(ctx: TracePointContext) -> u32 {
+    let reason: i32 = tp_field(&ctx, &CAUSE_MIGRATE_REASON_OFFSET).unwrap_or(-1);
+    enter(IN_MIGRATION, reason as u32)
+}
+
+#[tracepoint]
+pub fn cause_migrate_end(_ctx: TracePointContext) -> u32 {
+    leave(IN_MIGRATION)
+}
+
+#[tracepoint]
+pub fn cause_compaction_begin(_ctx: TracePointContext) -> u32 {
+    enter(IN_COMPACTION, 0)
+}
+
+#[tracepoint]
+pub fn cause_compaction_end(_ctx: TracePointContext) -> u32 {
+    leave(IN_COMPACTION)
+}
+
+#[tracepoint]
+pub fn cause_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    enter(IN_DIRECT_RECLAIM, 0)
+}
+
+#[tracepoint]
+pub fn cause_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
+    leave(IN_DIRECT_RECLAIM)
+}
+
+#[tracepoint]
+pub fn cause_cgroup_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    enter(IN_CGROUP_RECLAIM, 0)
+}
+
+#[tracepoint]
+pub fn cause_cgroup_reclaim_end(_ctx: TracePointContext) -> u32 {
+    leave(IN_CGROUP_RECLAIM)
+}
+
+#[inline(always)]
+fn cause(class: CauseClass, detail: u32, arg: u32) -> Cause {
+    Cause { class: class as u32, detail, arg, _pad: 0 }
+}
+
+/// The cause of an invalidation the current thread is making now.
+#[inline(always)]
+pub fn classify() -> Cause {
+    if let Some(open) = unsafe { CAUSE_BRACKETS.get(current_pid()) } {
+        let bits = open.bits;
+        if bits & IN_MIGRATION != 0 {
+            return cause(CauseClass::Migration, open.migrate_reason, 0);
+        }
+        if bits & IN_COMPACTION != 0 {
+            return cause(CauseClass::Compaction, 0, 0);
+        }
+        if bits & IN_DIRECT_RECLAIM != 0 {
+            return cause(CauseClass::DirectReclaim, 0, 0);
+        }
+        if bits & IN_CGROUP_RECLAIM != 0 {
+            return cause(CauseClass::CgroupReclaim, 0, 0);
+        }
+    }
+    let task = unsafe { bpf_get_current_task() };
+    let flags: u32 = read_at(task, OFF_TASK_STRUCT_FLAGS.load()).unwrap_or(0);
+    if flags & PF_KSWAPD != 0 {
+        return cause(CauseClass::Kswapd, 0, 0);
+    }
+    if flags & PF_KTHREAD != 0 {
+        return cause(CauseClass::KernelThread, 0, 0);
+    }
+    user_context()
+}
+
+/// A user thread's syscall from its saved registers, else a fault or return-to-user work.
+#[inline(always)]
+fn user_context() -> Cause {
+    if CAUSE_SYSCALL_FROM_REGS.load() == 0 {
+        return cause(CauseClass::Unknown, 0, 0);
+    }
+    let task = unsafe { generated::bpf_get_current_task_btf() };
+    let regs = unsafe { generated::bpf_task_pt_regs(task) } as u64;
+    let (Some(orig_ax), Some(ax)) =
+        (read_at::<i64>(regs, OFF_PT_REGS_ORIG_AX.load()), read_at::<i64>(regs, OFF_PT_REGS_AX.load()))
+    else {
+        return cause(CauseClass::Unknown, 0, 0);
+    };
+    if orig_ax >= 0 && ax == ENOSYS {
+        let nr = orig_ax as u32;
+        let advice =
+            if nr == CAUSE_MADVISE_NR.load() { read_at::<u64>(regs, OFF_PT_REGS_DX.load()).unwrap_or(0) } else { 0 };
+        return cause(CauseClass::Syscall, nr, advice as u32);
+    }
+    cause(CauseClass::UserContext, 0, 0)
+}

@@ -59,11 +59,9 @@ use crate::{
 const THREADS: u32 = 16384;
 /// Subscriptions walked per mm: KVM, a GPU driver, an IOMMU, a few more; the list is short.
 const MAX_SUBSCRIPTIONS: u32 = 8;
-/// VMs searched for an invalidation's owner: a slot is reused once its VM's mm is gone.
+/// VMs searched for an invalidation's owner (their slots are written out in `remember_vm` and
+/// `vm_by_range`): a slot is reused once its VM's mm is gone.
 const MAX_VMS: u32 = 4;
-/// Levels of a memslot interval tree descended: a red-black tree of 2^12 memslots is at most
-/// 24 deep, and KVM allows 32767 per address space, far more than any VM uses.
-const MAX_TREE_DEPTH: u32 = 12;
 /// Hash-map flag: allocate entries when first used, not all at load (per-CPU values of a few
 /// hundred bytes times every CPU would otherwise be reserved up front).
 const BPF_F_NO_PREALLOC: u32 = 1;
@@ -327,17 +325,34 @@ fn count_invalidation(key: &InvalidationKey, start: u64, end: u64) {
     }
 }
 
-/// Keeps `vm` in the first slot that is free or whose VM's mm is gone.
+/// Repeats a statement a fixed number of times without a loop: 6.1's verifier refuses the
+/// loops LLVM makes of these searches (it enters them past their header, and a back edge onto
+/// a fall-through was only accepted from 6.4 on), so each step is written out.
+macro_rules! four_times {
+    ($step:expr) => {{
+        $step;
+        $step;
+        $step;
+        $step;
+    }};
+}
+
+/// Keeps `vm` in the first slot that is free, its own, or whose VM's mm is gone (the slots
+/// written out, not looped over: see `four_times!`).
 #[inline(always)]
 fn remember_vm(vm: KnownVm) {
-    for slot in 0..MAX_VMS {
-        let Some(known) = INV_VMS.get_ptr_mut(slot) else { return };
-        let known = unsafe { &mut *known };
-        if known.kvm == 0 || known.kvm == vm.kvm || subscriptions_of(known.mm) != known.subscriptions {
-            *known = vm;
-            return;
-        }
+    let _ = keep_vm_in(0, &vm) || keep_vm_in(1, &vm) || keep_vm_in(2, &vm) || keep_vm_in(3, &vm);
+}
+
+#[inline(always)]
+fn keep_vm_in(slot: u32, vm: &KnownVm) -> bool {
+    let Some(known) = INV_VMS.get_ptr_mut(slot) else { return true };
+    let known = unsafe { &mut *known };
+    if known.kvm == 0 || known.kvm == vm.kvm || subscriptions_of(known.mm) != known.subscriptions {
+        *known = *vm;
+        return true;
     }
+    false
 }
 
 /// The mm of the VM one of whose memslots overlaps [start, end): the memory an invalidation
@@ -345,60 +360,97 @@ fn remember_vm(vm: KnownVm) {
 /// such a memslot.
 #[inline(always)]
 fn vm_by_range(start: u64, end: u64) -> u64 {
-    let slots_at = OFF_KVM_MEMSLOTS.load();
-    if slots_at == u32::MAX || OFF_KVM_MEMSLOTS_HVA_ROOT.load() == u32::MAX || end <= start {
+    if OFF_KVM_MEMSLOTS.load() == u32::MAX || OFF_KVM_MEMSLOTS_HVA_ROOT.load() == u32::MAX || end <= start {
         return 0;
     }
-    for slot in 0..MAX_VMS {
-        let Some(vm) = INV_VMS.get(slot).copied() else { return 0 };
-        if vm.kvm == 0 {
-            return 0;
-        }
-        if subscriptions_of(vm.mm) != vm.subscriptions {
-            continue;
-        }
-        let memslots: u64 = read_at(vm.kvm, slots_at).unwrap_or(0);
-        if memslot_overlaps(memslots, start, end - 1) {
-            return vm.mm;
-        }
+    let holding = |slot| vm_in_slot_holding(slot, start, end - 1);
+    let mut mm = holding(0);
+    if mm == 0 {
+        mm = holding(1);
     }
-    0
+    if mm == 0 {
+        mm = holding(2);
+    }
+    if mm == 0 {
+        mm = holding(3);
+    }
+    mm
+}
+
+/// The mm of the VM in `slot` when it is alive and a memslot of it overlaps [start, last].
+#[inline(always)]
+fn vm_in_slot_holding(slot: u32, start: u64, last: u64) -> u64 {
+    let Some(vm) = INV_VMS.get(slot).copied() else { return 0 };
+    if vm.kvm == 0 || subscriptions_of(vm.mm) != vm.subscriptions {
+        return 0;
+    }
+    let memslots: u64 = read_at(vm.kvm, OFF_KVM_MEMSLOTS.load()).unwrap_or(0);
+    if memslot_overlaps(memslots, start, last) { vm.mm } else { 0 }
+}
+
+/// One step down a memslot interval tree.
+enum Descent {
+    Next(u64),
+    Found,
+    Absent,
 }
 
 /// Whether a memslot of `memslots` covers part of [start, last]: the kernel's interval-tree
-/// overlap search (include/linux/interval_tree_generic.h), pruned by each subtree's last.
+/// overlap search (include/linux/interval_tree_generic.h), pruned by each subtree's last, at
+/// most 16 levels deep (a red-black tree of 255 memslots).
 #[inline(always)]
 fn memslot_overlaps(memslots: u64, start: u64, last: u64) -> bool {
-    let rb = OFF_INTERVAL_NODE_RB.load() as u64;
-    let field = |node: u64, offset: &Global<u32>| read_at::<u64>(node.wrapping_sub(rb), offset.load());
-    let child = |node: u64, offset: &Global<u32>| read_at::<u64>(node, offset.load()).unwrap_or(0);
-    let mut node: u64 = read_at(memslots, OFF_KVM_MEMSLOTS_HVA_ROOT.load()).unwrap_or(0);
-    if node == 0 || field(node, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_none_or(|sub| sub < start) {
+    let root: u64 = read_at(memslots, OFF_KVM_MEMSLOTS_HVA_ROOT.load()).unwrap_or(0);
+    if root == 0 || subtree_last(root).is_none_or(|sub| sub < start) {
         return false;
     }
-    for _ in 0..MAX_TREE_DEPTH {
-        let left = child(node, &OFF_RB_NODE_LEFT);
-        if left != 0 && field(left, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_some_and(|sub| start <= sub) {
-            node = left;
-            continue;
+    let mut node = root;
+    let mut step = || match descend(node, start, last) {
+        Descent::Next(next) => {
+            node = next;
+            None
         }
-        let (Some(node_start), Some(node_last)) =
-            (field(node, &OFF_INTERVAL_NODE_START), field(node, &OFF_INTERVAL_NODE_LAST))
-        else {
-            return false;
-        };
-        if node_start > last {
-            return false;
-        }
-        if start <= node_last {
-            return true;
-        }
-        node = child(node, &OFF_RB_NODE_RIGHT);
-        if node == 0 || field(node, &OFF_INTERVAL_NODE_SUBTREE_LAST).is_none_or(|sub| sub < start) {
-            return false;
-        }
+        Descent::Found => Some(true),
+        Descent::Absent => Some(false),
+    };
+    let mut answer = None;
+    four_times!(four_times!(if answer.is_none() {
+        answer = step();
+    }));
+    answer.unwrap_or(false)
+}
+
+#[inline(always)]
+fn subtree_last(node: u64) -> Option<u64> {
+    read_at(node.wrapping_sub(OFF_INTERVAL_NODE_RB.load() as u64), OFF_INTERVAL_NODE_SUBTREE_LAST.load())
+}
+
+/// From `node`, where [start, last] may overlap: into the left subtree if its intervals reach
+/// `start`, else this node if it overlaps, else into the right subtree if it can.
+#[inline(always)]
+fn descend(node: u64, start: u64, last: u64) -> Descent {
+    let interval = node.wrapping_sub(OFF_INTERVAL_NODE_RB.load() as u64);
+    let left: u64 = read_at(node, OFF_RB_NODE_LEFT.load()).unwrap_or(0);
+    if left != 0 && subtree_last(left).is_some_and(|sub| start <= sub) {
+        return Descent::Next(left);
     }
-    false
+    let (Some(node_start), Some(node_last)) = (
+        read_at::<u64>(interval, OFF_INTERVAL_NODE_START.load()),
+        read_at::<u64>(interval, OFF_INTERVAL_NODE_LAST.load()),
+    ) else {
+        return Descent::Absent;
+    };
+    if node_start > last {
+        return Descent::Absent;
+    }
+    if start <= node_last {
+        return Descent::Found;
+    }
+    let right: u64 = read_at(node, OFF_RB_NODE_RIGHT.load()).unwrap_or(0);
+    if right == 0 || subtree_last(right).is_none_or(|sub| sub < start) {
+        return Descent::Absent;
+    }
+    Descent::Next(right)
 }
 
 #[inline(always)]

@@ -168,31 +168,43 @@ fn vmstat(name: &str) -> u64 {
 
 /// Whose memory comes from the memory: the VM's own mprotect, and then compaction run by another
 /// process (`sh` writing compact_memory) that migrates the VM's pages, are both counted as the
-/// VM's under `-p <VM>`, each with its cause; compaction's invalidations of it are at most the
-/// pages the kernel says it migrated, and its settings are shown as read.
+/// VM's under `-p <VM>`, each with its cause; compaction's invalidations of it are at least the
+/// VM's pages whose frames changed (pagemap) and at most the pages the kernel migrated or failed
+/// to (vmstat), and its settings are shown as read.
 #[test]
 fn a_vms_own_mprotect_and_another_process_compaction_are_both_its_memory_each_named() {
     if !root_with_kvm() {
         return;
     }
-    let migrated_before = vmstat("pgmigrate_success");
+    let migrations = || vmstat("pgmigrate_success") + vmstat("pgmigrate_fail");
+    let migrated_before = migrations();
     let passes = emulated_or_host("1", "2");
     let (counts, summary) = traced(&["--call", "mprotect", "--compact", "--passes", passes, "--size", "32M"], &[]);
-    let migrated = vmstat("pgmigrate_success") - migrated_before;
+    let migrated = migrations() - migrated_before;
+    eprintln!("pgmigrate_success + pgmigrate_fail: +{migrated} over the run");
     let vm = &counts["pid"];
     let mprotect = cause_row(&summary, "syscall", "mprotect()").expect("mprotect named as the cause");
     assert!(u(&mprotect["count"]) >= u(&counts["mprotect_calls"]), "{mprotect}");
     assert_eq!(mprotect["owners"], serde_json::json!([vm]), "{mprotect}");
     let rows = summary["invalidations"]["by_invalidator"].as_array().unwrap();
     let compaction: Vec<&Value> = rows.iter().filter(|r| r["cause"]["class"] == "compaction").collect();
-    let compacted: u64 = compaction.iter().map(|r| u(&r["count"])).sum();
-    assert!(compacted > 0, "sh's compaction migrated pages of the VM (pgmigrate_success +{migrated}): {rows:?}");
-    assert!(compacted <= migrated, "{compacted} compaction invalidations for {migrated} pages migrated");
+    // Counted once, by the hook the summary counts (where both see them, the notifier's).
+    let compacted = cause_row(&summary, "compaction", "migration").map_or(0, |row| u(&row["count"]));
+    let moved = u(&counts["pages_moved"]);
+    // Every page that moved was unmapped first (an invalidation of the VM's memory); a page
+    // whose migration failed was too, so the kernel's count bounds them with its failures.
+    assert!(compacted >= moved, "{compacted} compaction invalidations for {moved} of the VM's pages moved");
+    assert!(compacted <= migrated, "{compacted} compaction invalidations for {migrated} pages migrated or failed");
+    if common::vm_kernel().is_none() {
+        // The host's compaction moves the VM's interleaved pages at its first request; a small
+        // emulated guest's may leave them all in place in five (6.1 did).
+        assert!(moved > 0 && compacted > 0, "compaction moved none of the VM's pages: {counts}");
+    }
     for row in &compaction {
         assert_eq!(&row["owner_tgid"], vm, "compaction of the VM's memory is the VM's: {row}");
         assert_ne!(&row["tgid"], vm, "made by another process: {row}");
     }
-    let by_cause = cause_row(&summary, "compaction", "migration").expect("a compaction row");
+    let Some(by_cause) = cause_row(&summary, "compaction", "migration") else { return };
     let knobs = by_cause["knobs"].as_array().unwrap();
     let proactiveness = std::fs::read_to_string("/proc/sys/vm/compaction_proactiveness").unwrap();
     assert!(

@@ -15,11 +15,11 @@
 //! machine (give them no more threads than CPUs).
 //!
 //! `--call mprotect` invalidates with mprotect instead: each chunk made read-only, then writable
-//! again (two invalidations per chunk; `mprotect_calls` counts them). mprotect only invalidates
-//! what is mapped, so the memslot is written first. `--compact` then has another process (`sh`)
-//! write /proc/sys/vm/compact_memory while the VM's memory is still mapped (`compactions` 1):
-//! compaction migrates the VM's pages, each migration an invalidation of the VM's memory made
-//! by that process.
+//! again (`mprotect_calls` counts both). mprotect only invalidates what is mapped, so the
+//! memslot is written first. `--compact` then has another process (`sh`) write
+//! /proc/sys/vm/compact_memory while the VM's memory is still mapped, until compaction has moved
+//! a page of it (`compactions`, at most 5; `pages_moved` as /proc/self/pagemap's frames say):
+//! each migration is an invalidation of the VM's memory made by that process.
 //!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
 //!                  [--call madvise|mprotect] [--compact] [--dirty-log] [--fifo] [--wait]
@@ -66,7 +66,7 @@ fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
     let vm = Arc::new(Vm::create(options.size_bytes, options.dirty_log)?);
     if options.call == Call::Mprotect || options.compact {
-        populate(&vm);
+        populate(&vm)?;
     }
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
     let stop = Arc::new(AtomicBool::new(false));
@@ -132,14 +132,14 @@ fn main() -> Result<()> {
         calls += thread.join().map_err(|_| anyhow::anyhow!("an invalidating thread panicked"))??;
     }
     let elapsed_ns = started.elapsed().as_nanos();
-    let compactions = if options.compact { compact_from_another_process()? } else { 0 };
+    let (compactions, pages_moved) = if options.compact { compact_from_another_process(&vm)? } else { (0, 0) };
     stop.store(true, Ordering::Relaxed);
     for thread in background {
         thread.join().map_err(|_| anyhow::anyhow!("a vCPU or dirty-log thread panicked"))??;
     }
     let (madvise_calls, mprotect_calls) = if options.call == Call::Madvise { (calls, 0) } else { (0, calls) };
     println!(
-        "{{\"pid\":{},\"madvise_calls\":{madvise_calls},\"madvise_bytes\":{},\"mprotect_calls\":{mprotect_calls},\"compactions\":{compactions},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
+        "{{\"pid\":{},\"madvise_calls\":{madvise_calls},\"madvise_bytes\":{},\"mprotect_calls\":{mprotect_calls},\"compactions\":{compactions},\"pages_moved\":{pages_moved},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
         std::process::id(),
         madvise_calls * options.chunk_bytes as u64,
         vcpu_passes.load(Ordering::Relaxed),
@@ -192,23 +192,62 @@ fn invalidate_chunk(call: Call, addr: *mut u8, bytes: usize) -> Result<u64> {
 }
 
 /// Writes every page of the memslot, so that each is mapped (and movable) before the storm.
-fn populate(vm: &Vm) {
+/// Each page is allocated next to a page of a filler mapping that is then unmapped: the VM's
+/// pages end up among free holes, where compaction moves them (allocated alone, they could sit
+/// in blocks compaction leaves in place, as in a 6.1 guest that migrated 320 pages, none the VM's).
+fn populate(vm: &Vm) -> Result<()> {
+    let filler = mm_probe_workloads::map_small_pages(vm.data_bytes)?;
+    // SAFETY: advice on the memslot's own mapping: 4 KiB pages like the filler's, so they interleave.
+    unsafe { libc::madvise(vm.data.cast(), vm.data_bytes, libc::MADV_NOHUGEPAGE) };
     for offset in (0..vm.data_bytes).step_by(4096) {
-        // SAFETY: the offset lies inside the data memslot's writable mapping.
-        unsafe { vm.data.add(offset).write_volatile(1) };
+        // SAFETY: the offset lies inside both writable mappings.
+        unsafe {
+            vm.data.add(offset).write_volatile(1);
+            filler.add(offset).write_volatile(1);
+        }
     }
+    // SAFETY: the filler was mapped above and is used no more.
+    unsafe { libc::munmap(filler.cast(), vm.data_bytes) };
+    Ok(())
 }
 
-/// Has `sh`, another process, compact all memory while this VM's pages are mapped; returns 1.
-fn compact_from_another_process() -> Result<u64> {
-    let status = std::process::Command::new("sh")
-        .args(["-c", "echo 1 > /proc/sys/vm/compact_memory"])
-        .status()
-        .context("running sh to write /proc/sys/vm/compact_memory")?;
-    if !status.success() {
-        bail!("writing /proc/sys/vm/compact_memory failed: {status}");
+/// How many times compaction is asked for at most, until it has moved a page of the VM.
+const COMPACTIONS: u64 = 5;
+
+/// Has `sh`, another process, compact all memory while this VM's pages are mapped, again until
+/// one of them moved (compaction picks its blocks; it may leave the VM's alone). Returns the
+/// compactions asked for and the VM's pages that moved, as the page frames in /proc/self/pagemap
+/// say.
+fn compact_from_another_process(vm: &Vm) -> Result<(u64, u64)> {
+    let mut moved = 0;
+    for compaction in 1..=COMPACTIONS {
+        let before = page_frames(vm)?;
+        let status = std::process::Command::new("sh")
+            .args(["-c", "echo 1 > /proc/sys/vm/compact_memory"])
+            .status()
+            .context("running sh to write /proc/sys/vm/compact_memory")?;
+        if !status.success() {
+            bail!("writing /proc/sys/vm/compact_memory failed: {status}");
+        }
+        let after = page_frames(vm)?;
+        moved += before.iter().zip(&after).filter(|(b, a)| b != a).count() as u64;
+        if moved > 0 {
+            return Ok((compaction, moved));
+        }
     }
-    Ok(1)
+    Ok((COMPACTIONS, moved))
+}
+
+/// The page frame of each page of the memslot (0 where not present), from /proc/self/pagemap:
+/// 8 bytes per page, the frame in bits 0–54, bit 63 set when present (frames need root).
+fn page_frames(vm: &Vm) -> Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt as _;
+    let pages = vm.data_bytes / 4096;
+    let mut raw = vec![0u8; pages * 8];
+    let pagemap = std::fs::File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+    pagemap.read_exact_at(&mut raw, (vm.data as u64 / 4096) * 8).context("reading /proc/self/pagemap")?;
+    let entry = |bytes: &[u8]| u64::from_ne_bytes(bytes.try_into().unwrap_or([0; 8]));
+    Ok(raw.chunks(8).map(entry).map(|e| if e >> 63 == 1 { e & ((1 << 55) - 1) } else { 0 }).collect())
 }
 
 /// SCHED_FIFO at the lowest real-time priority: ahead of every ordinary task, behind the

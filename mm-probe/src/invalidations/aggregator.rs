@@ -11,7 +11,7 @@ use mm_probe_common::{
 
 use super::{
     decoder::Tables,
-    judge::{self, Amplified, Busiest, Evidence, Fit, Metric, Thresholds},
+    judge::{self, Amplified, Busiest, DominantCause, Evidence, Fit, Metric, Thresholds},
     locks::{self, KvmMembers, LockRow, WaitPath},
     probes::{Observability, subscriber_name},
     report::{CauseRow, Interval, Invalidations, InvalidatorRow, Loss, LostEvents, Peak, SubscriberRow, Summary},
@@ -375,6 +375,7 @@ pub fn evidence(
         invalidate_freq: count.and(inv.peak.as_ref()).map(|p| p.per_second),
         invalidate_freq_mean: count.and(inv.per_second),
         busiest: count.and(inv.busiest.clone()),
+        busiest_cause: count.and(inv.busiest.as_ref()).and_then(|b| dominant_cause(inv, b.owner_tgid)),
         wait_per_invalidation_ns: count.filter(|&c| waits_known && c > 0).map(|c| notifier_wait as f64 / c as f64),
         slowest_callback: subscribers.first().map(|s| (s.subscriber.to_string(), s.mean_ns)),
         amplification,
@@ -383,6 +384,25 @@ pub fn evidence(
         vcpu_faults_wait,
         unknown_because: unknown_reasons(inv, seen, lost),
     }
+}
+
+/// The commonest cause of `owner`'s invalidations (by the counted hook), with its settings.
+fn dominant_cause(inv: &Invalidations, owner: Option<u32>) -> Option<DominantCause> {
+    let primary = primary_source(&inv.by_invalidator);
+    let mut per_cause: BTreeMap<&CauseName, u64> = BTreeMap::new();
+    let rows = inv.by_invalidator.iter().filter(|r| r.source == primary && r.owner_tgid == owner);
+    for row in rows {
+        *per_cause.entry(&row.cause).or_default() += row.count;
+    }
+    let total: u64 = per_cause.values().sum();
+    let (cause, count) = per_cause.into_iter().max_by_key(|&(_, n)| n)?;
+    let listed = inv.by_cause.iter().find(|c| &c.cause == cause);
+    Some(DominantCause {
+        cause: cause.clone(),
+        share: count as f64 / total.max(1) as f64,
+        knobs: listed.map(|c| c.knobs.clone()).unwrap_or_default(),
+        remedy: cause::remedy(cause.class),
+    })
 }
 
 /// Why each metric that reads UNKNOWN does.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::{
+    cause::{CauseName, Knob},
     report::verdict::{self, Band, Level, Unit, named},
     units::{format_bytes, format_nanos},
 };
@@ -19,6 +20,16 @@ pub struct Busiest {
     pub count: u64,
     /// Mean size of its sized invalidations; null when all were whole address spaces.
     pub mean_bytes: Option<f64>,
+}
+
+/// Why the busiest mm was invalidated, mostly: the commonest cause of its invalidations, its
+/// share of them, and the settings that stop it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DominantCause {
+    pub cause: CauseName,
+    pub share: f64,
+    pub knobs: Vec<Knob>,
+    pub remedy: Option<&'static str>,
 }
 
 /// The callback's own time (lock waits left out; each size class's median) ≈ fixed_ns +
@@ -61,6 +72,8 @@ pub struct Evidence {
     pub invalidate_freq_mean: Option<f64>,
     /// The mm invalidated most: whose memory, and its sizes.
     pub busiest: Option<Busiest>,
+    /// Why it was invalidated, mostly.
+    pub busiest_cause: Option<DominantCause>,
     pub wait_per_invalidation_ns: Option<f64>,
     /// (subscriber, mean ns) of the slowest.
     pub slowest_callback: Option<(String, f64)>,
@@ -242,17 +255,33 @@ fn frequent_invalidations(e: &Evidence) -> Advice {
     );
     let bytes = e.busiest.as_ref().and_then(|b| b.mean_bytes);
     let size = bytes.map_or_else(|| "of unknown size".into(), |b| format!("of {} on average", format_bytes(b as u64)));
+    let why = e
+        .busiest_cause
+        .as_ref()
+        .map_or_else(String::new, |d| format!("; {:.0} % of them {}", d.share * 100.0, d.cause));
     let evidence = format!(
-        "{whose}'s memory was invalidated {:.0} times in its busiest second ({:.0}/s over the run), {size}",
+        "{whose}'s memory was invalidated {:.0} times in its busiest second ({:.0}/s over the run), {size}{why}",
         e.invalidate_freq.unwrap_or(0.0),
         e.invalidate_freq_mean.unwrap_or(0.0),
     );
-    let advice = if bytes.is_some_and(|b| b < BATCH_BYTES) {
-        "batch them: madvise/munmap in 2 MiB (or larger) ranges; every invalidation calls every subscriber once, whatever its size"
+    let by_the_process = e.busiest_cause.as_ref().is_none_or(|d| matches!(d.cause.class, "syscall" | "unknown"));
+    let advice = if !by_the_process {
+        e.busiest_cause.as_ref().map_or_else(String::new, stop_the_cause)
+    } else if bytes.is_some_and(|b| b < BATCH_BYTES) {
+        "batch them: madvise/munmap in 2 MiB (or larger) ranges; every invalidation calls every subscriber once, whatever its size".into()
     } else {
-        "find who invalidates it (the invalidators below) and make that less frequent: reclaim, compaction, NUMA balancing and khugepaged each have their knob"
+        "find who invalidates it (the invalidators below) and make that less frequent: reclaim, compaction, NUMA balancing and khugepaged each have their knob".into()
     };
-    Advice { cause: Cause::FrequentInvalidations, evidence, action: advice.into() }
+    Advice { cause: Cause::FrequentInvalidations, evidence, action: advice }
+}
+
+/// "make compaction less frequent (vm.compaction_proactiveness=20, …); mlock does not stop …".
+fn stop_the_cause(d: &DominantCause) -> String {
+    let knobs: Vec<String> =
+        d.knobs.iter().map(|k| format!("{}={}", k.setting, k.value.as_deref().unwrap_or("UNKNOWN"))).collect();
+    let settings = if knobs.is_empty() { String::new() } else { format!(" ({})", knobs.join(", ")) };
+    let remedy = d.remedy.map_or_else(String::new, |r| format!("; {r}"));
+    format!("make {} less frequent{settings}{remedy}", d.cause.class.replace('_', " "))
 }
 
 #[cfg(test)]
@@ -401,6 +430,34 @@ pub(crate) mod tests {
         assert!(advice.action.starts_with("batch them"), "{}", advice.action);
         let metric = &verdict.metrics[0];
         assert_eq!((metric.unit, metric.warn, metric.crit), (Unit::PerSecond, 1000.0, 10000.0));
+    }
+
+    #[test]
+    fn a_storm_made_by_compaction_is_advised_with_compactions_settings_not_batching() {
+        let e = Evidence {
+            invalidate_freq: Some(40_000.0),
+            invalidate_freq_mean: Some(2_000.0),
+            busiest: Some(Busiest {
+                owner_tgid: Some(4242),
+                comm: "qemu-kvm".into(),
+                count: 42_399,
+                mean_bytes: Some(4096.0),
+            }),
+            busiest_cause: Some(DominantCause {
+                cause: CauseName { class: "compaction", detail: Some("migration".into()) },
+                share: 0.97,
+                knobs: vec![Knob { setting: "vm.compaction_proactiveness".into(), value: Some("20".into()) }],
+                remedy: crate::cause::remedy("compaction"),
+            }),
+            ..Evidence::default()
+        };
+        let advice = &judge(&e, &thresholds()).advice[0];
+        assert!(advice.evidence.ends_with("; 97 % of them compaction migration"), "{}", advice.evidence);
+        assert!(
+            advice.action.starts_with("make compaction less frequent (vm.compaction_proactiveness=20); mlock"),
+            "{}",
+            advice.action
+        );
     }
 
     #[test]

@@ -1,48 +1,38 @@
 //! Why an invalidation happens: the class the kernel program decides from the invalidating
 //! thread's context at the moment it happens, with one detail number. User space names them.
 
-/// What the invalidating thread was doing (decided in this order, first match wins).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum CauseClass {
-    /// Not decided: the context could not be read (no saved registers on this kernel).
-    Unknown = 0,
-    /// Inside migrate_pages (migrate:mm_migrate_pages_start → mm_migrate_pages); detail: the
-    /// `enum migrate_reason` (compaction, NUMA misplaced, mbind, demotion, …).
-    Migration = 1,
-    /// Inside compact_zone (compaction:mm_compaction_begin → _end) but not migrating.
-    Compaction = 2,
-    /// Inside direct reclaim (vmscan:mm_vmscan_direct_reclaim_begin → _end).
-    DirectReclaim = 3,
-    /// Inside a memory cgroup's reclaim (vmscan:mm_vmscan_memcg_reclaim_begin → _end).
-    CgroupReclaim = 4,
-    /// kswapd (PF_KSWAPD), outside the brackets above.
-    Kswapd = 5,
-    /// Another kernel thread (PF_KTHREAD): khugepaged, ksmd, kdamond, a kworker; its comm names it.
-    KernelThread = 6,
-    /// A user thread inside a syscall; detail: the syscall number, arg: madvise's advice (0 for
-    /// other calls).
-    Syscall = 7,
-    /// A user thread outside any syscall: a fault (copy-on-write) or work run on the way back to
-    /// user space (NUMA hinting's task_numa_work).
-    UserContext = 8,
+crate::slots! {
+    /// What the invalidating thread was doing (decided in this order, first match wins); the
+    /// names are the kernel side's, user space names the causes from them and their details.
+    pub enum CauseClass {
+        /// Not decided: the context could not be read (no saved registers on this kernel).
+        Unknown => "unknown",
+        /// Inside migrate_pages (migrate:mm_migrate_pages_start → mm_migrate_pages); detail:
+        /// the `enum migrate_reason` (compaction, NUMA misplaced, mbind, demotion, …).
+        Migration => "migration",
+        /// Inside compact_zone (compaction:mm_compaction_begin → _end) but not migrating.
+        Compaction => "compaction",
+        /// Inside direct reclaim (vmscan:mm_vmscan_direct_reclaim_begin → _end).
+        DirectReclaim => "direct_reclaim",
+        /// Inside a memory cgroup's reclaim (vmscan:mm_vmscan_memcg_reclaim_begin → _end).
+        CgroupReclaim => "cgroup_reclaim",
+        /// kswapd (PF_KSWAPD), outside the brackets above.
+        Kswapd => "kswapd",
+        /// Another kernel thread (PF_KTHREAD): khugepaged, ksmd, kdamond, a kworker; its comm
+        /// names it.
+        KernelThread => "kernel_thread",
+        /// A user thread inside a syscall; detail: the syscall number, arg: madvise's advice (0
+        /// for other calls).
+        Syscall => "syscall",
+        /// A user thread outside any syscall: a fault (copy-on-write) or work run on the way
+        /// back to user space (NUMA hinting's task_numa_work).
+        UserContext => "user_context",
+    }
 }
 
 impl CauseClass {
-    pub const ALL: [CauseClass; 9] = [
-        CauseClass::Unknown,
-        CauseClass::Migration,
-        CauseClass::Compaction,
-        CauseClass::DirectReclaim,
-        CauseClass::CgroupReclaim,
-        CauseClass::Kswapd,
-        CauseClass::KernelThread,
-        CauseClass::Syscall,
-        CauseClass::UserContext,
-    ];
-
     pub fn from_raw(raw: u32) -> CauseClass {
-        *Self::ALL.get(raw as usize).unwrap_or(&CauseClass::Unknown)
+        Self::ALL.get(raw as usize).copied().unwrap_or(CauseClass::Unknown)
     }
 }
 

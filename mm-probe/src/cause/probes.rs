@@ -9,38 +9,32 @@ use crate::{
     tracepoint_probe,
 };
 
-pub const MIGRATE_START: LogicalProbe = tracepoint_probe!(
-    "cause_migrate_start", "which invalidations page migration makes (compaction, NUMA, mbind), with its reason";
-    "migrate:mm_migrate_pages_start" on "5.9+" => "cause_migrate_start"
-);
-pub const MIGRATE_END: LogicalProbe = tracepoint_probe!(
-    "cause_migrate_end", "where page migration ends";
-    "migrate:mm_migrate_pages" on "all" => "cause_migrate_end"
-);
-pub const COMPACTION_BEGIN: LogicalProbe = tracepoint_probe!(
-    "cause_compaction_begin", "which invalidations compaction makes";
-    "compaction:mm_compaction_begin" on "all, CONFIG_COMPACTION" => "cause_compaction_begin"
-);
-pub const COMPACTION_END: LogicalProbe = tracepoint_probe!(
-    "cause_compaction_end", "where compaction ends";
-    "compaction:mm_compaction_end" on "all, CONFIG_COMPACTION" => "cause_compaction_end"
-);
-pub const DIRECT_RECLAIM_BEGIN: LogicalProbe = tracepoint_probe!(
-    "cause_direct_reclaim_begin", "which invalidations an allocation's direct reclaim makes";
-    "vmscan:mm_vmscan_direct_reclaim_begin" on "all" => "cause_direct_reclaim_begin"
-);
-pub const DIRECT_RECLAIM_END: LogicalProbe = tracepoint_probe!(
-    "cause_direct_reclaim_end", "where direct reclaim ends";
-    "vmscan:mm_vmscan_direct_reclaim_end" on "all" => "cause_direct_reclaim_end"
-);
-pub const CGROUP_RECLAIM_BEGIN: LogicalProbe = tracepoint_probe!(
-    "cause_cgroup_reclaim_begin", "which invalidations a memory cgroup's reclaim (memory.high, memory.max) makes";
-    "vmscan:mm_vmscan_memcg_reclaim_begin" on "all, CONFIG_MEMCG" => "cause_cgroup_reclaim_begin"
-);
-pub const CGROUP_RECLAIM_END: LogicalProbe = tracepoint_probe!(
-    "cause_cgroup_reclaim_end", "where a memory cgroup's reclaim ends";
-    "vmscan:mm_vmscan_memcg_reclaim_end" on "all, CONFIG_MEMCG" => "cause_cgroup_reclaim_end"
-);
+/// Two tracepoint probes around one kind of mm work: `$begin` on `category:begin_event`
+/// named after its program, `$end` on the end event.
+macro_rules! bracket {
+    ($begin:ident, $end:ident, $work:literal, $kernels:literal:
+     $begin_event:literal => $begin_program:literal, $end_event:literal => $end_program:literal) => {
+        pub const $begin: LogicalProbe = tracepoint_probe!(
+            $begin_program, concat!("which invalidations ", $work, " makes"); $begin_event on $kernels => $begin_program
+        );
+        pub const $end: LogicalProbe = tracepoint_probe!(
+            $end_program, concat!("where ", $work, " ends"); $end_event on $kernels => $end_program
+        );
+    };
+}
+
+bracket!(MIGRATE_START, MIGRATE_END, "page migration (compaction, NUMA, mbind; with its reason)", "5.9+":
+    "migrate:mm_migrate_pages_start" => "cause_migrate_start", "migrate:mm_migrate_pages" => "cause_migrate_end");
+bracket!(COMPACTION_BEGIN, COMPACTION_END, "compaction", "all, CONFIG_COMPACTION":
+    "compaction:mm_compaction_begin" => "cause_compaction_begin",
+    "compaction:mm_compaction_end" => "cause_compaction_end");
+bracket!(DIRECT_RECLAIM_BEGIN, DIRECT_RECLAIM_END, "an allocation's direct reclaim", "all":
+    "vmscan:mm_vmscan_direct_reclaim_begin" => "cause_direct_reclaim_begin",
+    "vmscan:mm_vmscan_direct_reclaim_end" => "cause_direct_reclaim_end");
+bracket!(CGROUP_RECLAIM_BEGIN, CGROUP_RECLAIM_END, "a memory cgroup's reclaim (memory.high, memory.max)",
+    "all, CONFIG_MEMCG":
+    "vmscan:mm_vmscan_memcg_reclaim_begin" => "cause_cgroup_reclaim_begin",
+    "vmscan:mm_vmscan_memcg_reclaim_end" => "cause_cgroup_reclaim_end");
 
 /// Ends before begins: a begin attached without its end would leave a thread marked inside
 /// that work until its entry ages out.

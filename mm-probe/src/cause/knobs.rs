@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::CauseName;
+use super::names::CauseName;
 
 /// One setting and its current value (`None` when it cannot be read here).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -3,7 +3,7 @@
 use mm_probe_common::cause::{MADVISE_NR_GLOBAL, MIGRATE_REASON_OFFSET_GLOBAL, SYSCALL_FROM_REGS_GLOBAL};
 
 use crate::{
-    kernel::{Kernel, syscalls, tracefs},
+    kernel::{Kernel, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan},
     report::statement::Statement,
     tracepoint_probe,
@@ -55,7 +55,7 @@ pub fn settings(kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
     let reason = tracefs::root()
         .ok()
         .and_then(|root| tracefs::field_offset(&root, "migrate", "mm_migrate_pages_start", "reason"));
-    let registers = syscalls::registers_unreadable(kernel).is_none();
+    let registers = kernel.registers_unreadable().is_none();
     vec![
         (MIGRATE_REASON_OFFSET_GLOBAL, GlobalValue::U32(reason.unwrap_or(12))),
         (SYSCALL_FROM_REGS_GLOBAL, GlobalValue::U32(u32::from(registers))),
@@ -84,7 +84,7 @@ pub fn statements(plan: &Plan, kernel: &Kernel) -> Vec<Statement> {
             }
         })
         .collect();
-    if let Some(why) = syscalls::registers_unreadable(kernel) {
+    if let Some(why) = kernel.registers_unreadable() {
         statements.push(Statement {
             subject: "the invalidating syscall is not readable".into(),
             why: Some(why),

@@ -36,6 +36,12 @@ impl Kernel {
         self.btf.get_or_init(|| KernelBtf::from_sys_fs().map_err(|e| format!("{e:#}"))).as_ref().map_err(String::as_str)
     }
 
+    /// Why a kernel program cannot read a task's syscall from its saved registers here (`None`
+    /// when it can): see `syscalls::registers_unreadable`.
+    pub fn registers_unreadable(&self) -> Option<String> {
+        syscalls::registers_unreadable(self.btf(), &self.release)
+    }
+
     /// The kernel's symbol table, or why it is unreadable.
     pub fn kallsyms(&self) -> Result<&Kallsyms, &str> {
         self.kallsyms.get_or_init(|| Kallsyms::read().map_err(|e| format!("{e:#}"))).as_ref().map_err(String::as_str)

@@ -7,12 +7,12 @@
 
 use mm_probe_common::layout;
 
-use super::{Kernel, layout::Layout};
+use super::{btf::KernelBtf, layout::Layout, release::Release};
 
 /// Why a kernel program cannot read a task's syscall from its saved user registers here, or
 /// `None` when it can: that needs the bpf_task_pt_regs helper (5.15+) and x86-64's pt_regs
 /// members, both learned from BTF.
-pub fn registers_unreadable(kernel: &Kernel) -> Option<String> {
+pub fn registers_unreadable(btf: Result<&KernelBtf, &str>, release: &Release) -> Option<String> {
     const MEMBERS: [&str; 6] = [
         layout::PT_REGS_ORIG_AX,
         layout::PT_REGS_AX,
@@ -21,12 +21,12 @@ pub fn registers_unreadable(kernel: &Kernel) -> Option<String> {
         layout::PT_REGS_DX,
         layout::PT_REGS_R10,
     ];
-    let btf = match kernel.btf() {
+    let btf = match btf {
         Ok(btf) => btf,
         Err(why) => return Some(format!("no kernel BTF to find the saved registers in: {why}")),
     };
     if btf.enumerator("BPF_FUNC_task_pt_regs").is_none() {
-        return Some(format!("kernel {} has no bpf_task_pt_regs helper (5.15+)", kernel.release));
+        return Some(format!("kernel {release} has no bpf_task_pt_regs helper (5.15+)"));
     }
     let missing = MEMBERS.iter().find(|m| Layout::offset_in(btf, m).is_none())?;
     Some(format!("{missing} is not in this kernel's BTF (x86-64 only)"))

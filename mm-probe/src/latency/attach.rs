@@ -14,7 +14,7 @@ use super::{
     probes::{SCHED_PROBES, classic_only, function_probe},
 };
 use crate::{
-    kernel::{Kernel, layout::Layout, syscalls, tracefs},
+    kernel::{Kernel, layout::Layout, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan, Planner},
     user_bail,
 };
@@ -189,7 +189,7 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
 
 /// Whether a blocker's syscall can be read from its saved user registers.
 pub fn syscall_attribution(kernel: &Kernel) -> Availability {
-    let reason = syscalls::registers_unreadable(kernel);
+    let reason = kernel.registers_unreadable();
     Availability { available: reason.is_none(), reason }
 }
 

@@ -57,19 +57,6 @@ pub const IN_CGROUP_RECLAIM: u32 = 1 << 3;
 pub const PF_KSWAPD: u32 = 0x0002_0000;
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
-/// The tracepoint programs that bracket a thread's mm work, in the kernel object: each
-/// capability that classifies invalidations attaches all of them.
-pub const BRACKETS: [(&str, &str, &str); 8] = [
-    ("cause_migrate_start", "migrate", "mm_migrate_pages_start"),
-    ("cause_migrate_end", "migrate", "mm_migrate_pages"),
-    ("cause_compaction_begin", "compaction", "mm_compaction_begin"),
-    ("cause_compaction_end", "compaction", "mm_compaction_end"),
-    ("cause_direct_reclaim_begin", "vmscan", "mm_vmscan_direct_reclaim_begin"),
-    ("cause_direct_reclaim_end", "vmscan", "mm_vmscan_direct_reclaim_end"),
-    ("cause_cgroup_reclaim_begin", "vmscan", "mm_vmscan_memcg_reclaim_begin"),
-    ("cause_cgroup_reclaim_end", "vmscan", "mm_vmscan_memcg_reclaim_end"),
-];
-
 /// Global: the offset of `reason` in migrate:mm_migrate_pages_start's record (from tracefs).
 pub const MIGRATE_REASON_OFFSET_GLOBAL: &str = "CAUSE_MIGRATE_REASON_OFFSET";
 /// Global: madvise's syscall number on this architecture.

@@ -223,6 +223,8 @@ pub struct HmmEvent {
     /// Walk: [`SeqState`] at entry.
     pub seq_state: u32,
     pub _pad: u32,
+    /// Invalidate: why it happened, decided in the invalidating thread.
+    pub cause: crate::cause::Cause,
     pub comm: [u8; 16],
 }
 

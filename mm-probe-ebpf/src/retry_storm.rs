@@ -30,7 +30,7 @@ use mm_probe_common::hmm::{
     COUNTER_SLOTS, Counter, EBUSY, EventKind, FailedSeq, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS,
     NOTIFIER_EVENTS, NotifierEvent, ReadBeginKey, SeqBegin, SeqState, Stash, WALK_RING_BYTES, WalkStash,
 };
-use mm_probe_common::ring_wakeup_bytes;
+use mm_probe_common::{cause::Cause, ring_wakeup_bytes};
 
 use crate::kernel::{
     bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, wakeup_flags,
@@ -149,6 +149,7 @@ fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
         seq: 0,
         seq_state: SeqState::Unread as u32,
         _pad: 0,
+        cause: Cause::default(),
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     }
 }
@@ -312,6 +313,7 @@ fn invalidate_start(range: u64) -> u32 {
     let unknown = NotifierEvent::Unknown as u32;
     bump(&HMM_INVALIDATIONS_BY_EVENT, if kind < unknown { kind } else { unknown }, 1);
     event.code = kind as i32;
+    event.cause = crate::cause::classify();
     emit(event);
     0
 }

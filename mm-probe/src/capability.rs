@@ -50,7 +50,7 @@ capabilities! {
     RetryStorm => Definition {
         name: "retry-storm",
         command: "retry-storm",
-        map_families: &[MapFamily::RetryStorm],
+        map_families: &[MapFamily::RetryStorm, MapFamily::Cause],
         catalog: crate::retry_storm::probes::PROBES,
     },
     /// Why a process gets no transparent huge pages (`thp-why`).

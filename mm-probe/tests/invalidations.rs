@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use common::{MirrorModule, mm_probe, module_dir, require_root, root_with_kvm, run_tool, workload};
+use common::{MirrorModule, mm_probe, module_dir, require_root, root_with_kvm, run_tool, vmstat, workload};
 use serde_json::Value;
 
 /// Runs kvm_storm under the tool; returns the workload's counts and the tool's summary line.
@@ -157,13 +157,6 @@ fn one_invalidating_thread_meets_no_contention_and_the_unmaps_match_its_madvises
 fn cause_row<'a>(summary: &'a Value, class: &str, detail: &str) -> Option<&'a Value> {
     let rows = summary["invalidations"]["by_cause"].as_array().unwrap();
     rows.iter().find(|r| r["cause"]["class"] == class && r["cause"]["detail"] == detail)
-}
-
-/// One counter of /proc/vmstat.
-fn vmstat(name: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
-    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
-    line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("{name} in /proc/vmstat"))
 }
 
 /// Whose memory comes from the memory: the VM's own mprotect, and then compaction run by another

@@ -4,11 +4,10 @@
 //! (the host) the tool must say plainly that walks are not observable, and why.
 
 mod common;
+mod retry_storm_support;
 
 use std::{
-    io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
-    sync::mpsc,
+    process::{Child, Command},
     thread,
     time::{Duration, Instant},
 };
@@ -16,6 +15,7 @@ use std::{
 use common::{
     RenderedSvg, first_of, json_lines, keep_artifact, require_root, run_tool, scratch_dir, vm_kernel, workload,
 };
+use retry_storm_support::{Tool, f, has_advice};
 use serde_json::Value;
 
 const WALK_PROBE: &str = "hmm_range_fault walk";
@@ -216,70 +216,6 @@ fn the_plot_shows_rates_over_time_against_the_retry_rate_limits() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// The tool running in the background, its NDJSON lines collected by a thread.
-struct Tool {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<Value>,
-}
-
-impl Tool {
-    fn start(args: &[&str]) -> Self {
-        Self::start_with(args, &[])
-    }
-
-    /// `start`, with these variables in the tool's environment (the test hooks).
-    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(common::mm_probe())
-            .args(["retry-storm", "--json", "--duration", "120s"])
-            .args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting mm-probe");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (send, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut tool = Tool { child, lines, seen: Vec::new() };
-        tool.wait_for("probe_plan", Duration::from_secs(90));
-        tool
-    }
-
-    fn wait_for(&mut self, kind: &str, limit: Duration) -> Value {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(found) = self.seen.iter().find(|v| v["type"] == kind) {
-                return found.clone();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no {kind} line from mm-probe within {limit:?}"));
-            self.seen.push(common::tool_line(&line));
-        }
-    }
-
-    /// Ctrl-C, then the summary it must print; also returns every line it printed.
-    fn interrupt(mut self) -> (Value, Vec<Value>) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) }, 0);
-        let summary = self.wait_for("summary", Duration::from_secs(60));
-        let status = self.child.wait().expect("waiting for mm-probe");
-        assert_eq!(status.code(), Some(0), "Ctrl-C ends the run with a summary and exit 0");
-        // The reader thread ends with the tool's stdout: what it still holds is the rest.
-        for line in self.lines.iter() {
-            self.seen.push(common::tool_line(&line));
-        }
-        (summary, self.seen)
-    }
-}
 
 /// Runs hmm_storm under the tool; returns (the driver's counters, the tool's summary).
 fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
@@ -324,9 +260,6 @@ fn invalidations_per_second(driver: &Value) -> f64 {
     f(&driver["invalidations"]) / (f(&driver["elapsed_ns"]) / 1e9)
 }
 
-fn f(v: &Value) -> f64 {
-    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
-}
 
 fn level_rank(level: &Value) -> u32 {
     match level.as_str() {
@@ -347,9 +280,6 @@ fn metric_level(summary: &Value, name: &str) -> u32 {
     level_rank(&metric["level"])
 }
 
-fn has_advice(summary: &Value, cause: &str) -> Option<Value> {
-    summary["verdict"]["advice"].as_array().unwrap().iter().find(|a| a["cause"] == cause).cloned()
-}
 
 /// The tool's counts equal the driver's: every hmm_range_fault return, every -EBUSY, every
 /// retry loop that gave up.

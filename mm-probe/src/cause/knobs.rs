@@ -45,6 +45,16 @@ pub fn knobs(root: &Path, cause: &CauseName, tgid: u32) -> Vec<Knob> {
     }
 }
 
+/// "compaction: vm.compaction_proactiveness=20, …; mlock does not stop compaction …": one
+/// cause's settings as read (UNKNOWN when unreadable) and its remedy, for text reports.
+pub fn settings_line(cause: &CauseName, knobs: &[Knob], remedy: Option<&str>) -> String {
+    let knobs: Vec<String> =
+        knobs.iter().map(|k| format!("{}={}", k.setting, k.value.as_deref().unwrap_or("UNKNOWN"))).collect();
+    let settings = if knobs.is_empty() { String::new() } else { format!(" {}", knobs.join(", ")) };
+    let remedy = remedy.map_or_else(String::new, |r| format!("; {r}"));
+    format!("{}:{settings}{remedy}", cause.class.replace('_', " "))
+}
+
 /// What stops the cause, or what does not, in a sentence.
 pub fn remedy(class: &str) -> Option<&'static str> {
     match class {

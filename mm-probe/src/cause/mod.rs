@@ -6,5 +6,5 @@ pub mod knobs;
 pub mod names;
 pub mod probes;
 
-pub use knobs::{Knob, knobs, remedy};
+pub use knobs::{Knob, knobs, remedy, settings_line};
 pub use names::{CauseName, Namer};

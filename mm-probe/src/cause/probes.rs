@@ -49,6 +49,19 @@ pub const BRACKETS: [LogicalProbe; 8] = [
     CGROUP_RECLAIM_BEGIN,
 ];
 
+/// `rest` after the brackets: a capability's probes in attach order, the brackets first so
+/// that nothing is classified before the work around it can be seen.
+pub const fn bracketed<const N: usize, const M: usize>(rest: [LogicalProbe; N]) -> [LogicalProbe; M] {
+    assert!(M == BRACKETS.len() + N, "M must be the brackets plus the capability's probes");
+    let mut all = [BRACKETS[0]; M];
+    let mut i = 0;
+    while i < M {
+        all[i] = if i < BRACKETS.len() { BRACKETS[i] } else { rest[i - BRACKETS.len()] };
+        i += 1;
+    }
+    all
+}
+
 /// The classifier's globals: where migrate_pages' reason sits in its record, and whether the
 /// saved user registers can be read to name a syscall.
 pub fn settings(kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {

@@ -110,15 +110,7 @@ pub const INTERVAL_BEGIN: LogicalProbe = function_probe!(
 
 /// In attach order: the cause brackets before anything they classify (ends before begins),
 /// then the KVM probes, which learn the locks the contention probes name.
-pub const PROBES: &[LogicalProbe] = &[
-    cause::BRACKETS[0],
-    cause::BRACKETS[1],
-    cause::BRACKETS[2],
-    cause::BRACKETS[3],
-    cause::BRACKETS[4],
-    cause::BRACKETS[5],
-    cause::BRACKETS[6],
-    cause::BRACKETS[7],
+const ALL: [LogicalProbe; 20] = cause::bracketed([
     KVM_UNMAP,
     KVM_AGE,
     KVM_FAULT,
@@ -131,7 +123,8 @@ pub const PROBES: &[LogicalProbe] = &[
     CONTENTION_END,
     SUBSCRIPTIONS,
     INTERVAL_BEGIN,
-];
+]);
+pub const PROBES: &[LogicalProbe] = &ALL;
 
 /// The KVM callback whose address identifies a KVM subscription (the ops table itself is a
 /// data symbol, which kernels without CONFIG_KALLSYMS_ALL do not list).

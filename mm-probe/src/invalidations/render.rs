@@ -116,11 +116,7 @@ fn causes_text(s: &Summary, width: usize) -> String {
     let mut out = String::from("  why (the invalidating thread's context):\n");
     out += &text::table(&["CAUSE", "COUNT", "SHARE", "MEMORY OF PID"], &cells, width, 4);
     for c in causes.iter().filter(|c| !c.knobs.is_empty() || c.remedy.is_some()) {
-        let knobs: Vec<String> =
-            c.knobs.iter().map(|k| format!("{}={}", k.setting, k.value.as_deref().unwrap_or("UNKNOWN"))).collect();
-        let settings = if knobs.is_empty() { String::new() } else { format!(" {}", knobs.join(", ")) };
-        let remedy = c.remedy.map_or_else(String::new, |r| format!("; {r}"));
-        let _ = writeln!(out, "    {}:{settings}{remedy}", c.cause.class.replace('_', " "));
+        let _ = writeln!(out, "    {}", crate::cause::settings_line(&c.cause, &c.knobs, c.remedy));
     }
     out
 }

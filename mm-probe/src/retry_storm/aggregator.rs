@@ -17,6 +17,7 @@ use super::{
     window::{TOP_INVALIDATORS, Window},
 };
 use crate::{
+    cause::Namer,
     collect::{RingReader, counters::percpu_sums},
     kernel::Kallsyms,
 };
@@ -54,7 +55,8 @@ pub struct Collector {
     previous: KernelTotals,
     pub seen: Observability,
     pub thresholds: Thresholds,
-    numa_balancing: Option<String>,
+    /// Names the causes the kernel decided (this kernel's migration reasons).
+    namer: Namer,
     /// Records of a kind this build does not know.
     malformed: u64,
     /// Rate samples for `--plot`; `None` without it.
@@ -68,7 +70,7 @@ impl Collector {
         timeout_ns: u64,
         seen: Observability,
         thresholds: Thresholds,
-        numa_balancing: Option<String>,
+        namer: Namer,
     ) -> Self {
         Self {
             streams: None,
@@ -80,7 +82,7 @@ impl Collector {
             previous: KernelTotals::default(),
             seen,
             thresholds,
-            numa_balancing,
+            namer,
             malformed: 0,
             timeline: None,
         }
@@ -154,7 +156,7 @@ impl Collector {
     }
 
     pub fn on_raw(&mut self, raw: &HmmEvent) {
-        match decode(raw) {
+        match decode(raw, &self.namer) {
             Some(Event::Walk(walk)) => {
                 self.current.add_walk(&walk);
                 if let Some(chain) = self.chains.walk(&walk) {
@@ -176,8 +178,8 @@ impl Collector {
     }
 
     fn apply_settled(&mut self, settled: Settled) {
-        for (walk, cause) in &settled.busy_causes {
-            self.current.add_busy_cause(walk, *cause);
+        for failure in &settled.failures {
+            self.current.add_failure(failure);
         }
         for (_, overlap) in settled.invalidations {
             self.current.add_overlap(overlap);
@@ -222,7 +224,7 @@ impl Collector {
     }
 
     fn snapshot(&self, window: &Window) -> Snapshot {
-        Snapshot::build(window, self.run_start_ns, &self.seen, &self.thresholds, self.numa_balancing.clone())
+        Snapshot::build(window, self.run_start_ns, &self.seen, &self.thresholds)
     }
 }
 
@@ -263,7 +265,7 @@ pub(crate) mod tests {
 
     fn collector() -> Collector {
         let seen = Observability { walks: true, invalidations: true, ..Observability::default() };
-        Collector::new(1_000, 1_000_000_000, seen, Thresholds::default(), None)
+        Collector::new(1_000, 1_000_000_000, seen, Thresholds::default(), Namer::default())
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::{
 };
 use crate::{
     capability::CapabilityId,
+    cause::probes as cause,
     exporter::{
         buckets::log2_ns_histogram,
         scrape::{Attached, Choice, Reader, Series, Slice, Snapshot, Source, catalog_programs, kvm_events},
@@ -34,16 +35,21 @@ struct RetryStormSlice {
 }
 
 impl Slice for RetryStormSlice {
-    fn settings(&self, _kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-        let mut settings = settings(&[]);
+    fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
+        let mut settings = settings(kernel, &[]);
         settings.push((names::STREAM_EVENTS, GlobalValue::U32(0)));
         settings
     }
 
     fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let kvm = [KVM_UNMAP_PROBE, KVM_AGE_PROBE];
-        let attached: Vec<LogicalProbe> =
-            PROBES.iter().filter(|p| !(self.kvm_left_to_invalidations && kvm.contains(&p.name))).copied().collect();
+        // The cause brackets classify streamed invalidations only, and the ring is off here.
+        let brackets: Vec<&str> = cause::BRACKETS.iter().map(|p| p.name).collect();
+        let attached: Vec<LogicalProbe> = PROBES
+            .iter()
+            .filter(|p| !(self.kvm_left_to_invalidations && kvm.contains(&p.name)) && !brackets.contains(&p.name))
+            .copied()
+            .collect();
         let plan = Planner::new(kernel).attach_all(ebpf, &attached);
         let seen = observability(kernel, &plan);
         let attached = Attached { capability: CapabilityId::RetryStorm, plan, programs: catalog_programs(PROBES) };

@@ -1,10 +1,9 @@
 //! Judging the metrics against the health thresholds (docs/thresholds.md, "retry-storm"; every
 //! band can be overridden from the command line) and tying advice to the evidence.
 
-use mm_probe_common::hmm::NotifierEvent;
 use serde::Serialize;
 
-use super::{rates::ratio, walks::StaleLoops};
+use super::{causes::CauseRow, rates::ratio, walks::StaleLoops};
 pub use crate::report::verdict::{Band, Level, Unit};
 use crate::{
     report::verdict::{self, MetricVerdict, named},
@@ -28,8 +27,13 @@ named! {
         StaleSequence => "stale sequence",
         LargeWalks => "large walks",
         NotifierFalseSharing => "notifier false sharing",
-        Reclaim => "reclaim",
-        NumaBalancingOrMprotect => "NUMA balancing or mprotect",
+        MemoryPressure => "memory pressure",
+        CgroupLimit => "cgroup memory limit",
+        Compaction => "compaction",
+        NumaBalancing => "NUMA balancing",
+        Migration => "page migration",
+        KernelThread => "kernel thread",
+        CopyOnWrite => "copy-on-write",
         FineGrainedUnmaps => "fine-grained unmaps",
         SlowInvalidateCallbacks => "slow invalidate callbacks",
     }
@@ -79,13 +83,11 @@ pub struct Evidence {
     pub false_sharing: u64,
     /// Size of the notifier intervals the false-sharing walks used (largest seen).
     pub notifier_interval_bytes: Option<u64>,
-    /// (comm, event, count) of the top invalidators.
-    pub top_invalidators: Vec<(String, NotifierEvent, u64)>,
+    /// Invalidations and the failed walks that collided with them, by cause.
+    pub by_cause: Vec<CauseRow>,
     /// Invalidations of at most one page ÷ all.
     pub small_invalidation_share: Option<f64>,
     pub callback_p99_ns: Option<u64>,
-    /// /proc/sys/kernel/numa_balancing, when readable.
-    pub numa_balancing: Option<String>,
     /// -EBUSY returns of stale-sequence retries (kernel counter); `None` where the walks'
     /// sequences cannot be read.
     pub stale_retries: Option<u64>,
@@ -219,36 +221,7 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
             action: "register finer interval notifiers (one per 2 MiB is the usual middle ground) so an invalidation fails only the walks of the pages it touches".into(),
         });
     }
-    let reclaim: u64 = e
-        .top_invalidators
-        .iter()
-        .filter(|(comm, _, _)| comm.starts_with("kswapd") || comm.starts_with("kcompactd"))
-        .map(|(_, _, n)| n)
-        .sum();
-    if reclaim > 0 && ratio(reclaim, e.invalidations).is_some_and(|r| r >= 0.1) {
-        advice.push(Advice {
-            cause: Cause::Reclaim,
-            evidence: format!("{reclaim} of {} invalidations came from kswapd/kcompactd", e.invalidations),
-            action: "the machine is under memory pressure: give the workload more memory, lower other consumers, or pin (mlock) the mirrored buffers".into(),
-        });
-    }
-    let protection: u64 = e
-        .top_invalidators
-        .iter()
-        .filter(|(_, event, _)| *event == NotifierEvent::ProtectionVma)
-        .map(|(_, _, n)| n)
-        .sum();
-    if protection > 0 && ratio(protection, e.invalidations).is_some_and(|r| r >= 0.1) {
-        advice.push(Advice {
-            cause: Cause::NumaBalancingOrMprotect,
-            evidence: format!(
-                "{protection} of {} invalidations were PROTECTION_VMA (NUMA hinting faults or mprotect); kernel.numa_balancing = {}",
-                e.invalidations,
-                e.numa_balancing.as_deref().unwrap_or("unknown")
-            ),
-            action: "if numa_balancing is on, disable it for this workload (sysctl kernel.numa_balancing=0) or bind its memory (numactl --membind); if the application mprotects the buffer, stop toggling protections on mirrored memory".into(),
-        });
-    }
+    advice.extend(collision_advice(&e.by_cause));
     if verdict::level_of(metrics, Metric::InvalidateFreq) >= Level::Warn
         && e.small_invalidation_share.is_some_and(|s| s >= 0.5)
     {
@@ -270,6 +243,99 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
         });
     }
     advice
+}
+
+/// A cause is blamed when at least this share of the failed walks collided with it.
+pub const COLLISION_SHARE: f64 = 0.1;
+
+/// What each cause of invalidations is called in advice, and what stops it; `None` for the
+/// process's own calls (the chunking and unmap advice speak to those) and undecided causes.
+fn remedy_for(class: &str) -> Option<(Cause, &'static str, &'static str)> {
+    Some(match class {
+        "kswapd" | "direct_reclaim" => (
+            Cause::MemoryPressure,
+            "reclaim of the mirrored memory",
+            "the machine is under memory pressure and reclaim unmaps the mirrored pages while the device walks them: give the workload memory or lower other consumers, raise the watermarks (vm.watermark_scale_factor) so kswapd starts earlier, or mlock the mirrored buffers",
+        ),
+        "cgroup_reclaim" => (
+            Cause::CgroupLimit,
+            "its memory cgroup's reclaim",
+            "the cgroup is at its memory.high or memory.max: raise the limit above the working set, or mlock the mirrored buffers",
+        ),
+        "compaction" => (
+            Cause::Compaction,
+            "compaction moving the mirrored pages",
+            "lower vm.compaction_proactiveness, set transparent_hugepage/defrag to defer or madvise; mlock does not stop compaction unless vm.compact_unevictable_allowed is 0",
+        ),
+        "numa_balancing" => (
+            Cause::NumaBalancing,
+            "NUMA balancing",
+            "disable NUMA balancing for this workload (sysctl kernel.numa_balancing=0) or bind its memory (numactl --membind); mlock does not stop it",
+        ),
+        "migration" => (
+            Cause::Migration,
+            "page migration",
+            "find what migrates the pages (the reason is named): mbind/move_pages calls, memory tiering's demotion, or memory hot-unplug; mlock does not stop migration",
+        ),
+        "kernel_thread" => (
+            Cause::KernelThread,
+            "a kernel thread working on the mirrored memory",
+            "khugepaged: MADV_NOHUGEPAGE on the mirrored range or a lower khugepaged/pages_to_scan; ksmd: no MADV_MERGEABLE on it; kdamond: exclude the range from DAMON's scheme",
+        ),
+        "fault" => (
+            Cause::CopyOnWrite,
+            "copy-on-write after fork",
+            "the process forks while mirroring: MADV_DONTFORK or MADV_WIPEONFORK on the mirrored range",
+        ),
+        _ => return None,
+    })
+}
+
+/// One piece of advice per kind of cause that failed at least [`COLLISION_SHARE`] of the walks,
+/// with the rows behind it and their settings as read on this machine.
+fn collision_advice(rows: &[CauseRow]) -> Vec<Advice> {
+    let mut advice: Vec<(Cause, f64, u64, Advice)> = Vec::new();
+    for row in rows.iter().filter(|r| r.failed_walks > 0) {
+        let Some((cause, what, action)) = remedy_for(row.cause.class) else { continue };
+        let share = row.failed_walk_share.unwrap_or(0.0);
+        match advice.iter_mut().find(|(c, ..)| *c == cause) {
+            Some((_, total_share, total, _)) => {
+                *total_share += share;
+                *total += row.failed_walks;
+            }
+            None => advice.push((
+                cause,
+                share,
+                row.failed_walks,
+                Advice { cause, evidence: what.to_string(), action: action.to_string() },
+            )),
+        }
+    }
+    advice
+        .into_iter()
+        .filter(|(_, share, ..)| *share >= COLLISION_SHARE)
+        .map(|(cause, share, failed, mut a)| {
+            let of_this: Vec<&CauseRow> =
+                rows.iter().filter(|r| remedy_for(r.cause.class).is_some_and(|(c, ..)| c == cause)).collect();
+            a.evidence = collision_evidence(&a.evidence, share, failed, &of_this);
+            a
+        })
+        .collect()
+}
+
+/// "86.0 % of failed walks (430) collided with reclaim of the mirrored memory (kswapd: 400,
+/// direct reclaim in hog: 30); vm.swappiness = 60, …"
+fn collision_evidence(what: &str, share: f64, failed: u64, rows: &[&CauseRow]) -> String {
+    let each: Vec<String> = rows.iter().map(|r| format!("{}: {}", r.cause, r.failed_walks)).collect();
+    let mut knobs: Vec<String> = Vec::new();
+    for knob in rows.iter().flat_map(|r| &r.knobs) {
+        let said = format!("{} = {}", knob.setting, knob.value.as_deref().unwrap_or("unreadable"));
+        if !knobs.contains(&said) {
+            knobs.push(said);
+        }
+    }
+    let knobs = if knobs.is_empty() { String::new() } else { format!("; {}", knobs.join(", ")) };
+    format!("{} of failed walks ({failed}) collided with {what} ({}){knobs}", percent(Some(share)), each.join(", "))
 }
 
 #[cfg(test)]
@@ -323,8 +389,8 @@ mod tests {
             Cause::StaleSequence,
             Cause::LargeWalks,
             Cause::NotifierFalseSharing,
-            Cause::Reclaim,
-            Cause::NumaBalancingOrMprotect,
+            Cause::MemoryPressure,
+            Cause::NumaBalancing,
             Cause::FineGrainedUnmaps,
             Cause::SlowInvalidateCallbacks,
         ]
@@ -335,8 +401,8 @@ mod tests {
                 "stale sequence",
                 "large walks",
                 "notifier false sharing",
-                "reclaim",
-                "NUMA balancing or mprotect",
+                "memory pressure",
+                "NUMA balancing",
                 "fine-grained unmaps",
                 "slow invalidate callbacks"
             ]
@@ -428,24 +494,52 @@ mod tests {
         assert!(finer.action.contains("finer interval notifiers"));
     }
 
+    fn row(class: &'static str, detail: Option<&str>, failed_walks: u64, share: f64) -> CauseRow {
+        let cause = crate::cause::CauseName { class, detail: detail.map(str::to_string) };
+        CauseRow {
+            knobs: crate::cause::knobs(std::path::Path::new("/nonexistent"), &cause, 1),
+            remedy: crate::cause::remedy(class),
+            cause,
+            invalidations: failed_walks * 2,
+            failed_walks,
+            failed_walk_share: Some(share),
+        }
+    }
+
     #[test]
     fn reclaim_numa_small_unmaps_and_slow_callbacks_are_named() {
         let e = Evidence {
             invalidations: 100,
             invalidate_freq: Some(20_000.0),
             small_invalidation_share: Some(0.9),
-            top_invalidators: vec![
-                ("kswapd0".into(), NotifierEvent::Unmap, 30),
-                ("app".into(), NotifierEvent::ProtectionVma, 20),
+            by_cause: vec![
+                row("kswapd", None, 30, 0.6),
+                row("direct_reclaim", Some("in hog"), 5, 0.1),
+                row("numa_balancing", Some("hinting faults set up by task_numa_work"), 10, 0.2),
+                row("syscall", Some("madvise(MADV_DONTNEED)"), 5, 0.1),
             ],
             callback_p99_ns: Some(300_000),
-            numa_balancing: Some("1".into()),
             ..Evidence::default()
         };
-        let causes: Vec<Cause> = judge(&e, &Thresholds::default()).advice.iter().map(|a| a.cause).collect();
+        let advice = judge(&e, &Thresholds::default()).advice;
+        let causes: Vec<Cause> = advice.iter().map(|a| a.cause).collect();
         assert_eq!(
             causes,
-            [Cause::Reclaim, Cause::NumaBalancingOrMprotect, Cause::FineGrainedUnmaps, Cause::SlowInvalidateCallbacks]
+            [Cause::MemoryPressure, Cause::NumaBalancing, Cause::FineGrainedUnmaps, Cause::SlowInvalidateCallbacks]
         );
+        let pressure = &advice[0].evidence;
+        assert!(pressure.starts_with("70.0 % of failed walks (35) collided with reclaim"), "{pressure}");
+        assert!(pressure.contains("kswapd: 30, direct reclaim in hog: 5"), "{pressure}");
+        assert!(pressure.contains("vm.swappiness = unreadable"), "the knob is named even unread: {pressure}");
+    }
+
+    #[test]
+    fn a_cause_below_a_tenth_of_the_failed_walks_or_the_processs_own_calls_get_no_cause_advice() {
+        let e = Evidence {
+            by_cause: vec![row("syscall", Some("madvise(MADV_DONTNEED)"), 90, 0.9), row("compaction", None, 5, 0.05)],
+            ..Evidence::default()
+        };
+        let advice = judge(&e, &Thresholds::default()).advice;
+        assert!(advice.is_empty(), "{advice:?}");
     }
 }

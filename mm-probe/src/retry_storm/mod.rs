@@ -3,11 +3,12 @@
 //! hooks (probes.rs) → kernel counters (counters.rs) + two rings (walks, invalidations) → the
 //! collector (aggregator.rs) → records decoded, joined into retry chains and matched with the
 //! invalidations that failed them (walks.rs) → observation windows and their metrics (window.rs,
-//! rates.rs) → verdict and advice (judge.rs) → the report's JSON lines (report.rs) or text
+//! rates.rs; invalidations and collisions by cause, causes.rs) → verdict and advice (judge.rs) → the report's JSON lines (report.rs) or text
 //! (render.rs). run.rs is the capability as the run driver runs it. With `--plot`, the kernel counters are also sampled
 //! into a bounded series (timeline.rs) drawn at the end (plot.rs).
 
 pub mod aggregator;
+pub mod causes;
 pub mod counters;
 pub mod export;
 pub mod judge;

@@ -8,6 +8,7 @@ use mm_probe_common::{hmm as names, layout as layout_names};
 
 use super::report::{Observability, Statement};
 use crate::{
+    cause::probes as cause,
     function_probe,
     kernel::{Kernel, layout::Layout},
     probes::{GlobalValue, LogicalProbe, Plan, Target},
@@ -74,9 +75,12 @@ pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
     "kvm:kvm_age_hva" on "KVM with MMU notifiers, kvm.ko loaded" => "kvm_age_hva"
 );
 
-/// In attach order: the walk and read_begin probes mark mms as mirrored, which the
-/// invalidation probes filter on.
-pub const PROBES: &[LogicalProbe] = &[WALK, READ_BEGINS, REMOVES, INVALIDATE_START, INVALIDATE_END, KVM_UNMAP, KVM_AGE];
+/// In attach order: the cause brackets before the invalidations they classify, then the walk
+/// and read_begin probes, which mark mms as mirrored, before the invalidation probes, which
+/// filter on it.
+const ALL: [LogicalProbe; 15] =
+    cause::bracketed([WALK, READ_BEGINS, REMOVES, INVALIDATE_START, INVALIDATE_END, KVM_UNMAP, KVM_AGE]);
+pub const PROBES: &[LogicalProbe] = &ALL;
 
 /// Whether the kernel has hmm_range_fault at all (CONFIG_HMM_MIRROR), from BTF or kallsyms.
 fn has_hmm(kernel: &Kernel) -> bool {
@@ -106,6 +110,7 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
         statements: Vec::new(),
     };
     seen.sequences = seen.walks && reads_sequences(kernel);
+    seen.statements.extend(cause::statements(plan, kernel));
     let why = |probe: &str| plan.get(probe).map(|p| p.why_unavailable());
     let note =
         |subject: &str, why: Option<String>, cost: &str| Statement { subject: subject.into(), why, cost: cost.into() };
@@ -171,7 +176,9 @@ pub fn observability(kernel: &Kernel, plan: &Plan) -> Observability {
     seen
 }
 
-/// Globals: whether only the `-p` processes are watched.
-pub fn settings(pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
-    vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))]
+/// Globals: whether only the `-p` processes are watched, and the cause classifier's.
+pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
+    let mut settings = vec![(names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty())))];
+    settings.extend(cause::settings(kernel));
+    settings
 }

@@ -5,12 +5,12 @@ use std::fmt::Write as _;
 
 use super::{
     judge::SLOW_CALLBACK_NS,
-    report::{Observability, Snapshot},
+    report::{CauseRow, Observability, Snapshot},
 };
 use crate::{
     collect::Stop,
     probes::Plan,
-    report::{Log2Histogram, Percentiles},
+    report::{Log2Histogram, Percentiles, text},
     units::{format_bytes, format_nanos},
 };
 
@@ -188,6 +188,7 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
                 );
             }
         }
+        out += &causes_text(&i.by_cause);
         let o = &i.overlap_with_walks;
         let _ = writeln!(
             out,
@@ -224,6 +225,27 @@ pub fn summary_text(s: &Snapshot, seen: &Observability, stopped_by: Stop) -> Str
     out
 }
 
+/// Why the mirrored memory was invalidated and what the failed walks collided with, with
+/// each cause's settings on this machine.
+fn causes_text(causes: &[CauseRow]) -> String {
+    if causes.is_empty() {
+        return String::new();
+    }
+    let cells: Vec<Vec<String>> = causes
+        .iter()
+        .map(|c| {
+            let share = c.failed_walk_share.map_or("-".into(), |s| format!("{:.0}%", s * 100.0));
+            vec![c.cause.to_string(), c.invalidations.to_string(), c.failed_walks.to_string(), share]
+        })
+        .collect();
+    let mut out = String::from("  why (the invalidating thread's context):\n");
+    out += &text::table(&["CAUSE", "INVALIDATIONS", "FAILED WALKS", "SHARE"], &cells, text::width(), 4);
+    for c in causes.iter().filter(|c| !c.knobs.is_empty() || c.remedy.is_some()) {
+        let _ = writeln!(out, "    {}", crate::cause::settings_line(&c.cause, &c.knobs, c.remedy));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +264,9 @@ mod tests {
         assert!(text.contains("  - large walks: "), "{text}");
         assert!(text.contains("(interrupted)"), "{text}");
         assert!(text.contains("CLEAR"), "invalidation events by the kernel's names: {text}");
+        let why = text.lines().find(|l| l.trim_start().starts_with("kswapd ")).unwrap_or_else(|| panic!("{text}"));
+        assert!(why.contains("100%"), "the failed walks' share by cause: {why}");
+        assert!(text.contains("kswapd: vm.swappiness=60; memory pressure"), "its settings as read: {text}");
     }
 
     #[test]

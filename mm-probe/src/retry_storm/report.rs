@@ -4,6 +4,7 @@
 use mm_probe_common::hmm::NotifierEvent;
 use serde::{Serialize, Serializer};
 
+pub use super::causes::CauseRow;
 use super::judge::{Thresholds, Verdict};
 pub use super::walks::StaleLoops;
 use crate::{
@@ -152,6 +153,9 @@ pub struct InvalidationMetrics {
     pub callback_p99_ns: Option<u64>,
     /// Log2 buckets (ns) of invalidate_range_start → _end.
     pub start_to_end_ns_log2_hist: Vec<u64>,
+    /// Why the mirrored memory was invalidated, and which causes the failed walks collided
+    /// with, most failed walks first.
+    pub by_cause: Vec<CauseRow>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -308,6 +312,14 @@ pub(crate) mod tests {
                 callback_ns_log2_hist: vec![0, 2],
                 callback_p99_ns: Some(3),
                 start_to_end_ns_log2_hist: vec![2],
+                by_cause: vec![CauseRow {
+                    cause: crate::cause::CauseName { class: "kswapd", detail: None },
+                    invalidations: 10,
+                    failed_walks: 2,
+                    failed_walk_share: Some(1.0),
+                    knobs: vec![crate::cause::Knob { setting: "vm.swappiness".into(), value: Some("60".into()) }],
+                    remedy: crate::cause::remedy("kswapd"),
+                }],
             }),
             kvm: Some(KvmMetrics { unmap_hva_range: 1, age_hva: 2, size_bytes_log2_hist: vec![0, 3] }),
             lost_events: LostEvents::default().with(Loss::InvalidateEvents, Some(1)),

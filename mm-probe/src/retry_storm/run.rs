@@ -16,6 +16,7 @@ use super::{
 };
 use crate::{
     capability::CapabilityId as Id,
+    cause::Namer,
     cli::{RetryStormArgs, RunArgs},
     collect::{
         RingReader, Ticker,
@@ -72,8 +73,8 @@ impl Capability for RetryStorm {
         &self.run
     }
 
-    fn settings(&self, _kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-        probes::settings(&self.run.pids)
+    fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
+        probes::settings(kernel, &self.run.pids)
     }
 
     fn attach<'k>(&self, kernel: &'k Kernel, ebpf: &mut Ebpf) -> Result<Watch<'k>> {
@@ -88,9 +89,8 @@ impl Capability for RetryStorm {
             report::plan_json(&kernel.release.text, &plan, &seen, &self.thresholds, self.timeout_ns),
             render::plan_text(&kernel.release.text, &plan, &seen),
         );
-        let numa_balancing =
-            std::fs::read_to_string("/proc/sys/kernel/numa_balancing").ok().map(|s| s.trim().to_string());
-        let mut collector = Collector::new(monotonic_ns(), self.timeout_ns, seen, self.thresholds, numa_balancing);
+        let mut collector =
+            Collector::new(monotonic_ns(), self.timeout_ns, seen, self.thresholds, Namer::from_tracefs());
         collector.read_from(Streams::new(walks, invalidations));
         let plotting = self.run.plot.is_some();
         if plotting {

@@ -51,7 +51,10 @@ use std::collections::{HashMap, VecDeque};
 pub use mm_probe_common::hmm::NotifierEvent;
 use mm_probe_common::hmm::{EBUSY, EventKind, HmmEvent, SeqState};
 
-use crate::report::tally::tally;
+use crate::{
+    cause::{CauseName, Namer},
+    report::tally::tally,
+};
 
 /// One hmm_range_fault() call.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,6 +111,8 @@ pub struct Invalidation {
     pub start: u64,
     pub end: u64,
     pub event: NotifierEvent,
+    /// Why it happened, decided in the invalidating thread.
+    pub cause: CauseName,
 }
 
 impl Invalidation {
@@ -131,8 +136,9 @@ pub enum Event {
     NotifierRemove(NotifierRemove),
 }
 
-/// Turns one raw record into an event; `None` for an unknown kind (a build mismatch).
-pub fn decode(raw: &HmmEvent) -> Option<Event> {
+/// Turns one raw record into an event, its cause named by `namer`; `None` for an unknown kind
+/// (a build mismatch).
+pub fn decode(raw: &HmmEvent, namer: &Namer) -> Option<Event> {
     let comm = comm_string(&raw.comm);
     match EventKind::from_u32(raw.kind)? {
         EventKind::Walk => Some(Event::Walk(Walk {
@@ -152,16 +158,20 @@ pub fn decode(raw: &HmmEvent) -> Option<Event> {
             seq: (SeqState::from_u32(raw.seq_state) != SeqState::Unread).then_some(raw.seq),
             stale_retry: SeqState::from_u32(raw.seq_state) == SeqState::StaleRetry,
         })),
-        EventKind::Invalidate => Some(Event::Invalidate(Invalidation {
-            pid: raw.pid,
-            tgid: raw.tgid,
-            comm,
-            ts_ns: raw.ts_ns,
-            mm: raw.mm,
-            start: raw.start,
-            end: raw.end,
-            event: NotifierEvent::from_raw(raw.code),
-        })),
+        EventKind::Invalidate => {
+            let event = NotifierEvent::from_raw(raw.code);
+            Some(Event::Invalidate(Invalidation {
+                pid: raw.pid,
+                tgid: raw.tgid,
+                cause: namer.name(&raw.cause, &comm, Some(event.name())),
+                comm,
+                ts_ns: raw.ts_ns,
+                mm: raw.mm,
+                start: raw.start,
+                end: raw.end,
+                event,
+            }))
+        }
         EventKind::NotifierRemove => {
             Some(Event::NotifierRemove(NotifierRemove { ts_ns: raw.ts_ns, notifier: raw.notifier, mm: raw.mm }))
         }
@@ -335,10 +345,19 @@ struct Stored {
     overlap: InvalidationOverlap,
 }
 
+/// A failed walk, why it failed, and the cause of the invalidation it collided with (the
+/// first in its window that overlapped its range, else its notifier's interval).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub walk: Walk,
+    pub why: BusyCause,
+    pub collided_with: Option<CauseName>,
+}
+
 /// What the joiner hands back when walks settle or invalidations age out.
 #[derive(Debug, Default)]
 pub struct Settled {
-    pub busy_causes: Vec<(Walk, BusyCause)>,
+    pub failures: Vec<Failure>,
     /// Settled walks that succeeded or failed otherwise (for completeness of the caller's view).
     pub other_walks: Vec<Walk>,
     pub invalidations: Vec<(Invalidation, InvalidationOverlap)>,
@@ -383,9 +402,8 @@ impl OverlapJoiner {
         self.pending = pending;
         let mut settled = Settled::default();
         for walk in ready {
-            let cause = self.judge(&walk);
-            match cause {
-                Some(cause) => settled.busy_causes.push((walk, cause)),
+            match self.judge(&walk) {
+                Some((why, collided_with)) => settled.failures.push(Failure { walk, why, collided_with }),
                 None => settled.other_walks.push(walk),
             }
         }
@@ -406,16 +424,18 @@ impl OverlapJoiner {
         settled
     }
 
-    /// Marks the invalidations in `walk`'s window; returns the cause when the walk was busy.
-    fn judge(&mut self, walk: &Walk) -> Option<BusyCause> {
+    /// Marks the invalidations in `walk`'s window; when the walk was busy, returns why and
+    /// the cause of the invalidation that failed it.
+    fn judge(&mut self, walk: &Walk) -> Option<(BusyCause, Option<CauseName>)> {
         if walk.stale_retry {
             // Its window starts at the loop's one read_begin and holds the invalidation the
             // loop's first failure already answered for.
-            return Some(BusyCause::StaleSequence);
+            return Some((BusyCause::StaleSequence, None));
         }
         let (window_start, window_end) = (walk.window_start_ns(), walk.exit_ns);
         let first = self.invalidations.partition_point(|s| s.invalidation.ts_ns < window_start);
-        let mut cause = BusyCause::Unexplained;
+        let mut why = BusyCause::Unexplained;
+        let mut collided_with: Option<CauseName> = None;
         for stored in self.invalidations.iter_mut().skip(first) {
             let inv = &stored.invalidation;
             if inv.ts_ns > window_end {
@@ -426,17 +446,22 @@ impl OverlapJoiner {
             }
             if overlaps(inv.start, inv.end, walk.start, walk.end) {
                 stored.overlap.walked_range = true;
-                cause = BusyCause::TrueConflict;
+                // The first overlap of the range itself is what moved the sequence first.
+                if why != BusyCause::TrueConflict {
+                    collided_with = Some(stored.invalidation.cause.clone());
+                }
+                why = BusyCause::TrueConflict;
             } else if walk.interval.is_some_and(|(s, last)| overlaps(inv.start, inv.end, s, last.saturating_add(1))) {
                 stored.overlap.interval_only = true;
-                if cause == BusyCause::Unexplained {
-                    cause = BusyCause::FalseSharing;
+                if why == BusyCause::Unexplained {
+                    why = BusyCause::FalseSharing;
+                    collided_with = Some(stored.invalidation.cause.clone());
                 }
             } else {
                 stored.overlap.outside = true;
             }
         }
-        walk.busy().then_some(cause)
+        walk.busy().then_some((why, collided_with))
     }
 }
 

@@ -9,6 +9,7 @@ use hdrhistogram::Histogram;
 use mm_probe_common::hmm::{self as names, Counter, NotifierEvent};
 
 use super::{
+    causes::CauseTable,
     counters::KernelCounters,
     judge::{self, Evidence, Thresholds},
     rates::{per_second, ratio},
@@ -16,7 +17,7 @@ use super::{
         CauseTally, ChainMetrics, ChainTally, InvalidationMetrics, Invalidator, KvmMetrics, Loss, LostEvents,
         Observability, OverlapTally, RetryRate, Snapshot, StaleLoops, WalkMetrics,
     },
-    walks::{BusyCause, Chain, ChainEnd, Invalidation, InvalidationOverlap, Walk},
+    walks::{BusyCause, Chain, ChainEnd, Failure, Invalidation, InvalidationOverlap, Walk},
 };
 use crate::report::{Log2Histogram, Percentiles, percentiles::latency_histogram};
 
@@ -49,6 +50,7 @@ pub struct Window {
     pub(super) invalidation_sizes: Vec<u64>,
     pub(super) invalidators: HashMap<(String, NotifierEvent), (u64, u64)>,
     pub busy_causes: CauseTally,
+    pub(super) causes: CauseTable,
     pub(super) max_false_sharing_interval_bytes: u64,
     pub overlap: OverlapTally,
     pub callback_ns: Vec<u64>,
@@ -78,6 +80,7 @@ impl Window {
             invalidation_sizes: vec![0; SIZE_BUCKETS],
             invalidators: HashMap::new(),
             busy_causes: CauseTally::default(),
+            causes: CauseTable::default(),
             max_false_sharing_interval_bytes: 0,
             overlap: OverlapTally::default(),
             callback_ns: vec![0; SIZE_BUCKETS],
@@ -122,14 +125,19 @@ impl Window {
         }
         let bucket = Log2Histogram::bucket_of(bytes).min(SIZE_BUCKETS - 1);
         self.invalidation_sizes[bucket] += 1;
+        self.causes.add_invalidation(&invalidation.cause, invalidation.tgid);
         let slot = self.invalidators.entry((invalidation.comm.clone(), invalidation.event)).or_default();
         slot.0 += 1;
         // RELEASE (exit_mmap) invalidates [0, ULONG_MAX): byte totals saturate.
         slot.1 = slot.1.saturating_add(bytes);
     }
 
-    pub fn add_busy_cause(&mut self, walk: &Walk, cause: BusyCause) {
-        match cause {
+    pub fn add_failure(&mut self, failure: &Failure) {
+        if let Some(cause) = &failure.collided_with {
+            self.causes.add_failure(cause);
+        }
+        let walk = &failure.walk;
+        match failure.why {
             BusyCause::TrueConflict => self.busy_causes.true_conflict += 1,
             BusyCause::FalseSharing => {
                 self.busy_causes.false_sharing += 1;
@@ -180,6 +188,7 @@ impl Window {
             slot.1 = slot.1.saturating_add(*bytes);
         }
         self.busy_causes += other.busy_causes;
+        self.causes.merge(&other.causes);
         self.max_false_sharing_interval_bytes =
             self.max_false_sharing_interval_bytes.max(other.max_false_sharing_interval_bytes);
         self.overlap += other.overlap;
@@ -219,13 +228,7 @@ fn log2_p99(buckets: &[u64]) -> Option<u64> {
 
 impl Snapshot {
     /// The report of `window`, judged against `thresholds`.
-    pub fn build(
-        window: &Window,
-        run_start_ns: u64,
-        seen: &Observability,
-        thresholds: &Thresholds,
-        numa_balancing: Option<String>,
-    ) -> Self {
+    pub fn build(window: &Window, run_start_ns: u64, seen: &Observability, thresholds: &Thresholds) -> Self {
         let c = &window.counters;
         let elapsed_ns = window.end_ns.saturating_sub(window.start_ns);
         let invalidations = c.get(Counter::Invalidations);
@@ -262,6 +265,9 @@ impl Snapshot {
             duration: Percentiles::of(&window.chain_ns),
             length_log2_hist: window.chain_lengths.clone(),
         });
+        let b = &window.busy_causes;
+        let failed_walks = b.true_conflict + b.false_sharing + b.stale_sequence + b.unexplained;
+        let by_cause = if seen.invalidations { window.causes.rows(failed_walks) } else { Vec::new() };
         let invalidation_metrics = seen.invalidations.then(|| InvalidationMetrics {
             count: invalidations,
             other_mms: c.get(Counter::InvalidationsOtherMm),
@@ -272,6 +278,7 @@ impl Snapshot {
             callback_ns_log2_hist: window.callback_ns.clone(),
             callback_p99_ns: log2_p99(&window.callback_ns),
             start_to_end_ns_log2_hist: window.window_ns.clone(),
+            by_cause: by_cause.clone(),
         });
         let kvm = (seen.kvm_unmap || seen.kvm_age).then(|| KvmMetrics {
             unmap_hva_range: c.get(Counter::KvmUnmap),
@@ -295,10 +302,9 @@ impl Snapshot {
             stale_loops: window.stale_loops,
             notifier_interval_bytes: (window.max_false_sharing_interval_bytes > 0)
                 .then_some(window.max_false_sharing_interval_bytes),
-            top_invalidators: window.top_invalidators().into_iter().map(|i| (i.comm, i.event, i.count)).collect(),
+            by_cause,
             small_invalidation_share: ratio(window.small_invalidations, window.invalidation_events),
             callback_p99_ns: invalidation_metrics.as_ref().and_then(|i| i.callback_p99_ns),
-            numa_balancing,
         };
         Snapshot {
             start_offset_ns: window.start_ns.saturating_sub(run_start_ns),
@@ -342,13 +348,13 @@ mod tests {
         let mut w = Window::new(0);
         w.end_ns = seconds * 1_000_000_000;
         w.counters = counters(walks, ebusy, invalidations);
-        Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None)
+        Snapshot::build(&w, 0, &all_seen(), &Thresholds::default())
     }
 
     #[test]
     fn an_empty_window_has_unknown_rates_not_zero() {
         let w = Window::new(0);
-        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None);
+        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default());
         let r = s.retry_rate.unwrap();
         assert_eq!((r.ebusy_per_invalidation, r.ebusy_per_walk), (None, None));
         assert_eq!(s.invalidations.unwrap().per_second, None);
@@ -379,9 +385,9 @@ mod tests {
         let mut w = Window::new(0);
         w.end_ns = 1_000_000_000;
         let seen = Observability { invalidations: true, ..Observability::default() };
-        let s = Snapshot::build(&w, 0, &seen, &Thresholds::default(), None);
+        let s = Snapshot::build(&w, 0, &seen, &Thresholds::default());
         assert!(s.walks.is_none() && s.retry_rate.is_none() && s.retry_loops.is_none());
-        let nothing = Snapshot::build(&w, 0, &Observability::default(), &Thresholds::default(), None);
+        let nothing = Snapshot::build(&w, 0, &Observability::default(), &Thresholds::default());
         assert!(nothing.invalidations.is_none());
         assert_eq!(nothing.verdict.level, Level::Unknown);
     }
@@ -402,7 +408,7 @@ mod tests {
         let mut w = Window::new(5_000);
         w.end_ns = 5_000;
         w.counters = counters(10, 5, 20);
-        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default(), None);
+        let s = Snapshot::build(&w, 0, &all_seen(), &Thresholds::default());
         assert_eq!(s.duration_ns, 0);
         assert_eq!(s.invalidations.as_ref().unwrap().per_second, None);
         let freq = s.verdict.metrics.iter().find(|m| m.metric == Metric::InvalidateFreq).unwrap();

@@ -45,6 +45,13 @@ pub fn first_of<'a>(lines: &'a [Value], kind: &str) -> Option<&'a Value> {
 }
 
 /// The matrix kernel this runs on (`6.1`, `6.12-rt`…), or `None` on the host.
+/// One counter of /proc/vmstat.
+pub fn vmstat(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+    line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("{name} in /proc/vmstat"))
+}
+
 pub fn vm_kernel() -> Option<String> {
     std::env::var("MM_PROBE_VM_KERNEL").ok()
 }

@@ -23,6 +23,7 @@ mod records {
             seq: 6,
             seq_state: SeqState::StaleRetry as u32,
             _pad: 0,
+            cause: mm_probe_common::cause::Cause::default(),
             comm,
         }
     }
@@ -31,7 +32,7 @@ mod records {
     fn decodes_a_busy_walk() {
         let mut r = raw(EventKind::Walk);
         r.code = -EBUSY;
-        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        let Some(Event::Walk(w)) = decode(&r, &Namer::default()) else { panic!("not a walk") };
         assert!(w.busy());
         assert_eq!((w.entry_ns, w.exit_ns, w.duration_ns), (1_000, 1_500, Some(500)));
         assert_eq!(w.window_start_ns(), 900);
@@ -45,10 +46,10 @@ mod records {
     fn a_sequence_not_read_is_no_claim_either_way() {
         let mut r = raw(EventKind::Walk);
         r.seq_state = SeqState::Unread as u32;
-        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        let Some(Event::Walk(w)) = decode(&r, &Namer::default()) else { panic!("not a walk") };
         assert_eq!((w.seq, w.stale_retry), (None, false));
         r.seq_state = SeqState::Current as u32;
-        let Some(Event::Walk(w)) = decode(&r) else { panic!("not a walk") };
+        let Some(Event::Walk(w)) = decode(&r, &Namer::default()) else { panic!("not a walk") };
         assert_eq!((w.seq, w.stale_retry), (Some(6), false));
     }
 
@@ -56,8 +57,9 @@ mod records {
     fn decodes_an_invalidation_event_name() {
         let mut r = raw(EventKind::Invalidate);
         r.code = 1;
-        let Some(Event::Invalidate(i)) = decode(&r) else { panic!("not an invalidation") };
+        let Some(Event::Invalidate(i)) = decode(&r, &Namer::default()) else { panic!("not an invalidation") };
         assert_eq!(i.event, NotifierEvent::Clear);
+        assert_eq!(i.cause.class, "unknown", "a class the kernel left undecided is named so");
         assert_eq!(NotifierEvent::from_raw(42), NotifierEvent::Unknown);
         assert_eq!(NotifierEvent::from_raw(-1), NotifierEvent::Unknown);
         assert_eq!(NotifierEvent::from_raw(7), NotifierEvent::Exclusive);
@@ -67,7 +69,7 @@ mod records {
     fn unknown_kind_is_rejected() {
         let mut r = raw(EventKind::Walk);
         r.kind = 99;
-        assert!(decode(&r).is_none());
+        assert!(decode(&r, &Namer::default()).is_none());
     }
 }
 
@@ -226,7 +228,12 @@ mod overlaps {
             start,
             end,
             event: NotifierEvent::Clear,
+            cause: CauseName { class: "syscall", detail: Some("madvise(MADV_DONTNEED)".into()) },
         }
+    }
+
+    fn kswapd(ts: u64, start: u64, end: u64) -> Invalidation {
+        Invalidation { comm: "kswapd0".into(), cause: CauseName { class: "kswapd", detail: None }, ..inv(ts, start, end) }
     }
 
     #[test]
@@ -235,10 +242,29 @@ mod overlaps {
         j.add_invalidation(inv(150, MIB, MIB + 65536));
         j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
-        assert_eq!(s.busy_causes.len(), 1);
-        assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
+        assert_eq!(s.failures.len(), 1);
+        assert_eq!(s.failures[0].why, BusyCause::TrueConflict);
+        assert_eq!(s.failures[0].collided_with.as_ref().map(|c| c.class), Some("syscall"));
         let done = j.finish();
         assert!(done.invalidations[0].1.walked_range);
+    }
+
+    #[test]
+    fn a_failed_walk_is_blamed_on_the_first_invalidation_of_its_range_not_on_false_sharing() {
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(inv(120, 40 * MIB, 40 * MIB + 4096)); // the interval only
+        j.add_invalidation(kswapd(150, MIB, MIB + 4096)); // the range: the collision
+        j.add_invalidation(inv(160, 0, 4096)); // the range again, later
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        let s = j.settle(1_000);
+        assert_eq!(s.failures[0].why, BusyCause::TrueConflict);
+        assert_eq!(s.failures[0].collided_with.as_ref().map(|c| c.class), Some("kswapd"));
+        let mut j = OverlapJoiner::new(10, 1_000);
+        j.add_invalidation(kswapd(120, 40 * MIB, 40 * MIB + 4096));
+        j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
+        let s = j.settle(1_000);
+        assert_eq!(s.failures[0].why, BusyCause::FalseSharing);
+        assert_eq!(s.failures[0].collided_with.as_ref().map(|c| c.class), Some("kswapd"));
     }
 
     #[test]
@@ -249,7 +275,8 @@ mod overlaps {
         retry.stale_retry = true;
         j.add_walk(retry);
         let s = j.settle(1_000);
-        assert_eq!(s.busy_causes[0].1, BusyCause::StaleSequence);
+        assert_eq!(s.failures[0].why, BusyCause::StaleSequence);
+        assert_eq!(s.failures[0].collided_with, None);
         let done = j.finish();
         assert_eq!(done.invalidations[0].1, InvalidationOverlap::default(), "its loop's first failure answers for it");
     }
@@ -260,7 +287,7 @@ mod overlaps {
         j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 65536));
         j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
-        assert_eq!(s.busy_causes[0].1, BusyCause::FalseSharing);
+        assert_eq!(s.failures[0].why, BusyCause::FalseSharing);
         let done = j.finish();
         assert!(done.invalidations[0].1.interval_only && !done.invalidations[0].1.walked_range);
     }
@@ -276,7 +303,8 @@ mod overlaps {
         j.add_invalidation(inv(160, 100 * MIB, 101 * MIB)); // outside the interval
         j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
         let s = j.settle(1_000);
-        assert_eq!(s.busy_causes[0].1, BusyCause::Unexplained);
+        assert_eq!(s.failures[0].why, BusyCause::Unexplained);
+        assert_eq!(s.failures[0].collided_with, None);
         let done = j.finish();
         let outside: Vec<_> = done.invalidations.iter().filter(|(_, o)| o.outside).collect();
         assert_eq!(outside.len(), 1);
@@ -287,11 +315,11 @@ mod overlaps {
     fn walks_wait_until_settled_and_late_invalidations_still_count() {
         let mut j = OverlapJoiner::new(100, 10_000);
         j.add_walk(walk(0, 2 * MIB, (100, 200), -EBUSY));
-        assert!(j.settle(250).busy_causes.is_empty(), "not settled yet");
+        assert!(j.settle(250).failures.is_empty(), "not settled yet");
         // Arrives after the walk (other ring), started inside its window.
         j.add_invalidation(inv(180, 0, 4096));
         let s = j.settle(400);
-        assert_eq!(s.busy_causes[0].1, BusyCause::TrueConflict);
+        assert_eq!(s.failures[0].why, BusyCause::TrueConflict);
     }
 
     #[test]
@@ -300,7 +328,7 @@ mod overlaps {
         j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 4096));
         j.add_walk(walk(0, 2 * MIB, (100, 200), 0));
         let s = j.settle(1_000);
-        assert!(s.busy_causes.is_empty());
+        assert!(s.failures.is_empty());
         assert_eq!(s.other_walks.len(), 1);
     }
 
@@ -308,6 +336,6 @@ mod overlaps {
     fn empty_joiner_settles_to_nothing() {
         let mut j = OverlapJoiner::new(10, 1_000);
         let s = j.finish();
-        assert!(s.busy_causes.is_empty() && s.invalidations.is_empty());
+        assert!(s.failures.is_empty() && s.invalidations.is_empty());
     }
 }

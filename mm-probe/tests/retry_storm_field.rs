@@ -1,0 +1,234 @@
+//! The field chapter's retry storm, made by the kernel's own reclaim: the hmm_mirror driver walks
+//! a 512 MiB buffer while memory runs short, so reclaim unmaps the buffer's pages under the
+//! walks and they fail. Once with the whole machine short (a process keeping its own memory hot
+//! beside the mirror: kswapd and direct reclaim), once with the mirroring process in a cgroup
+//! whose memory.high is below its buffer (the cgroup's own reclaim). The tool must name the
+//! reclaim as the cause most failed walks collided with, with the setting that stops it as read,
+//! and never count more reclaim invalidations than the pages the kernel says it scanned.
+//!
+//! Anonymous memory is reclaimed only to swap; the test puts swap on a zram device for the
+//! run, inside the test guests only: it never adds swap to a developer's machine.
+
+mod common;
+mod retry_storm_support;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, Command, Stdio},
+};
+
+use common::{MirrorModule, require_root, vm_kernel, vmstat, workload};
+use retry_storm_support::{Tool, f, has_advice};
+use serde_json::Value;
+
+const ZRAM: &str = "/dev/zram0";
+const MIB: u64 = 1 << 20;
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Swap on a zram device while it lives.
+struct ZramSwap;
+
+impl ZramSwap {
+    /// `None` outside the test guests, said on stderr.
+    fn on(bytes: u64) -> Option<Self> {
+        require_root();
+        if vm_kernel().is_none() {
+            eprintln!("skipped: reclaiming anonymous memory needs swap, which this test adds only inside the test guests");
+            return None;
+        }
+        run("modprobe", &["zram", "num_devices=1"]);
+        std::fs::write("/sys/block/zram0/disksize", bytes.to_string()).expect("sizing zram0");
+        run("mkswap", &[ZRAM]);
+        run("swapon", &[ZRAM]);
+        Some(ZramSwap)
+    }
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(ZRAM).output();
+        let _ = std::fs::write("/sys/block/zram0/reset", "1");
+        let _ = Command::new("rmmod").arg("zram").output();
+    }
+}
+
+fn mem_available() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemAvailable in /proc/meminfo");
+    kib * 1024
+}
+
+/// A process keeping `bytes` of its own memory hot, started and ready (faulted in).
+fn hog(bytes: u64) -> Child {
+    let pressure = format!("{}M", bytes / MIB);
+    let mut child = Command::new(workload("pageout_storm"))
+        .args(["--advice", "none", "--bytes", "1M", "--pressure-bytes", &pressure, "--duration-ms", "600000"])
+        .arg("--go-on-stdin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting pageout_storm");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).expect("pageout_storm's ready line");
+    assert!(line.starts_with("ready"), "pageout_storm: {line}");
+    writeln!(child.stdin.as_mut().unwrap()).expect("starting the hog");
+    child
+}
+
+/// hmm_storm mirroring 512 MiB with no invalidating thread of its own, `prefix` before it (a
+/// shell that moves it into a cgroup); its JSON counters.
+fn mirror(prefix: &[&str], chunk: &str) -> Value {
+    let storm = workload("hmm_storm");
+    let mut command = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&storm);
+            c
+        }
+        None => Command::new(&storm),
+    };
+    let out = command
+        .args(["--size", "512M", "--mode", "none", "--no-huge", "--chunk", chunk])
+        .args(["--duration-ms", "4000", "--timeout-ms", "1000"])
+        .output()
+        .expect("running hmm_storm");
+    assert!(out.status.success(), "hmm_storm: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object")
+}
+
+/// The rows of `by_cause` whose class is one of `classes`: (failed walks, invalidations).
+fn of_classes(summary: &Value, classes: &[&str]) -> (f64, f64) {
+    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    let rows = rows.iter().filter(|r| classes.iter().any(|c| r["cause"]["class"] == *c));
+    rows.fold((0.0, 0.0), |(w, i), r| (w + f(&r["failed_walks"]), i + f(&r["invalidations"])))
+}
+
+/// One phase under the tool: the tool's summary and the driver's counters.
+fn traced(phase: impl FnOnce() -> Value) -> (Value, Value) {
+    let tool = Tool::start(&["--timeout", "1000ms"]);
+    let driver = phase();
+    let (summary, _) = tool.interrupt();
+    assert_eq!(summary["walks"]["ebusy"], driver["busy_returns"], "the tool's -EBUSY count is the driver's: {driver}");
+    (summary, driver)
+}
+
+/// Failed walks that collided with an invalidation (any cause). A walk can fail with none seen
+/// in its window (`busy_causes.unexplained`): with a few whole-range walks, one such is a large
+/// share, so "most" is judged among the collisions.
+fn collisions(summary: &Value) -> f64 {
+    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    let counted: f64 = rows.iter().map(|r| f(&r["failed_walks"])).sum();
+    assert!(counted > 0.0, "some failed walk collided with an invalidation: {}", summary["walks"]["busy_causes"]);
+    counted
+}
+
+fn ebusy_per_walk(summary: &Value) -> f64 {
+    f(&summary["retry_rate"]["ebusy_per_walk"])
+}
+
+#[test]
+fn memory_pressure_fails_the_walks_and_reclaim_is_named_with_its_settings() {
+    let Some(_swap) = ZramSwap::on(1536 * MIB) else { return };
+    let _module = MirrorModule::load();
+    // What is free, but 128 MiB, stays hot in the hog: the mirror's buffer does not fit beside it.
+    let mut hog = hog(mem_available().saturating_sub(128 * MIB));
+    let scanned = || vmstat("pgscan_kswapd") + vmstat("pgscan_direct");
+    let (scanned_before, swapped_before) = (scanned(), vmstat("pswpout"));
+    let (whole, driver) = traced(|| mirror(&[], "0"));
+    let (scanned_during, swapped_during) = (scanned() - scanned_before, vmstat("pswpout") - swapped_before);
+    let (chunked, _) = traced(|| mirror(&[], "2M"));
+    let _ = hog.kill();
+    let _ = hog.wait();
+    eprintln!(
+        "MEASURED pressure: driver {driver}\nwhole-range walks: {}\nchunked: {}\nkernel: pages scanned {scanned_during}, swapped out {swapped_during}; -EBUSY per walk {} whole, {} chunked; busy causes {}",
+        whole["invalidations"],
+        chunked["invalidations"],
+        ebusy_per_walk(&whole),
+        ebusy_per_walk(&chunked),
+        whole["walks"]["busy_causes"]
+    );
+    assert!(swapped_during > 0, "the kernel reclaimed to swap during the run");
+    let busy = f(&whole["walks"]["ebusy"]);
+    assert!(busy > 0.0, "reclaim fails walks: {driver}");
+    let (reclaim_walks, reclaim_invalidations) = of_classes(&whole, &["kswapd", "direct_reclaim"]);
+    assert!(
+        reclaim_walks * 2.0 > collisions(&whole),
+        "reclaim is the cause of most failed walks that collided with an invalidation: {}",
+        whole["invalidations"]
+    );
+    assert!(
+        reclaim_invalidations <= scanned_during as f64,
+        "no more reclaim invalidations ({reclaim_invalidations}) than pages the kernel scanned ({scanned_during})"
+    );
+    assert_eq!(whole["verdict"]["level"], "CRIT", "{}", whole["verdict"]);
+    let advice = has_advice(&whole, "memory pressure").unwrap_or_else(|| panic!("{}", whole["verdict"]));
+    let swappiness = std::fs::read_to_string("/proc/sys/vm/swappiness").unwrap();
+    let evidence = advice["evidence"].as_str().unwrap();
+    assert!(evidence.contains(&format!("vm.swappiness = {}", swappiness.trim())), "the setting as read: {evidence}");
+    assert!(
+        ebusy_per_walk(&chunked) < ebusy_per_walk(&whole),
+        "chunked walks fail less often: {} vs {}",
+        ebusy_per_walk(&chunked),
+        ebusy_per_walk(&whole)
+    );
+}
+
+/// A cgroup v2 for the test, with the memory controller and `memory.high`; removed on drop.
+struct Cgroup(std::path::PathBuf);
+
+impl Cgroup {
+    fn with_high(bytes: u64) -> Self {
+        let root = std::path::Path::new("/sys/fs/cgroup");
+        if !root.join("cgroup.controllers").exists() {
+            run("mount", &["-t", "cgroup2", "none", "/sys/fs/cgroup"]);
+        }
+        std::fs::write(root.join("cgroup.subtree_control"), "+memory").expect("enabling the memory controller");
+        let dir = root.join(format!("mm-probe-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).expect("creating the test cgroup");
+        std::fs::write(dir.join("memory.high"), bytes.to_string()).expect("setting memory.high");
+        Cgroup(dir)
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        let text = std::fs::read_to_string(self.0.join("memory.stat")).unwrap();
+        let line = text.lines().find(|l| l.split_whitespace().next() == Some(name));
+        line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("{name} in memory.stat"))
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_cgroup_below_its_working_set_fails_the_walks_by_its_own_reclaim() {
+    let Some(_swap) = ZramSwap::on(1024 * MIB) else { return };
+    let _module = MirrorModule::load();
+    let cgroup = Cgroup::with_high(256 * MIB);
+    let enter = format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", cgroup.0.display());
+    let (summary, driver) = traced(|| mirror(&["sh", "-c", &enter], "0"));
+    let scanned = cgroup.stat("pgscan");
+    eprintln!("MEASURED cgroup: driver {driver}\nwalks: {}\nmemory.stat pgscan {scanned}", summary["invalidations"]);
+    let busy = f(&summary["walks"]["ebusy"]);
+    assert!(busy > 0.0, "the cgroup's reclaim fails walks: {driver}");
+    let (reclaim_walks, reclaim_invalidations) = of_classes(&summary, &["cgroup_reclaim"]);
+    assert!(
+        reclaim_walks * 2.0 > collisions(&summary),
+        "the cgroup's reclaim is the cause of most failed walks: {}",
+        summary["invalidations"]
+    );
+    assert!(reclaim_invalidations <= scanned as f64, "no more than the cgroup scanned ({scanned})");
+    let advice = has_advice(&summary, "cgroup memory limit").unwrap_or_else(|| panic!("{}", summary["verdict"]));
+    let evidence = advice["evidence"].as_str().unwrap();
+    assert!(evidence.contains(&format!("memory.high = {}", 256 * MIB)), "the cgroup's limit as read: {evidence}");
+}

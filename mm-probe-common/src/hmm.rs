@@ -26,6 +26,10 @@ pub const TARGET_TGIDS_MAP: &str = "HMM_TARGET_TGIDS";
 /// Hash map mm pointer (u64) → tgid (u32): mms whose memory is mirrored (seen in a walk or a
 /// read_begin). Invalidations of other mms are counted, not streamed.
 pub const MIRRORED_MMS_MAP: &str = "HMM_MIRRORED_MMS";
+/// LRU hash, thread id → [`WalkStash`]: the walks in flight (entered, not yet returned).
+pub const WALK_STASH_MAP: &str = "HMM_WALK_STASH";
+/// LRU hash, thread id → [`SeqBegin`]: each thread's last read_begin.
+pub const SEQ_BEGIN_MAP: &str = "HMM_SEQ_BEGIN";
 /// Per-CPU array of log2 buckets (nanoseconds): time spent in
 /// __mmu_notifier_invalidate_range_start, i.e. in the subscribers' invalidate callbacks.
 pub const CALLBACK_HIST_MAP: &str = "HMM_CALLBACK_NS";

@@ -18,16 +18,11 @@ use std::{
 };
 
 use common::{MirrorModule, require_root, vm_kernel, vmstat, workload};
-use retry_storm_support::{Tool, f, has_advice};
+use retry_storm_support::{collisions, ebusy_per_walk, f, has_advice, hmm_storm, of_classes, run, traced};
 use serde_json::Value;
 
 const ZRAM: &str = "/dev/zram0";
 const MIB: u64 = 1 << 20;
-
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// Swap on a zram device while it lives.
 struct ZramSwap;
@@ -83,55 +78,10 @@ fn hog(bytes: u64) -> Child {
     child
 }
 
-/// hmm_storm mirroring 512 MiB with no invalidating thread of its own, `prefix` before it (a
-/// shell that moves it into a cgroup); its JSON counters.
+/// hmm_storm mirroring 512 MiB as one range with no invalidating thread of its own, `prefix`
+/// before it (a shell that moves it into a cgroup).
 fn mirror(prefix: &[&str], chunk: &str) -> Value {
-    let storm = workload("hmm_storm");
-    let mut command = match prefix.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(&storm);
-            c
-        }
-        None => Command::new(&storm),
-    };
-    let out = command
-        .args(["--size", "512M", "--mode", "none", "--no-huge", "--chunk", chunk])
-        .args(["--duration-ms", "4000", "--timeout-ms", "1000"])
-        .output()
-        .expect("running hmm_storm");
-    assert!(out.status.success(), "hmm_storm: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object")
-}
-
-/// The rows of `by_cause` whose class is one of `classes`: (failed walks, invalidations).
-fn of_classes(summary: &Value, classes: &[&str]) -> (f64, f64) {
-    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
-    let rows = rows.iter().filter(|r| classes.iter().any(|c| r["cause"]["class"] == *c));
-    rows.fold((0.0, 0.0), |(w, i), r| (w + f(&r["failed_walks"]), i + f(&r["invalidations"])))
-}
-
-/// One phase under the tool: the tool's summary and the driver's counters.
-fn traced(phase: impl FnOnce() -> Value) -> (Value, Value) {
-    let tool = Tool::start(&["--timeout", "1000ms"]);
-    let driver = phase();
-    let (summary, _) = tool.interrupt();
-    assert_eq!(summary["walks"]["ebusy"], driver["busy_returns"], "the tool's -EBUSY count is the driver's: {driver}");
-    (summary, driver)
-}
-
-/// Failed walks that collided with an invalidation (any cause). A walk can fail with none seen
-/// in its window (`busy_causes.unexplained`): with a few whole-range walks, one such is a large
-/// share, so "most" is judged among the collisions.
-fn collisions(summary: &Value) -> f64 {
-    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
-    let counted: f64 = rows.iter().map(|r| f(&r["failed_walks"])).sum();
-    assert!(counted > 0.0, "some failed walk collided with an invalidation: {}", summary["walks"]["busy_causes"]);
-    counted
-}
-
-fn ebusy_per_walk(summary: &Value) -> f64 {
-    f(&summary["retry_rate"]["ebusy_per_walk"])
+    hmm_storm(prefix, &["--size", "512M", "--mode", "none", "--no-huge", "--chunk", chunk, "--duration-ms", "4000"])
 }
 
 #[test]
@@ -228,6 +178,7 @@ fn a_cgroup_below_its_working_set_fails_the_walks_by_its_own_reclaim() {
         summary["invalidations"]
     );
     assert!(reclaim_invalidations <= scanned as f64, "no more than the cgroup scanned ({scanned})");
+    assert_eq!(summary["verdict"]["level"], "CRIT", "{}", summary["verdict"]);
     let advice = has_advice(&summary, "cgroup memory limit").unwrap_or_else(|| panic!("{}", summary["verdict"]));
     let evidence = advice["evidence"].as_str().unwrap();
     assert!(evidence.contains(&format!("memory.high = {}", 256 * MIB)), "the cgroup's limit as read: {evidence}");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use aya::{Ebpf, maps::PerCpuHashMap};
-use mm_probe_common::hmm::{self as names, HmmEvent, ReadBeginKey};
+use mm_probe_common::hmm::{self as names, HmmEvent, ReadBeginKey, SeqBegin, WalkStash};
 
 use super::{
     counters::{KernelCounters, KernelTotals, bucket_delta},
@@ -186,6 +186,13 @@ impl Collector {
         }
     }
 
+    /// Judges the walks whose invalidations have all arrived by `now_ns`, keeping every
+    /// invalidation a walk in flight since `in_flight_since` may still need.
+    pub fn settle_with_walks_in_flight(&mut self, now_ns: u64, in_flight_since: Option<u64>) {
+        self.overlap.walks_in_flight_since(in_flight_since);
+        self.settle(now_ns);
+    }
+
     /// Judges the walks whose invalidations have all arrived by `now_ns`.
     pub fn settle(&mut self, now_ns: u64) {
         let settled = self.overlap.settle(now_ns);
@@ -226,6 +233,34 @@ impl Collector {
     fn snapshot(&self, window: &Window) -> Snapshot {
         Snapshot::build(window, self.run_start_ns, &self.seen, &self.thresholds)
     }
+}
+
+/// A walk in flight longer than this is taken for one whose return was missed (its entry
+/// stays in the LRU stash until evicted) and no longer holds invalidations back.
+const LONGEST_WALK: Duration = Duration::from_secs(60);
+
+/// Where the earliest window of the walks now in flight began: each stashed walk's thread's
+/// last read_begin when it came before the walk's entry, else the entry; `None` when no walk
+/// is in flight.
+pub fn walks_in_flight_since(ebpf: &Ebpf, now_ns: u64) -> Result<Option<u64>> {
+    let stash: aya::maps::HashMap<_, u32, WalkStash> = aya::maps::HashMap::try_from(
+        ebpf.map(names::WALK_STASH_MAP).context("walk stash missing from the object")?,
+    )?;
+    let begins: aya::maps::HashMap<_, u32, SeqBegin> = aya::maps::HashMap::try_from(
+        ebpf.map(names::SEQ_BEGIN_MAP).context("read_begin table missing from the object")?,
+    )?;
+    let recent = now_ns.saturating_sub(LONGEST_WALK.as_nanos() as u64);
+    let mut earliest: Option<u64> = None;
+    for entry in stash.iter() {
+        let (pid, walk) = entry?;
+        if walk.ts_ns < recent {
+            continue;
+        }
+        let begin = begins.get(&pid, 0).ok().map(|b| b.ts_ns).filter(|&ts| ts <= walk.ts_ns);
+        let start = begin.unwrap_or(walk.ts_ns);
+        earliest = Some(earliest.map_or(start, |e| e.min(start)));
+    }
+    Ok(earliest)
 }
 
 /// The kernel's per-(notifier, tgid) read_begin counts, most first.

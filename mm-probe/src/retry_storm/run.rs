@@ -9,7 +9,7 @@ use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, HmmEvent};
 
 use super::{
-    aggregator::{Collector, Streams, read_begins_by_caller},
+    aggregator::{Collector, Streams, read_begins_by_caller, walks_in_flight_since},
     counters::KernelTotals,
     judge::{Band, Thresholds},
     plot, probes, render, report,
@@ -126,6 +126,16 @@ impl Watch<'_> {
     fn kallsyms(&self) -> Option<&Kallsyms> {
         self.kernel.kallsyms().ok()
     }
+
+    /// Takes everything the rings hold and judges the walks that have settled, keeping what
+    /// the walks still in flight may need. The walks in flight are read first: one that returns
+    /// after that read is in the rings the drain then reads, so no walk falls between the two.
+    fn settle(&mut self, ebpf: &Ebpf, now_ns: u64) -> Result<()> {
+        let in_flight = walks_in_flight_since(ebpf, now_ns)?;
+        self.collector.drain_rings();
+        self.collector.settle_with_walks_in_flight(now_ns, in_flight);
+        Ok(())
+    }
 }
 
 impl Session for Watch<'_> {
@@ -139,20 +149,16 @@ impl Session for Watch<'_> {
             () = self.settle_tick.tick() => Turn::Settle,
             () = self.plot_tick.tick() => Turn::Sample,
         };
-        if matches!(turn, Turn::Settle) {
-            self.collector.drain_rings();
-        }
         match turn {
             Turn::Read => {}
-            Turn::Settle => self.collector.settle(monotonic_ns()),
+            Turn::Settle => self.settle(ebpf, monotonic_ns())?,
             Turn::Sample => self.collector.sample(ebpf, monotonic_ns())?,
         }
         Ok(())
     }
 
     fn interval(&mut self, ebpf: &mut Ebpf, now_ns: u64) -> Result<Printout> {
-        self.collector.drain_rings();
-        self.collector.settle(now_ns);
+        self.settle(ebpf, now_ns)?;
         let snapshot = self.collector.close_window(KernelTotals::read(ebpf)?, now_ns);
         Ok(Printout::new(report::interval_json(&snapshot), render::interval_text(&snapshot)))
     }

@@ -371,6 +371,9 @@ pub struct OverlapJoiner {
     /// Sorted by start time.
     invalidations: VecDeque<Stored>,
     pending: Vec<Walk>,
+    /// Where the earliest window of a walk still in flight (entered, not returned) began: its
+    /// invalidations are kept however long it walks.
+    in_flight_since: Option<u64>,
 }
 
 fn overlaps(a_start: u64, a_end: u64, b_start: u64, b_end: u64) -> bool {
@@ -379,7 +382,7 @@ fn overlaps(a_start: u64, a_end: u64, b_start: u64, b_end: u64) -> bool {
 
 impl OverlapJoiner {
     pub fn new(settle_ns: u64, retain_ns: u64) -> Self {
-        Self { settle_ns, retain_ns, invalidations: VecDeque::new(), pending: Vec::new() }
+        Self { settle_ns, retain_ns, invalidations: VecDeque::new(), pending: Vec::new(), in_flight_since: None }
     }
 
     pub fn add_invalidation(&mut self, invalidation: Invalidation) {
@@ -392,6 +395,13 @@ impl OverlapJoiner {
 
     pub fn add_walk(&mut self, walk: Walk) {
         self.pending.push(walk);
+    }
+
+    /// Where the earliest window of the walks now in flight began (`None`: none is): a walk
+    /// longer than `retain_ns` is seen only when it returns, and the invalidations of its first
+    /// moments must still be here then.
+    pub fn walks_in_flight_since(&mut self, since: Option<u64>) {
+        self.in_flight_since = since;
     }
 
     /// Judges every walk that returned at least `settle_ns` before `now_ns` and releases
@@ -407,7 +417,8 @@ impl OverlapJoiner {
                 None => settled.other_walks.push(walk),
             }
         }
-        let oldest_needed = self.pending.iter().map(Walk::window_start_ns).min().unwrap_or(u64::MAX);
+        let oldest_needed =
+            self.pending.iter().map(Walk::window_start_ns).chain(self.in_flight_since).min().unwrap_or(u64::MAX);
         let keep_after = now_ns.saturating_sub(self.retain_ns).min(oldest_needed).min(cutoff);
         while self.invalidations.front().is_some_and(|s| s.invalidation.ts_ns < keep_after) {
             if let Some(s) = self.invalidations.pop_front() {

@@ -87,3 +87,57 @@ pub fn f(v: &Value) -> f64 {
 pub fn has_advice(summary: &Value, cause: &str) -> Option<Value> {
     summary["verdict"]["advice"].as_array().unwrap().iter().find(|a| a["cause"] == cause).cloned()
 }
+
+/// Runs `program` and insists that it succeeds.
+pub fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("running {program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// hmm_storm with `args`, after `prefix` (a shell that moves it into a cgroup), with a 1 s
+/// retry timeout; its JSON counters.
+pub fn hmm_storm(prefix: &[&str], args: &[&str]) -> Value {
+    let storm = common::workload("hmm_storm");
+    let mut command = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&storm);
+            c
+        }
+        None => Command::new(&storm),
+    };
+    let out = command.args(args).args(["--timeout-ms", "1000"]).output().expect("running hmm_storm");
+    assert!(out.status.success(), "hmm_storm ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("hmm_storm prints one JSON object")
+}
+
+/// The rows of `by_cause` whose class is one of `classes`: (failed walks, invalidations).
+pub fn of_classes(summary: &Value, classes: &[&str]) -> (f64, f64) {
+    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    let rows = rows.iter().filter(|r| classes.iter().any(|c| r["cause"]["class"] == *c));
+    rows.fold((0.0, 0.0), |(w, i), r| (w + f(&r["failed_walks"]), i + f(&r["invalidations"])))
+}
+
+/// One phase under the tool: the tool's summary and the driver's counters.
+pub fn traced(phase: impl FnOnce() -> Value) -> (Value, Value) {
+    let tool = Tool::start(&["--timeout", "1000ms"]);
+    let driver = phase();
+    let (summary, _) = tool.interrupt();
+    assert_eq!(summary["walks"]["ebusy"], driver["busy_returns"], "the tool's -EBUSY count is the driver's: {driver}");
+    (summary, driver)
+}
+
+/// Failed walks that collided with an invalidation (any cause). A walk can fail with none seen
+/// in its window (`busy_causes.unexplained`): with a few whole-range walks, one such is a large
+/// share, so "most" is judged among the collisions.
+pub fn collisions(summary: &Value) -> f64 {
+    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    let counted: f64 = rows.iter().map(|r| f(&r["failed_walks"])).sum();
+    assert!(counted > 0.0, "some failed walk collided with an invalidation: {}", summary["walks"]["busy_causes"]);
+    counted
+}
+
+pub fn ebusy_per_walk(summary: &Value) -> f64 {
+    f(&summary["retry_rate"]["ebusy_per_walk"])
+}
+

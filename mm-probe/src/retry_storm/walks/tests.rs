@@ -323,6 +323,20 @@ mod overlaps {
     }
 
     #[test]
+    fn a_walk_in_flight_longer_than_the_retention_keeps_its_windows_invalidations() {
+        let mut j = OverlapJoiner::new(100, 1_000);
+        j.add_invalidation(inv(150, 0, 4096));
+        // The walk entered at 100 and has not returned by 5_000: its collision must stay.
+        j.walks_in_flight_since(Some(100));
+        assert!(j.settle(5_000).invalidations.is_empty(), "kept for the walk in flight");
+        j.add_walk(walk(0, 2 * MIB, (100, 5_000), -EBUSY));
+        j.walks_in_flight_since(None);
+        let s = j.settle(6_000);
+        assert_eq!(s.failures[0].why, BusyCause::TrueConflict);
+        assert_eq!(s.invalidations.len(), 1, "released once no walk can need it");
+    }
+
+    #[test]
     fn successful_walks_mark_overlaps_but_have_no_cause() {
         let mut j = OverlapJoiner::new(10, 1_000);
         j.add_invalidation(inv(150, 40 * MIB, 40 * MIB + 4096));

@@ -13,11 +13,18 @@
 //! `--stale-seq` makes the driver read the sequence once per chunk, outside its retry loop (a
 //! driver bug): after the first -EBUSY every retry fails until the timeout.
 //!
+//! Modes that let the kernel's own mechanisms invalidate: `--mode fork` forks a child that
+//! waits while the storm thread writes one byte per page of the piece (each write breaks
+//! copy-on-write), then kills it; `--collapse` maps the region with small pages and then
+//! madvises it MADV_HUGEPAGE, for khugepaged to collapse; `--mergeable` fills every page alike
+//! and madvises the region MADV_MERGEABLE, for ksmd to merge. The JSON says how many pages the
+//! storm thread wrote after a fork (`cow_writes`).
+//!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
 //!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
 //!                  [--piece 64K[,2M…]] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
 //!                  [--flush-fixed-us 0] [--flush-per-page-ns 0] [--device-hold-us 0] [--wait]
-//!                  [--stale-seq]
+//!                  [--stale-seq] [--mode fork] [--collapse] [--mergeable]
 
 use std::{
     ffi::CString,
@@ -81,6 +88,8 @@ enum Mode {
     Remap,
     /// mprotect(PROT_READ) then back: MMU_NOTIFY_PROTECTION_VMA.
     Mprotect,
+    /// fork, write every page of the piece while the child lives (copy-on-write), kill it.
+    Fork,
     None,
 }
 
@@ -104,6 +113,10 @@ struct Options {
     /// driver mirroring a fragmented buffer does.
     no_huge: bool,
     stale_seq: bool,
+    /// Small pages first, then MADV_HUGEPAGE: khugepaged's to collapse.
+    collapse: bool,
+    /// Every page alike, then MADV_MERGEABLE: ksmd's to merge.
+    mergeable: bool,
 }
 
 fn main() -> Result<()> {
@@ -120,15 +133,16 @@ fn main() -> Result<()> {
         .open(&options.device)
         .with_context(|| format!("opening {} (load hmm_mirror.ko first: insmod hmm_mirror.ko)", options.device))?;
     let region = map_region(options.size_bytes)?;
-    if options.no_huge {
-        // SAFETY: the region was just mapped with this length.
-        if unsafe { libc::madvise(region as *mut libc::c_void, options.size_bytes as usize, libc::MADV_NOHUGEPAGE) }
-            != 0
-        {
-            bail!("madvise(MADV_NOHUGEPAGE): {}", std::io::Error::last_os_error());
-        }
+    if options.no_huge || options.collapse {
+        advise(region, options.size_bytes, libc::MADV_NOHUGEPAGE, "MADV_NOHUGEPAGE")?;
     }
     touch(region, options.size_bytes, page);
+    if options.collapse {
+        advise(region, options.size_bytes, libc::MADV_HUGEPAGE, "MADV_HUGEPAGE")?;
+    }
+    if options.mergeable {
+        advise(region, options.size_bytes, libc::MADV_MERGEABLE, "MADV_MERGEABLE")?;
+    }
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +212,7 @@ fn main() -> Result<()> {
 \"notifier_bytes\":{},\"timeout_ms\":{},\"calls\":{calls},\"failed_calls\":{failed_calls},\"walks\":{},\
 \"busy_returns\":{},\"seq_retries\":{},\"timeouts\":{},\"seq_timeouts\":{},\"invalidations\":{},\
 \"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{},\"flush_ns\":{},\
-\"device_lock_waits\":{},\"device_holds\":{},\"stale_seq\":{}}}",
+\"device_lock_waits\":{},\"device_holds\":{},\"stale_seq\":{},\"cow_writes\":{}}}",
         std::process::id(),
         options.mode,
         options.size_bytes,
@@ -220,6 +234,7 @@ fn main() -> Result<()> {
         total.device_lock_waits,
         total.device_holds,
         options.stale_seq,
+        COW_WRITES.load(Ordering::Relaxed),
     );
     Ok(())
 }
@@ -283,11 +298,52 @@ fn invalidate(addr: usize, len: usize, mode: Mode) -> Result<()> {
                 let rc = libc::mprotect(ptr, len, libc::PROT_READ);
                 if rc != 0 { rc } else { libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_WRITE) }
             }
+            Mode::Fork => return write_while_forked(addr, len),
             Mode::None => 0,
         }
     };
     if rc != 0 {
         bail!("{mode:?} on {addr:#x}+{len}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn advise(region: usize, size: u64, advice: libc::c_int, name: &str) -> Result<()> {
+    // SAFETY: the region was mapped with this length and is never unmapped.
+    if unsafe { libc::madvise(region as *mut libc::c_void, size as usize, advice) } != 0 {
+        bail!("madvise({name}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Pages the storm thread wrote while a child shared them: each write copied its page.
+static COW_WRITES: AtomicU64 = AtomicU64::new(0);
+
+/// Forks a child that only waits, writes one byte per page of [addr, addr+len) while the child
+/// still maps them (each write breaks copy-on-write: the kernel copies the page and
+/// invalidates the old one), then kills and reaps the child.
+fn write_while_forked(addr: usize, len: usize) -> Result<()> {
+    // SAFETY: the child calls only async-signal-safe functions (pause, _exit).
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if child == 0 {
+        loop {
+            // SAFETY: pause has no preconditions; the parent kills this child.
+            unsafe { libc::pause() };
+        }
+    }
+    let page = page_size() as usize;
+    for offset in (0..len).step_by(page) {
+        // SAFETY: inside the region, which is writable.
+        unsafe { std::ptr::write_volatile((addr + offset) as *mut u8, 2) };
+        COW_WRITES.fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: kill and waitpid on our own child.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
     }
     Ok(())
 }
@@ -349,6 +405,8 @@ fn parse(args: Vec<String>) -> Result<Options> {
         device: "/dev/hmm_mirror".into(),
         no_huge: false,
         stale_seq: false,
+        collapse: false,
+        mergeable: false,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -370,6 +428,8 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--device" => options.device = value()?,
             "--no-huge" => options.no_huge = true,
             "--stale-seq" => options.stale_seq = true,
+            "--collapse" => options.collapse = true,
+            "--mergeable" => options.mergeable = true,
             // Handled in main: pid first, then a line on stdin before any walk (benchmarks).
             "--wait" => {}
             "--mode" => {
@@ -377,8 +437,9 @@ fn parse(args: Vec<String>) -> Result<Options> {
                     "dontneed" => Mode::DontNeed,
                     "remap" | "munmap" => Mode::Remap,
                     "mprotect" => Mode::Mprotect,
+                    "fork" => Mode::Fork,
                     "none" => Mode::None,
-                    other => bail!("unknown --mode {other}: use dontneed, remap, mprotect or none"),
+                    other => bail!("unknown --mode {other}: use dontneed, remap, mprotect, fork or none"),
                 }
             }
             other => bail!("unknown argument {other}; see the usage at the top of hmm_storm.rs"),

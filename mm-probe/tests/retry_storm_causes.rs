@@ -1,0 +1,171 @@
+//! Each of the kernel's own mechanisms that invalidate mirrored memory, named as its own cause
+//! by `mm-probe retry-storm` and checked against the kernel's own counts: copy-on-write after a
+//! fork (and the fork itself), khugepaged collapsing the buffer, ksmd merging it. The
+//! hmm_mirror driver walks the buffer meanwhile; the guests only (the host has no HMM). Where
+//! the mechanism fails walks (copy-on-write, KSM), it must be what most failed walks collided
+//! with; khugepaged works under the mmap lock the walks hold, so it is checked by its count.
+
+mod common;
+mod retry_storm_support;
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread,
+    time::Duration,
+};
+
+use common::{MirrorModule, require_root, vm_kernel};
+use retry_storm_support::{collisions, f, hmm_storm, traced};
+use serde_json::Value;
+
+/// The mirror driver where this kernel has HMM (the guests); `None` elsewhere, said.
+fn mirror_here() -> Option<MirrorModule> {
+    require_root();
+    if vm_kernel().is_none() {
+        eprintln!("skipped: the host kernel has no HMM; these run in the test guests");
+        return None;
+    }
+    Some(MirrorModule::load())
+}
+
+/// The rows of `by_cause` of `class` whose detail satisfies `detail`.
+fn rows<'a>(summary: &'a Value, class: &str, detail: impl Fn(&str) -> bool) -> Vec<&'a Value> {
+    let all = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    all.iter().filter(|r| r["cause"]["class"] == class && detail(r["cause"]["detail"].as_str().unwrap_or(""))).collect()
+}
+
+fn sum(rows: &[&Value], field: &str) -> f64 {
+    rows.iter().map(|r| f(&r[field])).sum()
+}
+
+/// sysfs settings written for a test and put back as they were on drop (in reverse order).
+struct Settings(Vec<(PathBuf, String)>);
+
+impl Settings {
+    fn new() -> Self {
+        Settings(Vec::new())
+    }
+
+    fn set(&mut self, path: &str, value: &str) {
+        let path = PathBuf::from(path);
+        let old = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        std::fs::write(&path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
+        self.0.push((path, old.trim().to_string()));
+    }
+}
+
+impl Drop for Settings {
+    fn drop(&mut self) {
+        for (path, old) in self.0.iter().rev() {
+            // THP `enabled` reads "always [madvise] never": the bracketed word is the value.
+            let value = old.split(['[', ']']).nth(1).unwrap_or(old);
+            let _ = std::fs::write(path, value);
+        }
+    }
+}
+
+fn read_u64(path: &str) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{path}"))
+}
+
+#[test]
+fn copy_on_write_after_fork_and_the_fork_are_each_named() {
+    let Some(_module) = mirror_here() else { return };
+    let (summary, driver) = traced(|| {
+        let fork = ["--mode", "fork", "--no-huge", "--piece", "64K", "--interval-us", "2000", "--duration-ms", "3000"];
+        hmm_storm(&[], &[&["--size", "64M"][..], &fork].concat())
+    });
+    eprintln!("MEASURED fork: driver {driver}\ncauses: {}", summary["invalidations"]["by_cause"]);
+    let cow = rows(&summary, "fault", |d| d == "copy-on-write");
+    let forks = rows(&summary, "syscall", |d| d.starts_with("clone"));
+    let lost = f(&summary["lost_events"]["invalidate_events"]);
+    let written = f(&driver["cow_writes"]);
+    assert!(written > 0.0, "{driver}");
+    // Each write to a page the child still maps copies it: one invalidation, in a fault. The
+    // process's other writes while a child lives (its stacks, its heap) copy pages too.
+    if lost == 0.0 {
+        assert!(sum(&cow, "invalidations") >= written, "every page written was copied: {cow:?} vs {written}");
+    }
+    // fork write-protects the parent's private memory: at least one invalidation per fork.
+    assert!(sum(&forks, "invalidations") >= f(&driver["storm_ops"]), "{forks:?} vs {driver}");
+    let named = sum(&cow, "failed_walks") + sum(&forks, "failed_walks");
+    assert!(named * 2.0 > collisions(&summary), "the fork and its copies failed most walks: {summary}");
+}
+
+#[test]
+fn khugepaged_collapsing_the_mirrored_buffer_is_named_with_its_settings() {
+    const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+    if !Path::new(THP).join("khugepaged").exists() {
+        eprintln!("skipped: no transparent huge pages on this kernel (PREEMPT_RT), so no khugepaged");
+        return;
+    }
+    let Some(_module) = mirror_here() else { return };
+    let mut settings = Settings::new();
+    settings.set(&format!("{THP}/enabled"), "madvise");
+    settings.set(&format!("{THP}/khugepaged/scan_sleep_millisecs"), "0");
+    settings.set(&format!("{THP}/khugepaged/alloc_sleep_millisecs"), "0");
+    settings.set(&format!("{THP}/khugepaged/pages_to_scan"), "8192");
+    let collapsed = || read_u64(&format!("{THP}/khugepaged/pages_collapsed"));
+    let before = collapsed();
+    let (summary, driver) =
+        traced(|| hmm_storm(&[], &["--size", "64M", "--mode", "none", "--collapse", "--duration-ms", "4000"]));
+    let collapses = collapsed() - before;
+    drop(settings);
+    let khugepaged = rows(&summary, "kernel_thread", |d| d == "khugepaged");
+    eprintln!("MEASURED khugepaged: {collapses} collapses; driver {driver}\ncauses: {}", summary["invalidations"]["by_cause"]);
+    assert!(collapses > 0, "khugepaged collapsed the buffer");
+    // A collapse invalidates its 2 MiB once; the first may come before the mirror's first walk
+    // (then its mm is not watched yet).
+    let invalidations = sum(&khugepaged, "invalidations");
+    assert!(invalidations > 0.0 && invalidations <= collapses as f64, "one per collapse: {khugepaged:?}");
+    // A collapse holds the mmap lock for writing, which a walk holds for reading, so it fails
+    // only a walk whose sequence it moved before the walk took the lock; the rest surface as the
+    // driver's own read_retry after the walk (`seq_retries`), which returns no -EBUSY to count.
+    let knobs = khugepaged[0]["knobs"].to_string();
+    assert!(knobs.contains("pages_to_scan") && knobs.contains("\"8192\""), "its settings as read: {knobs}");
+}
+
+#[test]
+fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
+    const KSM: &str = "/sys/kernel/mm/ksm";
+    if !Path::new(KSM).join("run").exists() {
+        eprintln!("skipped: this kernel has no KSM");
+        return;
+    }
+    let Some(_module) = mirror_here() else { return };
+    let mut settings = Settings::new();
+    // Put back last: 2 unmerges what the test merged, then the old run state returns.
+    settings.set(&format!("{KSM}/run"), "2");
+    settings.set(&format!("{KSM}/sleep_millisecs"), "0");
+    settings.set(&format!("{KSM}/pages_to_scan"), "4096");
+    settings.set(&format!("{KSM}/run"), "1");
+    // Merged pages are counted while their process lives: the most seen during the run.
+    let (stop, most) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let sampler = {
+        let (stop, most) = (stop.clone(), most.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                most.fetch_max(read_u64(&format!("{KSM}/pages_sharing")), Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let (summary, driver) = traced(|| {
+        hmm_storm(&[], &["--size", "32M", "--mode", "none", "--mergeable", "--no-huge", "--duration-ms", "4000"])
+    });
+    stop.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let sharing = most.load(Ordering::Relaxed);
+    let ksmd = rows(&summary, "kernel_thread", |d| d == "ksmd");
+    eprintln!("MEASURED ksmd: pages_sharing up to {sharing}; driver {driver}\ncauses: {}", summary["invalidations"]["by_cause"]);
+    let run_setting = ksmd.first().map(|r| r["knobs"].to_string()).unwrap_or_default();
+    drop(settings);
+    assert!(sharing > 0, "ksmd merged the buffer's pages");
+    assert!(sum(&ksmd, "invalidations") >= sharing as f64, "each merged page was invalidated: {ksmd:?}");
+    assert!(sum(&ksmd, "failed_walks") * 2.0 > collisions(&summary), "ksmd failed most walks: {summary}");
+    assert!(run_setting.contains("ksm/run") && run_setting.contains("\"1\""), "its setting as read: {run_setting}");
+}

@@ -543,16 +543,11 @@ fn assert_counted(calls: u64, driver_calls: u64, summary: &Value) {
     let context = format!("counters {}, lost {}", summary["counters"], summary["lost_events"]);
     let allowed = match skipped.as_u64() {
         Some(skipped) => skipped,
-        None if preempt_rt() => driver_calls,
+        None if common::preempt_rt() => driver_calls,
         None => 0,
     };
     assert!(
         calls <= driver_calls && driver_calls - calls <= allowed,
         "{calls} calls timed of the driver's {driver_calls}, skipped runs {skipped}; {context}"
     );
-}
-
-/// The running kernel is a PREEMPT_RT build (its version string says so).
-fn preempt_rt() -> bool {
-    std::fs::read_to_string("/proc/sys/kernel/version").is_ok_and(|v| v.contains("PREEMPT_RT"))
 }

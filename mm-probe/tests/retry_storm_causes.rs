@@ -18,18 +18,14 @@ use std::{
     time::Duration,
 };
 
-use common::{MirrorModule, require_root, vm_kernel};
+use common::{MirrorModule, require_root};
 use retry_storm_support::{collisions, f, hmm_storm, traced};
 use serde_json::Value;
 
-/// The mirror driver where this kernel has HMM (the guests); `None` elsewhere, said.
+/// The mirror driver in the non-RT guests; `None` elsewhere, said.
 fn mirror_here() -> Option<MirrorModule> {
     require_root();
-    if vm_kernel().is_none() {
-        eprintln!("skipped: the host kernel has no HMM; these run in the test guests");
-        return None;
-    }
-    Some(MirrorModule::load())
+    common::cause_guest().then(MirrorModule::load)
 }
 
 /// The rows of `by_cause` of `class` whose detail satisfies `detail`.

@@ -7,7 +7,7 @@
 //! and never count more reclaim invalidations than the pages the kernel says it scanned.
 //!
 //! Anonymous memory is reclaimed only to swap; the test puts swap on a zram device for the
-//! run, inside the test guests only: it never adds swap to a developer's machine.
+//! run, inside the (non-RT) test guests only: it never adds swap to a developer's machine.
 
 mod common;
 mod retry_storm_support;
@@ -17,7 +17,7 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use common::{MirrorModule, require_root, vm_kernel, vmstat, workload};
+use common::{MirrorModule, require_root, vmstat, workload};
 use retry_storm_support::{collisions, ebusy_per_walk, f, has_advice, hmm_storm, of_classes, run, traced};
 use serde_json::Value;
 
@@ -31,8 +31,7 @@ impl ZramSwap {
     /// `None` outside the test guests, said on stderr.
     fn on(bytes: u64) -> Option<Self> {
         require_root();
-        if vm_kernel().is_none() {
-            eprintln!("skipped: reclaiming anonymous memory needs swap, which this test adds only inside the test guests");
+        if !common::cause_guest() {
             return None;
         }
         run("modprobe", &["zram", "num_devices=1"]);

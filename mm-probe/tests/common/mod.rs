@@ -52,6 +52,27 @@ pub fn vmstat(name: &str) -> u64 {
     line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or_else(|| panic!("{name} in /proc/vmstat"))
 }
 
+/// The running kernel is a PREEMPT_RT build (its version string says so).
+pub fn preempt_rt() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/version").is_ok_and(|v| v.contains("PREEMPT_RT"))
+}
+
+/// Whether the cause-of-invalidation tests run here: in the non-RT guests only. Reclaim,
+/// copy-on-write, khugepaged and KSM invalidate through the same code under PREEMPT_RT, and the
+/// RT lines already take the longest; outside the guests the host has no HMM and no swap. Says
+/// why when not.
+pub fn cause_guest() -> bool {
+    if vm_kernel().is_none() {
+        eprintln!("skipped: these run in the test guests (the host has no HMM, and no swap is added to it)");
+        return false;
+    }
+    if preempt_rt() {
+        eprintln!("skipped: the cause tests run on the non-RT lines; PREEMPT_RT invalidates through the same code");
+        return false;
+    }
+    true
+}
+
 pub fn vm_kernel() -> Option<String> {
     std::env::var("MM_PROBE_VM_KERNEL").ok()
 }

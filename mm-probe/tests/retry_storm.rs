@@ -216,7 +216,6 @@ fn the_plot_shows_rates_over_time_against_the_retry_rate_limits() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-
 /// Runs hmm_storm under the tool; returns (the driver's counters, the tool's summary).
 fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
     storm_with_timeout(label, "1000", workload_args)
@@ -260,7 +259,6 @@ fn invalidations_per_second(driver: &Value) -> f64 {
     f(&driver["invalidations"]) / (f(&driver["elapsed_ns"]) / 1e9)
 }
 
-
 fn level_rank(level: &Value) -> u32 {
     match level.as_str() {
         Some("OK") => 1,
@@ -279,7 +277,6 @@ fn metric_level(summary: &Value, name: &str) -> u32 {
     let metric = summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name).unwrap();
     level_rank(&metric["level"])
 }
-
 
 /// The tool's counts equal the driver's: every hmm_range_fault return, every -EBUSY, every
 /// retry loop that gave up.

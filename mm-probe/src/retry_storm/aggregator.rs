@@ -65,13 +65,7 @@ pub struct Collector {
 
 impl Collector {
     /// A run that starts at `start_ns`, when the kernel's counters were zero.
-    pub fn new(
-        start_ns: u64,
-        timeout_ns: u64,
-        seen: Observability,
-        thresholds: Thresholds,
-        namer: Namer,
-    ) -> Self {
+    pub fn new(start_ns: u64, timeout_ns: u64, seen: Observability, thresholds: Thresholds, namer: Namer) -> Self {
         Self {
             streams: None,
             chains: ChainJoiner::new(timeout_ns),
@@ -243,9 +237,8 @@ const LONGEST_WALK: Duration = Duration::from_secs(60);
 /// last read_begin when it came before the walk's entry, else the entry; `None` when no walk
 /// is in flight.
 pub fn walks_in_flight_since(ebpf: &Ebpf, now_ns: u64) -> Result<Option<u64>> {
-    let stash: aya::maps::HashMap<_, u32, WalkStash> = aya::maps::HashMap::try_from(
-        ebpf.map(names::WALK_STASH_MAP).context("walk stash missing from the object")?,
-    )?;
+    let stash: aya::maps::HashMap<_, u32, WalkStash> =
+        aya::maps::HashMap::try_from(ebpf.map(names::WALK_STASH_MAP).context("walk stash missing from the object")?)?;
     let begins: aya::maps::HashMap<_, u32, SeqBegin> = aya::maps::HashMap::try_from(
         ebpf.map(names::SEQ_BEGIN_MAP).context("read_begin table missing from the object")?,
     )?;

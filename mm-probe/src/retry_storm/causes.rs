@@ -94,7 +94,9 @@ impl CauseTable {
             })
             .collect();
         rows.sort_by(|a, b| {
-            (b.failed_walks, b.invalidations).cmp(&(a.failed_walks, a.invalidations)).then_with(|| a.cause.cmp(&b.cause))
+            (b.failed_walks, b.invalidations)
+                .cmp(&(a.failed_walks, a.invalidations))
+                .then_with(|| a.cause.cmp(&b.cause))
         });
         rows
     }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::{causes::CauseRow, rates::ratio, walks::StaleLoops};
 pub use crate::report::verdict::{Band, Level, Unit};
 use crate::{
+    cause::CauseName,
     report::verdict::{self, MetricVerdict, named},
     units::{format_bytes, format_nanos},
 };
@@ -249,9 +250,10 @@ fn advise(e: &Evidence, metrics: &[MetricVerdict<Metric>]) -> Vec<Advice> {
 pub const COLLISION_SHARE: f64 = 0.1;
 
 /// What each cause of invalidations is called in advice, and what stops it; `None` for the
-/// process's own calls (the chunking and unmap advice speak to those) and undecided causes.
-fn remedy_for(class: &str) -> Option<(Cause, &'static str, &'static str)> {
-    Some(match class {
+/// process's own calls (the chunking and unmap advice speak to those), a fault that is not a
+/// copy-on-write, and undecided causes.
+fn remedy_for(cause: &CauseName) -> Option<(Cause, &'static str, &'static str)> {
+    Some(match cause.class {
         "kswapd" | "direct_reclaim" => (
             Cause::MemoryPressure,
             "reclaim of the mirrored memory",
@@ -282,7 +284,7 @@ fn remedy_for(class: &str) -> Option<(Cause, &'static str, &'static str)> {
             "a kernel thread working on the mirrored memory",
             "khugepaged: MADV_NOHUGEPAGE on the mirrored range or a lower khugepaged/pages_to_scan; ksmd: no MADV_MERGEABLE on it; kdamond: exclude the range from DAMON's scheme",
         ),
-        "fault" => (
+        "fault" if cause.detail.as_deref() == Some("copy-on-write") => (
             Cause::CopyOnWrite,
             "copy-on-write after fork",
             "the process forks while mirroring: MADV_DONTFORK or MADV_WIPEONFORK on the mirrored range",
@@ -294,38 +296,28 @@ fn remedy_for(class: &str) -> Option<(Cause, &'static str, &'static str)> {
 /// One piece of advice per kind of cause that failed at least [`COLLISION_SHARE`] of the walks,
 /// with the rows behind it and their settings as read on this machine.
 fn collision_advice(rows: &[CauseRow]) -> Vec<Advice> {
-    let mut advice: Vec<(Cause, f64, u64, Advice)> = Vec::new();
+    let mut groups: Vec<(Cause, &str, &str, Vec<&CauseRow>)> = Vec::new();
     for row in rows.iter().filter(|r| r.failed_walks > 0) {
-        let Some((cause, what, action)) = remedy_for(row.cause.class) else { continue };
-        let share = row.failed_walk_share.unwrap_or(0.0);
-        match advice.iter_mut().find(|(c, ..)| *c == cause) {
-            Some((_, total_share, total, _)) => {
-                *total_share += share;
-                *total += row.failed_walks;
-            }
-            None => advice.push((
-                cause,
-                share,
-                row.failed_walks,
-                Advice { cause, evidence: what.to_string(), action: action.to_string() },
-            )),
+        let Some((cause, what, action)) = remedy_for(&row.cause) else { continue };
+        match groups.iter_mut().find(|group| group.0 == cause) {
+            Some(group) => group.3.push(row),
+            None => groups.push((cause, what, action, vec![row])),
         }
     }
-    advice
+    groups
         .into_iter()
-        .filter(|(_, share, ..)| *share >= COLLISION_SHARE)
-        .map(|(cause, share, failed, mut a)| {
-            let of_this: Vec<&CauseRow> =
-                rows.iter().filter(|r| remedy_for(r.cause.class).is_some_and(|(c, ..)| c == cause)).collect();
-            a.evidence = collision_evidence(&a.evidence, share, failed, &of_this);
-            a
+        .filter_map(|(cause, what, action, rows)| {
+            let share: f64 = rows.iter().filter_map(|r| r.failed_walk_share).sum();
+            let evidence = collision_evidence(what, share, &rows);
+            (share >= COLLISION_SHARE).then(|| Advice { cause, evidence, action: action.into() })
         })
         .collect()
 }
 
 /// "86.0 % of failed walks (430) collided with reclaim of the mirrored memory (kswapd: 400,
 /// direct reclaim in hog: 30); vm.swappiness = 60, …"
-fn collision_evidence(what: &str, share: f64, failed: u64, rows: &[&CauseRow]) -> String {
+fn collision_evidence(what: &str, share: f64, rows: &[&CauseRow]) -> String {
+    let failed: u64 = rows.iter().map(|r| r.failed_walks).sum();
     let each: Vec<String> = rows.iter().map(|r| format!("{}: {}", r.cause, r.failed_walks)).collect();
     let mut knobs: Vec<String> = Vec::new();
     for knob in rows.iter().flat_map(|r| &r.knobs) {
@@ -534,9 +526,13 @@ mod tests {
     }
 
     #[test]
-    fn a_cause_below_a_tenth_of_the_failed_walks_or_the_processs_own_calls_get_no_cause_advice() {
+    fn a_cause_below_a_tenth_of_the_failed_walks_the_processs_own_calls_or_a_plain_fault_get_no_cause_advice() {
         let e = Evidence {
-            by_cause: vec![row("syscall", Some("madvise(MADV_DONTNEED)"), 90, 0.9), row("compaction", None, 5, 0.05)],
+            by_cause: vec![
+                row("syscall", Some("madvise(MADV_DONTNEED)"), 90, 0.9),
+                row("fault", None, 40, 0.4),
+                row("compaction", None, 5, 0.05),
+            ],
             ..Evidence::default()
         };
         let advice = judge(&e, &Thresholds::default()).advice;

@@ -140,4 +140,3 @@ pub fn collisions(summary: &Value) -> f64 {
 pub fn ebusy_per_walk(summary: &Value) -> f64 {
     f(&summary["retry_rate"]["ebusy_per_walk"])
 }
-

@@ -233,7 +233,11 @@ mod overlaps {
     }
 
     fn kswapd(ts: u64, start: u64, end: u64) -> Invalidation {
-        Invalidation { comm: "kswapd0".into(), cause: CauseName { class: "kswapd", detail: None }, ..inv(ts, start, end) }
+        Invalidation {
+            comm: "kswapd0".into(),
+            cause: CauseName { class: "kswapd", detail: None },
+            ..inv(ts, start, end)
+        }
     }
 
     #[test]

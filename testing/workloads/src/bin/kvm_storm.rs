@@ -21,8 +21,12 @@
 //! a page of it (`compactions`, at most 5; `pages_moved` as /proc/self/pagemap's frames say):
 //! each migration is an invalidation of the VM's memory made by that process.
 //!
+//! `--idle-ms N` leaves the VM idle for N ms, its memory mapped, before the storm (with
+//! `--passes 0`, an idle VM and nothing else).
+//!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
 //!                  [--call madvise|mprotect] [--compact] [--dirty-log] [--fifo] [--wait]
+//!                  [--idle-ms 0]
 
 use std::{
     sync::{
@@ -49,6 +53,7 @@ struct Options {
     fifo: bool,
     call: Call,
     compact: bool,
+    idle: Duration,
 }
 
 /// The call that invalidates each chunk.
@@ -65,10 +70,11 @@ const FIRST_PASS_LIMIT: Duration = Duration::from_secs(120);
 fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
     let vm = Arc::new(Vm::create(options.size_bytes, options.dirty_log)?);
-    if options.call == Call::Mprotect || options.compact {
+    if options.call == Call::Mprotect || options.compact || !options.idle.is_zero() {
         populate(&vm)?;
     }
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
+    thread::sleep(options.idle);
     let stop = Arc::new(AtomicBool::new(false));
     let vcpu_passes = Arc::new(AtomicU64::new(0));
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
@@ -272,6 +278,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         fifo: false,
         call: Call::Madvise,
         compact: false,
+        idle: Duration::ZERO,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -285,6 +292,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--dirty-log" => options.dirty_log = true,
             "--fifo" => options.fifo = true,
             "--compact" => options.compact = true,
+            "--idle-ms" => options.idle = Duration::from_millis(value()?.parse()?),
             "--call" => {
                 options.call = match value()?.as_str() {
                     "madvise" => Call::Madvise,

@@ -1,9 +1,11 @@
-//! Each of the kernel's own mechanisms that invalidate mirrored memory, named as its own cause
-//! by `mm-probe retry-storm` and checked against the kernel's own counts: copy-on-write after a
-//! fork (and the fork itself), khugepaged collapsing the buffer, ksmd merging it. The
-//! hmm_mirror driver walks the buffer meanwhile; the guests only (the host has no HMM). Where
-//! the mechanism fails walks (copy-on-write, KSM), it must be what most failed walks collided
-//! with; khugepaged works under the mmap lock the walks hold, so it is checked by its count.
+//! The cause of each invalidation, by the kernel's own mechanism, checked against the kernel's
+//! own counts. Under `mm-probe retry-storm`, with the hmm_mirror driver walking the buffer
+//! (the non-RT guests only: the host has no HMM): copy-on-write after a fork (and the fork
+//! itself), khugepaged collapsing the buffer, ksmd merging it. Where the mechanism fails walks
+//! (copy-on-write, KSM), it must be what most failed walks collided with; khugepaged works under
+//! the mmap lock the walks hold, so it is checked by its count. Under `mm-probe invalidations`
+//! beside an idle VM, wherever KVM runs: no cause of the mm's own work is named unless the
+//! kernel counted that work.
 
 mod common;
 mod retry_storm_support;
@@ -28,6 +30,16 @@ fn mirror_here() -> Option<MirrorModule> {
     common::cause_guest().then(MirrorModule::load)
 }
 
+/// The mirror driver, where `dir` shows the kernel has the mechanism (`what`) and the cause
+/// tests run; `None` elsewhere, said.
+fn mechanism_here(dir: &str, what: &str) -> Option<MirrorModule> {
+    if !Path::new(dir).exists() {
+        eprintln!("skipped: this kernel has no {what} ({dir})");
+        return None;
+    }
+    mirror_here()
+}
+
 /// The rows of `by_cause` of `class` whose detail satisfies `detail`.
 fn rows<'a>(summary: &'a Value, class: &str, detail: impl Fn(&str) -> bool) -> Vec<&'a Value> {
     let all = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
@@ -42,8 +54,13 @@ fn sum(rows: &[&Value], field: &str) -> f64 {
 struct Settings(Vec<(PathBuf, String)>);
 
 impl Settings {
-    fn new() -> Self {
-        Settings(Vec::new())
+    /// Writes each (file under `dir`, value), in order.
+    fn write(dir: &str, values: &[(&str, &str)]) -> Self {
+        let mut settings = Settings(Vec::new());
+        for (file, value) in values {
+            settings.set(&format!("{dir}/{file}"), value);
+        }
+        settings
     }
 
     fn set(&mut self, path: &str, value: &str) {
@@ -95,16 +112,16 @@ fn copy_on_write_after_fork_and_the_fork_are_each_named() {
 #[test]
 fn khugepaged_collapsing_the_mirrored_buffer_is_named_with_its_settings() {
     const THP: &str = "/sys/kernel/mm/transparent_hugepage";
-    if !Path::new(THP).join("khugepaged").exists() {
-        eprintln!("skipped: no transparent huge pages on this kernel (PREEMPT_RT), so no khugepaged");
-        return;
-    }
-    let Some(_module) = mirror_here() else { return };
-    let mut settings = Settings::new();
-    settings.set(&format!("{THP}/enabled"), "madvise");
-    settings.set(&format!("{THP}/khugepaged/scan_sleep_millisecs"), "0");
-    settings.set(&format!("{THP}/khugepaged/alloc_sleep_millisecs"), "0");
-    settings.set(&format!("{THP}/khugepaged/pages_to_scan"), "8192");
+    let Some(_module) = mechanism_here(&format!("{THP}/khugepaged"), "transparent huge pages") else { return };
+    let settings = Settings::write(
+        THP,
+        &[
+            ("enabled", "madvise"),
+            ("khugepaged/scan_sleep_millisecs", "0"),
+            ("khugepaged/alloc_sleep_millisecs", "0"),
+            ("khugepaged/pages_to_scan", "8192"),
+        ],
+    );
     let collapsed = || read_u64(&format!("{THP}/khugepaged/pages_collapsed"));
     let before = collapsed();
     let (summary, driver) =
@@ -112,7 +129,10 @@ fn khugepaged_collapsing_the_mirrored_buffer_is_named_with_its_settings() {
     let collapses = collapsed() - before;
     drop(settings);
     let khugepaged = rows(&summary, "kernel_thread", |d| d == "khugepaged");
-    eprintln!("MEASURED khugepaged: {collapses} collapses; driver {driver}\ncauses: {}", summary["invalidations"]["by_cause"]);
+    eprintln!(
+        "MEASURED khugepaged: {collapses} collapses; driver {driver}\ncauses: {}",
+        summary["invalidations"]["by_cause"]
+    );
     assert!(collapses > 0, "khugepaged collapsed the buffer");
     // A collapse invalidates its 2 MiB once; the first may come before the mirror's first walk
     // (then its mm is not watched yet).
@@ -128,17 +148,10 @@ fn khugepaged_collapsing_the_mirrored_buffer_is_named_with_its_settings() {
 #[test]
 fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     const KSM: &str = "/sys/kernel/mm/ksm";
-    if !Path::new(KSM).join("run").exists() {
-        eprintln!("skipped: this kernel has no KSM");
-        return;
-    }
-    let Some(_module) = mirror_here() else { return };
-    let mut settings = Settings::new();
-    // Put back last: 2 unmerges what the test merged, then the old run state returns.
-    settings.set(&format!("{KSM}/run"), "2");
-    settings.set(&format!("{KSM}/sleep_millisecs"), "0");
-    settings.set(&format!("{KSM}/pages_to_scan"), "4096");
-    settings.set(&format!("{KSM}/run"), "1");
+    let Some(_module) = mechanism_here(KSM, "KSM") else { return };
+    // Put back in reverse: run 2 unmerges what the test merged, then the old run state returns.
+    let settings =
+        Settings::write(KSM, &[("run", "2"), ("sleep_millisecs", "0"), ("pages_to_scan", "4096"), ("run", "1")]);
     // Merged pages are counted while their process lives: the most seen during the run.
     let (stop, most) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let sampler = {
@@ -157,11 +170,68 @@ fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     sampler.join().unwrap();
     let sharing = most.load(Ordering::Relaxed);
     let ksmd = rows(&summary, "kernel_thread", |d| d == "ksmd");
-    eprintln!("MEASURED ksmd: pages_sharing up to {sharing}; driver {driver}\ncauses: {}", summary["invalidations"]["by_cause"]);
+    eprintln!(
+        "MEASURED ksmd: pages_sharing up to {sharing}; driver {driver}\ncauses: {}",
+        summary["invalidations"]["by_cause"]
+    );
     let run_setting = ksmd.first().map(|r| r["knobs"].to_string()).unwrap_or_default();
     drop(settings);
     assert!(sharing > 0, "ksmd merged the buffer's pages");
     assert!(sum(&ksmd, "invalidations") >= sharing as f64, "each merged page was invalidated: {ksmd:?}");
     assert!(sum(&ksmd, "failed_walks") * 2.0 > collisions(&summary), "ksmd failed most walks: {summary}");
     assert!(run_setting.contains("ksm/run") && run_setting.contains("\"1\""), "its setting as read: {run_setting}");
+}
+
+/// A /proc/vmstat counter, 0 where this kernel has none (CONFIG_-dependent ones).
+fn vmstat_or_zero(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
+}
+
+/// The kernel's own counters that move when a cause's mechanism runs.
+const EVIDENCE: &[(&str, &[&str])] = &[
+    ("kswapd", &["pgscan_kswapd"]),
+    ("direct_reclaim", &["pgscan_direct"]),
+    // A memory cgroup's reclaim is counted as direct in the machine's counters.
+    ("cgroup_reclaim", &["pgscan_direct"]),
+    ("compaction", &["compact_migrate_scanned", "compact_free_scanned"]),
+    ("migration", &["pgmigrate_success", "pgmigrate_fail"]),
+    ("numa_balancing", &["numa_pte_updates", "pgmigrate_success", "pgmigrate_fail"]),
+];
+
+/// `invalidations` beside an idle VM (KVM subscribes to its memory, so whatever the machine
+/// does to that memory is counted): every cause it names for the mm's own work (reclaim,
+/// compaction, migration, NUMA balancing) must be one whose counters the kernel moved
+/// meanwhile. An idle guest mostly makes none; the host, whatever else it runs.
+#[test]
+fn an_idle_vm_gets_no_invented_cause() {
+    require_root();
+    if !common::kvm_available() {
+        eprintln!("skipped: no KVM here to run an idle VM");
+        return;
+    }
+    let mut vm = std::process::Command::new(common::workload("kvm_storm"))
+        .args(["--size", "64M", "--passes", "0", "--idle-ms", "6000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("starting kvm_storm");
+    // Created and populated well before the tool looks.
+    thread::sleep(Duration::from_secs(1));
+    let before: Vec<u64> = EVIDENCE.iter().flat_map(|(_, names)| names.iter().map(|n| vmstat_or_zero(n))).collect();
+    let out = common::run_tool(&["invalidations", "--json", "--duration", "3s"]);
+    let _ = vm.kill();
+    let _ = vm.wait();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let after: Vec<u64> = EVIDENCE.iter().flat_map(|(_, names)| names.iter().map(|n| vmstat_or_zero(n))).collect();
+    let lines = common::json_lines(&out.stdout);
+    let summary = common::first_of(&lines, "summary").expect("a summary line");
+    let rows = summary["invalidations"]["by_cause"].as_array().expect("by_cause");
+    eprintln!("MEASURED idle: {rows:?}");
+    let mut at = 0;
+    for (class, names) in EVIDENCE {
+        let moved = (at..at + names.len()).any(|i| after[i] > before[i]);
+        at += names.len();
+        let named: Vec<&Value> = rows.iter().filter(|r| r["cause"]["class"] == *class).collect();
+        assert!(moved || named.is_empty(), "{class} named while {names:?} stood still: {named:?}");
+    }
 }

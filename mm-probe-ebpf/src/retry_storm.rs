@@ -313,7 +313,10 @@ fn invalidate_start(range: u64) -> u32 {
     let unknown = NotifierEvent::Unknown as u32;
     bump(&HMM_INVALIDATIONS_BY_EVENT, if kind < unknown { kind } else { unknown }, 1);
     event.code = kind as i32;
-    event.cause = crate::cause::classify();
+    // Only streamed records carry a cause (the exporter's counters have none).
+    if HMM_STREAM_EVENTS.load() != 0 {
+        event.cause = crate::cause::classify();
+    }
     emit(event);
     0
 }

@@ -11,7 +11,7 @@ mod common;
 mod retry_storm_support;
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use common::{MirrorModule, require_root};
+use common::{Knobs, MirrorModule, require_root, vmstat_or_zero};
 use retry_storm_support::{collisions, f, hmm_storm, traced};
 use serde_json::Value;
 
@@ -48,37 +48,6 @@ fn rows<'a>(summary: &'a Value, class: &str, detail: impl Fn(&str) -> bool) -> V
 
 fn sum(rows: &[&Value], field: &str) -> f64 {
     rows.iter().map(|r| f(&r[field])).sum()
-}
-
-/// sysfs settings written for a test and put back as they were on drop (in reverse order).
-struct Settings(Vec<(PathBuf, String)>);
-
-impl Settings {
-    /// Writes each (file under `dir`, value), in order.
-    fn write(dir: &str, values: &[(&str, &str)]) -> Self {
-        let mut settings = Settings(Vec::new());
-        for (file, value) in values {
-            settings.set(&format!("{dir}/{file}"), value);
-        }
-        settings
-    }
-
-    fn set(&mut self, path: &str, value: &str) {
-        let path = PathBuf::from(path);
-        let old = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        std::fs::write(&path, value).unwrap_or_else(|e| panic!("writing {value} to {}: {e}", path.display()));
-        self.0.push((path, old.trim().to_string()));
-    }
-}
-
-impl Drop for Settings {
-    fn drop(&mut self) {
-        for (path, old) in self.0.iter().rev() {
-            // THP `enabled` reads "always [madvise] never": the bracketed word is the value.
-            let value = old.split(['[', ']']).nth(1).unwrap_or(old);
-            let _ = std::fs::write(path, value);
-        }
-    }
 }
 
 fn read_u64(path: &str) -> u64 {
@@ -113,15 +82,12 @@ fn copy_on_write_after_fork_and_the_fork_are_each_named() {
 fn khugepaged_collapsing_the_mirrored_buffer_is_named_with_its_settings() {
     const THP: &str = "/sys/kernel/mm/transparent_hugepage";
     let Some(_module) = mechanism_here(&format!("{THP}/khugepaged"), "transparent huge pages") else { return };
-    let settings = Settings::write(
-        THP,
-        &[
-            ("enabled", "madvise"),
-            ("khugepaged/scan_sleep_millisecs", "0"),
-            ("khugepaged/alloc_sleep_millisecs", "0"),
-            ("khugepaged/pages_to_scan", "8192"),
-        ],
-    );
+    let mut settings = Knobs::default();
+    settings
+        .set(format!("{THP}/enabled"), "madvise")
+        .set(format!("{THP}/khugepaged/scan_sleep_millisecs"), "0")
+        .set(format!("{THP}/khugepaged/alloc_sleep_millisecs"), "0")
+        .set(format!("{THP}/khugepaged/pages_to_scan"), "8192");
     let collapsed = || read_u64(&format!("{THP}/khugepaged/pages_collapsed"));
     let before = collapsed();
     let (summary, driver) =
@@ -150,8 +116,12 @@ fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     const KSM: &str = "/sys/kernel/mm/ksm";
     let Some(_module) = mechanism_here(KSM, "KSM") else { return };
     // Put back in reverse: run 2 unmerges what the test merged, then the old run state returns.
-    let settings =
-        Settings::write(KSM, &[("run", "2"), ("sleep_millisecs", "0"), ("pages_to_scan", "4096"), ("run", "1")]);
+    let mut settings = Knobs::default();
+    settings
+        .set(format!("{KSM}/run"), "2")
+        .set(format!("{KSM}/sleep_millisecs"), "0")
+        .set(format!("{KSM}/pages_to_scan"), "4096")
+        .set(format!("{KSM}/run"), "1");
     // Merged pages are counted while their process lives: the most seen during the run.
     let (stop, most) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
     let sampler = {
@@ -180,12 +150,6 @@ fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     assert!(sum(&ksmd, "invalidations") >= sharing as f64, "each merged page was invalidated: {ksmd:?}");
     assert!(sum(&ksmd, "failed_walks") * 2.0 > collisions(&summary), "ksmd failed most walks: {summary}");
     assert!(run_setting.contains("ksm/run") && run_setting.contains("\"1\""), "its setting as read: {run_setting}");
-}
-
-/// A /proc/vmstat counter, 0 where this kernel has none (CONFIG_-dependent ones).
-fn vmstat_or_zero(name: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
 }
 
 /// The kernel's own counters that move when a cause's mechanism runs.

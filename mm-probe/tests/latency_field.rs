@@ -45,31 +45,6 @@ fn expectation(kernel: Option<&str>, counted: bool) -> Expect {
     }
 }
 
-/// A sysfs knob set for the test and put back on drop.
-struct Knob {
-    path: &'static str,
-    before: String,
-}
-
-impl Knob {
-    fn set(path: &'static str, value: &str) -> Option<Self> {
-        let before = std::fs::read_to_string(path).ok()?;
-        std::fs::write(path, value).ok()?;
-        Some(Self { path, before })
-    }
-}
-
-impl Drop for Knob {
-    fn drop(&mut self) {
-        // The THP knob reads "always [madvise] never": the bracketed word is the setting.
-        let value = match self.before.split_once('[') {
-            Some((_, rest)) => rest.split(']').next().unwrap_or_default().to_string(),
-            None => self.before.trim().to_string(),
-        };
-        let _ = std::fs::write(self.path, value);
-    }
-}
-
 /// One traced phase: the waker beside `advice` (or no madvise at all: "none").
 struct Phase {
     lines: Vec<Value>,
@@ -164,12 +139,11 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
     let expect = expectation(kernel.as_deref(), clock == "instruction-counted");
     // MGLRU on in every kernel, so that one step does comparable work on all of them; THP on
     // madvise, so that khugepaged's own stretches stay out. Both put back afterwards.
-    let _knobs = (expect != Expect::Unknown).then(|| {
-        (
-            Knob::set("/sys/kernel/mm/lru_gen/enabled", "y"),
-            Knob::set("/sys/kernel/mm/transparent_hugepage/enabled", "madvise"),
-        )
-    });
+    let mut knobs = common::Knobs::default();
+    if expect != Expect::Unknown {
+        knobs.try_set("/sys/kernel/mm/lru_gen/enabled", "y");
+        knobs.try_set("/sys/kernel/mm/transparent_hugepage/enabled", "madvise");
+    }
     // The waker and the walk share one CPU: the only one of an instruction-counted guest.
     let cpu = if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 { "1" } else { "0" };
     let bytes = if expect == Expect::Unknown { "64M" } else { "512M" };

@@ -17,37 +17,16 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use common::{MirrorModule, require_root, vmstat, workload};
+use common::{MirrorModule, ZramSwap, require_root, vmstat, workload};
 use retry_storm_support::{collisions, ebusy_per_walk, f, has_advice, hmm_storm, of_classes, run, traced};
 use serde_json::Value;
 
-const ZRAM: &str = "/dev/zram0";
 const MIB: u64 = 1 << 20;
 
-/// Swap on a zram device while it lives.
-struct ZramSwap;
-
-impl ZramSwap {
-    /// `None` outside the test guests, said on stderr.
-    fn on(bytes: u64) -> Option<Self> {
-        require_root();
-        if !common::cause_guest() {
-            return None;
-        }
-        run("modprobe", &["zram", "num_devices=1"]);
-        std::fs::write("/sys/block/zram0/disksize", bytes.to_string()).expect("sizing zram0");
-        run("mkswap", &[ZRAM]);
-        run("swapon", &[ZRAM]);
-        Some(ZramSwap)
-    }
-}
-
-impl Drop for ZramSwap {
-    fn drop(&mut self) {
-        let _ = Command::new("swapoff").arg(ZRAM).output();
-        let _ = std::fs::write("/sys/block/zram0/reset", "1");
-        let _ = Command::new("rmmod").arg("zram").output();
-    }
+/// Swap on zram for the test, in the non-RT guests only; `None` elsewhere, said.
+fn guest_swap(bytes: u64) -> Option<ZramSwap> {
+    require_root();
+    common::cause_guest().then(|| ZramSwap::enable(bytes).unwrap_or_else(|why| panic!("zram swap: {why}")))
 }
 
 fn mem_available() -> u64 {
@@ -85,7 +64,7 @@ fn mirror(prefix: &[&str], chunk: &str) -> Value {
 
 #[test]
 fn memory_pressure_fails_the_walks_and_reclaim_is_named_with_its_settings() {
-    let Some(_swap) = ZramSwap::on(1536 * MIB) else { return };
+    let Some(_swap) = guest_swap(1536 * MIB) else { return };
     let _module = MirrorModule::load();
     // What is free, but 128 MiB, stays hot in the hog: the mirror's buffer does not fit beside it.
     let mut hog = hog(mem_available().saturating_sub(128 * MIB));
@@ -161,7 +140,7 @@ impl Drop for Cgroup {
 
 #[test]
 fn a_cgroup_below_its_working_set_fails_the_walks_by_its_own_reclaim() {
-    let Some(_swap) = ZramSwap::on(1024 * MIB) else { return };
+    let Some(_swap) = guest_swap(1024 * MIB) else { return };
     let _module = MirrorModule::load();
     let cgroup = Cgroup::with_high(256 * MIB);
     let enter = format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", cgroup.0.display());

@@ -45,6 +45,90 @@ pub fn first_of<'a>(lines: &'a [Value], kind: &str) -> Option<&'a Value> {
 }
 
 /// The matrix kernel this runs on (`6.1`, `6.12-rt`…), or `None` on the host.
+/// A /proc/vmstat counter, 0 where this kernel has none (the CONFIG_-dependent ones).
+pub fn vmstat_or_zero(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
+}
+
+/// Runs a system program (not the tool); its stderr is the error when it fails.
+pub fn run_program(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program).args(args).output().map_err(|e| format!("{program}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// Settings (sysfs and procfs files) changed for a test and put back on drop, last first, also
+/// when the test fails.
+#[derive(Default)]
+pub struct Knobs(Vec<(PathBuf, String)>);
+
+impl Knobs {
+    /// Sets `path` to `value`, keeping the old value; a setting that cannot be set fails the test.
+    pub fn set(&mut self, path: impl Into<PathBuf>, value: &str) -> &mut Self {
+        let path = path.into();
+        assert!(self.try_set(&path, value), "setting {} to {value}", path.display());
+        self
+    }
+
+    /// As [`Knobs::set`], for a setting this kernel may lack: false when it is absent or refused.
+    pub fn try_set(&mut self, path: impl Into<PathBuf>, value: &str) -> bool {
+        let path = path.into();
+        let Ok(old) = std::fs::read_to_string(&path) else { return false };
+        if std::fs::write(&path, value).is_err() {
+            return false;
+        }
+        let old = setting_of(&old);
+        eprintln!("{}: {old} -> {value} (put back after the test)", path.display());
+        self.0.push((path, old));
+        true
+    }
+}
+
+/// The value a setting file holds: THP's files read "always [madvise] never", where the
+/// bracketed word is it.
+fn setting_of(text: &str) -> String {
+    match text.split_once('[') {
+        Some((_, rest)) => rest.split(']').next().unwrap_or_default().to_string(),
+        None => text.trim().to_string(),
+    }
+}
+
+impl Drop for Knobs {
+    fn drop(&mut self) {
+        for (path, old) in self.0.iter().rev() {
+            let _ = std::fs::write(path, old);
+        }
+    }
+}
+
+/// Swap on a compressed RAM disk while it lives, in a guest (guests have no disk): with swap,
+/// reclaim really writes anonymous pages out. Turned off again on drop: the guest runs other
+/// test binaries afterwards.
+pub struct ZramSwap;
+
+impl ZramSwap {
+    const DEVICE: &str = "/dev/zram0";
+
+    pub fn enable(bytes: u64) -> Result<Self, String> {
+        run_program("modprobe", &["zram", "num_devices=1"])?;
+        std::fs::write("/sys/block/zram0/disksize", bytes.to_string()).map_err(|e| format!("zram0 disksize: {e}"))?;
+        run_program("mkswap", &[Self::DEVICE])?;
+        run_program("swapon", &[Self::DEVICE])?;
+        Ok(Self)
+    }
+}
+
+impl Drop for ZramSwap {
+    fn drop(&mut self) {
+        let _ = run_program("swapoff", &[Self::DEVICE]);
+        let _ = std::fs::write("/sys/block/zram0/reset", "1");
+    }
+}
+
 /// One counter of /proc/vmstat.
 pub fn vmstat(name: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/vmstat").unwrap();

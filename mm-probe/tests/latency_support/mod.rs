@@ -307,47 +307,6 @@ pub fn has_frame(stack: &Value, function: &str) -> bool {
     frames(stack).iter().any(|f| f.starts_with(&format!("{function}+")))
 }
 
-/// Swap on a compressed RAM disk for the length of a test in a guest (guests have no disk):
-/// with swap, MADV_PAGEOUT really writes anonymous pages out (compressing them), as under the
-/// field case's memory pressure; without it reclaim can only isolate the pages and put them
-/// back. Turned off again on drop: the guest runs other test binaries afterwards.
-pub struct ZramSwap;
-
-impl ZramSwap {
-    const DEVICE: &str = "/dev/zram0";
-
-    pub fn enable(bytes: &str) -> Result<Self, String> {
-        run_tool("modprobe", &["zram", "num_devices=1"])?;
-        std::fs::write("/sys/block/zram0/disksize", bytes).map_err(|e| format!("zram0 disksize: {e}"))?;
-        run_tool("mkswap", &[Self::DEVICE])?;
-        run_tool("swapon", &[Self::DEVICE])?;
-        Ok(Self)
-    }
-}
-
-impl Drop for ZramSwap {
-    fn drop(&mut self) {
-        let _ = run_tool("swapoff", &[Self::DEVICE]);
-        let _ = std::fs::write("/sys/block/zram0/reset", "1");
-    }
-}
-
-/// 1 GiB of zram swap in a guest; `None` on the host (its swap is not the tests' to change),
-/// or, said on stderr, where zram cannot be set up.
-pub fn guest_swap() -> Option<ZramSwap> {
-    vm_kernel()?;
-    ZramSwap::enable("1G").inspect_err(|why| eprintln!("no swap for this test: zram unavailable ({why})")).ok()
-}
-
-fn run_tool(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program).args(args).output().map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
 /// Processes that keep `count` CPUs busy in user space: `stress-ng --cpu` where it is installed,
 /// shell busy loops otherwise. Killed on drop.
 pub struct CpuHogs {

@@ -7,28 +7,12 @@ const KHUGEPAGED: &str = "/sys/kernel/mm/transparent_hugepage/khugepaged";
 
 /// Sets khugepaged knobs for the test's duration; the old values come back on drop, in reverse
 /// order (also when the test fails). Writing scan_sleep_millisecs wakes khugepaged.
-struct KhugepagedGuard(Vec<(String, String)>);
-
-impl KhugepagedGuard {
-    fn set(knobs: &[(&str, &str)]) -> Self {
-        let mut old = Vec::new();
-        for &(knob, value) in knobs {
-            let path = format!("{KHUGEPAGED}/{knob}");
-            let current = std::fs::read_to_string(&path).expect("khugepaged sysfs").trim().to_string();
-            std::fs::write(&path, value).unwrap_or_else(|e| panic!("setting {path}: {e}"));
-            eprintln!("khugepaged/{knob}: {current} -> {value} (restored after the test)");
-            old.push((path, current));
-        }
-        Self(old)
+fn khugepaged_set(knobs: &[(&str, &str)]) -> common::Knobs {
+    let mut set = common::Knobs::default();
+    for &(knob, value) in knobs {
+        set.set(format!("{KHUGEPAGED}/{knob}"), value);
     }
-}
-
-impl Drop for KhugepagedGuard {
-    fn drop(&mut self) {
-        for (path, value) in self.0.iter().rev() {
-            let _ = std::fs::write(path, value);
-        }
-    }
+    set
 }
 
 /// A thp_collapse workload: MIB MiB touched every EVERY-th page under MADV_NOHUGEPAGE.
@@ -46,11 +30,6 @@ fn advise(w: &mut Workload) {
 
 fn region_huge_kb(pid: u32, start: u64) -> u64 {
     Proc::new(pid).smaps().unwrap().into_iter().find(|v| v.start == start).map_or(0, |v| v.anon_huge_kb)
-}
-
-fn vmstat(name: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/vmstat").unwrap();
-    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok()).unwrap_or(0)
 }
 
 /// Polls `done` until it holds or the answer timeout passes.
@@ -106,7 +85,7 @@ fn khugepaged_collapsing_a_region_is_counted_as_success() {
         return;
     }
     let _policy = EnabledGuard::set("madvise");
-    let _pace = KhugepagedGuard::set(&[("pages_to_scan", "32768"), ("scan_sleep_millisecs", "100")]);
+    let _pace = khugepaged_set(&[("pages_to_scan", "32768"), ("scan_sleep_millisecs", "100")]);
     let (mut w, start, len) = collapse_workload("16", "1");
     let pid = w.target();
     assert_eq!(region_huge_kb(pid, start), 0, "faults under MADV_NOHUGEPAGE give small pages");
@@ -148,15 +127,16 @@ fn a_sparse_region_fails_with_exceed_none_pte_under_a_low_max_ptes_none() {
         return;
     }
     let _policy = EnabledGuard::set("madvise");
-    let _pace =
-        KhugepagedGuard::set(&[("max_ptes_none", "32"), ("pages_to_scan", "32768"), ("scan_sleep_millisecs", "100")]);
+    let _pace = khugepaged_set(&[("max_ptes_none", "32"), ("pages_to_scan", "32768"), ("scan_sleep_millisecs", "100")]);
     let (mut w, start, len) = collapse_workload("16", "8");
     let pid = w.target();
     let pmds = len >> 21;
-    let before = vmstat("thp_scan_exceed_none_pte");
+    let before = common::vmstat_or_zero("thp_scan_exceed_none_pte");
     let report = thp_why_live(pid, || {
         advise(&mut w);
-        wait_for("khugepaged to scan the region", || vmstat("thp_scan_exceed_none_pte") >= before + pmds);
+        wait_for("khugepaged to scan the region", || {
+            common::vmstat_or_zero("thp_scan_exceed_none_pte") >= before + pmds
+        });
     });
     let c = &report["collapse"];
     eprintln!("collapse: {c}");
@@ -195,7 +175,7 @@ fn a_process_khugepaged_does_not_reach_is_reported_as_such() {
     let _policy = EnabledGuard::set("madvise");
     // The write wakes khugepaged for one pass; the decoy, registered next, makes its list
     // non-empty (so that the target's registration wakes nobody) and shows when the pass is over.
-    let _pace = KhugepagedGuard::set(&[("scan_sleep_millisecs", "600000")]);
+    let _pace = khugepaged_set(&[("scan_sleep_millisecs", "600000")]);
     let (mut decoy, decoy_start, decoy_len) = collapse_workload("4", "1");
     advise(&mut decoy);
     let pass = Duration::from_secs(if vm_kernel().is_some() { 20 } else { 3 });

@@ -231,6 +231,9 @@ pub struct WaitKey {
     /// machine's locks, not by its processes.
     pub relation: u32,
     pub comm: [u8; 16],
+    /// Why the waiter is doing what it does (the cause of the invalidation whose callback waits,
+    /// when it waits inside one); zero for unrelated waits.
+    pub cause: crate::cause::Cause,
 }
 
 #[repr(C)]

@@ -638,10 +638,13 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
         } else {
             DYNAMIC_LOCKS
         };
-        WaitKey { lock, stack_id: STACK_NOT_TAKEN, flags, tgid: 0, class: class as u32, relation: 0, comm: [0; 16] }
+        let (tgid, class, comm, cause) = (0, class as u32, [0; 16], Cause::default());
+        WaitKey { lock, stack_id: STACK_NOT_TAKEN, flags, tgid, class, relation: 0, comm, cause }
     } else {
         let stack_id = wait_stack(&ctx);
-        WaitKey { lock, stack_id, flags, tgid, class: class as u32, relation: relation as u32, comm: comm() }
+        // The waiter's own cause: inside an invalidation's callback, that invalidation's.
+        let (class, relation, cause) = (class as u32, relation as u32, cause::classify());
+        WaitKey { lock, stack_id, flags, tgid, class, relation, comm: comm(), cause }
     };
     // Timed after the stack is taken, so that taking it is not counted as waiting.
     let _ = INV_WAIT_STASH.insert(pid, WaitStash { key, lock, ts_ns: unsafe { bpf_ktime_get_ns() } }, 0);

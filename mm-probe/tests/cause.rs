@@ -3,9 +3,10 @@
 //! (the non-RT guests only: the host has no HMM): copy-on-write after a fork (and the fork
 //! itself), khugepaged collapsing the buffer, ksmd merging it. Where the mechanism fails walks
 //! (copy-on-write, KSM), it must be what most failed walks collided with; khugepaged works under
-//! the mmap lock the walks hold, so it is checked by its count. Under `mm-probe invalidations`
-//! beside an idle VM, wherever KVM runs: no cause of the mm's own work is named unless the
-//! kernel counted that work.
+//! the mmap lock the walks hold, so it is checked by its count. In the guests' two NUMA nodes:
+//! NUMA balancing on and then off, and move_pages(2) between the nodes. Compaction by another
+//! process, checked by the pages of the buffer it moved (it may move none). Under `mm-probe invalidations` beside an idle VM, wherever KVM
+//! runs: no cause of the mm's own work is named unless the kernel counted that work.
 
 mod common;
 mod retry_storm_support;
@@ -21,7 +22,7 @@ use std::{
 };
 
 use common::{Knobs, MirrorModule, require_root, vmstat_or_zero};
-use retry_storm_support::{collisions, f, hmm_storm, traced};
+use retry_storm_support::{collisions, f, has_advice, hmm_storm, traced};
 use serde_json::Value;
 
 /// The mirror driver in the non-RT guests; `None` elsewhere, said.
@@ -150,6 +151,152 @@ fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     assert!(sum(&ksmd, "invalidations") >= sharing as f64, "each merged page was invalidated: {ksmd:?}");
     assert!(sum(&ksmd, "failed_walks") * 2.0 > collisions(&summary), "ksmd failed most walks: {summary}");
     assert!(run_setting.contains("ksm/run") && run_setting.contains("\"1\""), "its setting as read: {run_setting}");
+}
+
+/// NUMA balancing, with the mirroring thread moving between the guest's two nodes: while
+/// kernel.numa_balancing is 1, task_numa_work's hinting and the migration of the pages it finds
+/// misplaced are named `numa_balancing`, with the setting as read, when the kernel counted that
+/// work, and they are what the failed walks collided with; at 0 the kernel does none of it and
+/// none is named.
+#[test]
+fn numa_balancing_is_named_while_on_and_gone_when_off() {
+    let Some(_module) = two_nodes_here("/proc/sys/kernel/numa_balancing", "NUMA balancing") else { return };
+    let (on, driver, updates, migrated) = under_numa_balancing("1");
+    let numa = rows(&on, "numa_balancing", |_| true);
+    let misplaced = rows(&on, "numa_balancing", |d| d.starts_with("migration"));
+    eprintln!(
+        "MEASURED numa on: numa_pte_updates +{updates}, numa_pages_migrated +{migrated}; driver {driver}\ncauses: {}",
+        on["invalidations"]["by_cause"]
+    );
+    assert!(f(&driver["node_hops"]) > 1.0, "the mirroring thread moved between nodes: {driver}");
+    assert!(updates > 0, "the kernel set up hinting faults while it was on");
+    assert!(sum(&numa, "invalidations") > 0.0, "NUMA balancing named: {}", on["invalidations"]["by_cause"]);
+    // Each misplaced page moved is one migration of this mm's memory; the kernel counts them all.
+    assert!(sum(&misplaced, "invalidations") <= migrated as f64, "{misplaced:?} vs {migrated} migrated");
+    let knobs = numa[0]["knobs"].to_string();
+    assert!(knobs.contains("kernel.numa_balancing") && knobs.contains("\"1\""), "its setting as read: {knobs}");
+    // Nothing else invalidates the buffer: the walks that failed collided with NUMA balancing.
+    if f(&on["walks"]["ebusy"]) > 0.0 {
+        assert!(sum(&numa, "failed_walks") * 2.0 > collisions(&on), "NUMA balancing failed most walks: {on}");
+        let advice = has_advice(&on, "NUMA balancing").unwrap_or_else(|| panic!("{}", on["verdict"]));
+        let evidence = advice["evidence"].as_str().unwrap();
+        assert!(evidence.contains("kernel.numa_balancing = 1"), "the setting as read: {evidence}");
+    }
+
+    let (off, _, updates, _) = under_numa_balancing("0");
+    eprintln!("MEASURED numa off: numa_pte_updates +{updates}; causes: {}", off["invalidations"]["by_cause"]);
+    assert_eq!(updates, 0, "with kernel.numa_balancing=0 the kernel sets up no hinting fault");
+    assert!(rows(&off, "numa_balancing", |_| true).is_empty(), "none named while off: {off}");
+    assert!(has_advice(&off, "NUMA balancing").is_none(), "no NUMA advice while off: {}", off["verdict"]);
+}
+
+/// The mirror walking 64 MiB of small pages for 5 s with its thread hopping between nodes, under
+/// the tool, with kernel.numa_balancing = `setting`: the summary, the driver's counters, and how
+/// far the kernel's numa_pte_updates and numa_pages_migrated moved.
+fn under_numa_balancing(setting: &str) -> (Value, Value, u64, u64) {
+    let mut settings = Knobs::default();
+    settings.set("/proc/sys/kernel/numa_balancing", setting);
+    let counters = || (vmstat_or_zero("numa_pte_updates"), vmstat_or_zero("numa_pages_migrated"));
+    let before = counters();
+    let storm = ["--size", "64M", "--mode", "none", "--no-huge", "--hop-nodes-ms", "700", "--duration-ms", "5000"];
+    let (summary, driver) = traced(|| hmm_storm(&[], &storm));
+    let after = counters();
+    (summary, driver, after.0 - before.0, after.1 - before.1)
+}
+
+/// Page migration between the guest's two nodes (the process's own storm thread calling
+/// move_pages(2)): named `migration` with the kernel's reason, at least one invalidation per page
+/// the workload moved and no more than the kernel migrated, and what the failed walks collided
+/// with.
+#[test]
+fn page_migration_between_nodes_is_named_with_its_reason() {
+    let Some(_module) = two_nodes_here("/proc/sys/vm", "page migration") else { return };
+    let before = vmstat_or_zero("pgmigrate_success");
+    let migrate = ["--mode", "migrate", "--piece", "2M", "--interval-us", "20000", "--duration-ms", "4000"];
+    let (summary, driver) = traced(|| hmm_storm(&[], &[&["--size", "64M", "--no-huge"][..], &migrate].concat()));
+    let migrated = vmstat_or_zero("pgmigrate_success") - before;
+    let migration = rows(&summary, "migration", |_| true);
+    eprintln!(
+        "MEASURED migration: pgmigrate_success +{migrated}; driver {driver}\ncauses: {}",
+        summary["invalidations"]["by_cause"]
+    );
+    let moved = f(&driver["moved_pages"]);
+    assert!(moved > 0.0, "the workload moved pages: {driver}");
+    // move_pages(2) migrates for the syscall: the kernel's reason, named from its own table.
+    assert!(migration.iter().all(|r| r["cause"]["detail"] == "syscall_or_cpuset"), "{migration:?}");
+    let named = sum(&migration, "invalidations");
+    // Each page moved was unmapped from the mirrored mm once, but the first piece moves before
+    // the mirror's first walk (the workload starts walking once its storm runs), when the tool
+    // does not watch the mm yet. The kernel counts every page moved.
+    // SAFETY: sysconf has no preconditions.
+    let first_piece = (2 << 20) as f64 / unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
+    if f(&summary["lost_events"]["invalidate_events"]) == 0.0 {
+        assert!(named + first_piece >= moved, "{named} migration invalidations for {moved} pages moved");
+    }
+    assert!(named <= migrated as f64, "{named} migration invalidations for {migrated} pages migrated");
+    assert!(sum(&migration, "failed_walks") * 2.0 > collisions(&summary), "migration failed most walks: {summary}");
+    assert!(has_advice(&summary, "page migration").is_some(), "{}", summary["verdict"]);
+}
+
+/// Compaction of all memory by another process (`sh` writing /proc/sys/vm/compact_memory,
+/// again until a page of the mirrored buffer moved, at most five times) while the mirror walks:
+/// named `compaction` with its settings as read, at least once per page of the buffer whose
+/// frame changed, never more often than the kernel migrated pages, and, where it failed walks,
+/// what they collided with. Compaction picks its blocks and may leave the buffer alone: then
+/// nothing is asked of the tool but the kernel's bound.
+#[test]
+fn compaction_of_the_mirrored_buffer_is_named_with_its_settings() {
+    const COMPACT: &str = "/proc/sys/vm/compact_memory";
+    let Some(_module) = mechanism_here(COMPACT, "compaction") else { return };
+    let migrations = || vmstat_or_zero("pgmigrate_success") + vmstat_or_zero("pgmigrate_fail");
+    let before = migrations();
+    let (summary, driver) =
+        traced(|| hmm_storm(&[], &["--size", "64M", "--mode", "compact", "--no-huge", "--duration-ms", "4000"]));
+    let migrated = migrations() - before;
+    let compaction = rows(&summary, "compaction", |_| true);
+    eprintln!(
+        "MEASURED compaction: pgmigrate_success + pgmigrate_fail +{migrated}; driver {driver}\ncauses: {}",
+        summary["invalidations"]["by_cause"]
+    );
+    assert!(f(&driver["compactions"]) > 0.0, "compaction was asked for: {driver}");
+    let (named, moved) = (sum(&compaction, "invalidations"), f(&driver["moved_pages"]));
+    // A page moves by being unmapped first: one invalidation of the buffer's mm per page moved.
+    if f(&summary["lost_events"]["invalidate_events"]) == 0.0 {
+        assert!(named >= moved, "{named} compaction invalidations for {moved} pages of the buffer moved");
+    }
+    assert!(named <= migrated as f64, "{named} compaction invalidations for {migrated} pages migrated or failed");
+    let Some(row) = compaction.first() else { return };
+    let knobs = row["knobs"].to_string();
+    let proactiveness = std::fs::read_to_string("/proc/sys/vm/compaction_proactiveness").unwrap();
+    assert!(knobs.contains(&format!("\"{}\"", proactiveness.trim())), "its settings as read: {knobs}");
+    // Nothing else invalidates the buffer meanwhile.
+    if f(&summary["walks"]["ebusy"]) > 0.0 {
+        assert!(
+            sum(&compaction, "failed_walks") * 2.0 > collisions(&summary),
+            "compaction failed most walks: {summary}"
+        );
+    }
+}
+
+/// The mirror driver where the guest has two NUMA nodes with CPUs and `dir` shows the kernel
+/// has the mechanism (`what`); `None` elsewhere, said.
+fn two_nodes_here(dir: &str, what: &str) -> Option<MirrorModule> {
+    let module = mechanism_here(dir, what)?;
+    let nodes = nodes_with_cpus();
+    if nodes < 2 {
+        eprintln!("skipped: {what} needs two NUMA nodes with CPUs; this machine has {nodes}");
+        return None;
+    }
+    Some(module)
+}
+
+fn nodes_with_cpus() -> usize {
+    let nodes =
+        std::fs::read_dir("/sys/devices/system/node").map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    nodes
+        .iter()
+        .filter(|n| std::fs::read_to_string(n.path().join("cpulist")).is_ok_and(|l| !l.trim().is_empty()))
+        .count()
 }
 
 /// The kernel's own counters that move when a cause's mechanism runs.

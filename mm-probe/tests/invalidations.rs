@@ -268,6 +268,12 @@ fn two_threads_contend_on_the_vms_mmu_lock_inside_the_notifier_and_batching_lowe
         paths.iter().all(|p| p["waiters"] == serde_json::json!(["kvm-madv"])),
         "only the madvise threads: {paths:?}"
     );
+    // By the cause of the invalidation that waited: the madvise threads' own calls, every wait.
+    let by_cause = notifier_waits_by_cause(lock);
+    assert!(
+        by_cause.iter().all(|c| c["cause"]["class"] == "syscall" && c["cause"]["detail"] == "madvise(MADV_DONTNEED)"),
+        "{by_cause:?}"
+    );
     assert!(
         causes(&small).contains(&"fine-grained invalidations".to_string()) || wait_lost_and_unknown(&small),
         "{}",
@@ -310,7 +316,18 @@ fn a_running_vcpu_waits_on_the_same_lock_in_its_fault_path() {
     let fault = fault.unwrap_or_else(|| panic!("the vCPU's faults wait on mmu_lock: {}", lock["paths"]));
     assert_eq!(fault["waiters"], serde_json::json!(["kvm-vcpu"]));
     assert_eq!(fault["in_notifier"], false);
+    // The vCPU's waits are no invalidation's: they stay out of the waits by cause.
+    notifier_waits_by_cause(lock);
     check_plot(&plot, &lines, summary);
+}
+
+/// A lock's waits by cause: together exactly the waits of its paths inside the notifier.
+fn notifier_waits_by_cause(lock: &Value) -> &Vec<Value> {
+    let paths = lock["paths"].as_array().unwrap();
+    let in_notifier: u64 = paths.iter().filter(|p| p["in_notifier"] == true).map(|p| u(&p["wait_ns"])).sum();
+    let by_cause = lock["by_cause"].as_array().unwrap();
+    assert_eq!(by_cause.iter().map(|c| u(&c["wait_ns"])).sum::<u64>(), in_notifier, "{by_cause:?} vs {paths:?}");
+    by_cause
 }
 
 /// The figure: written where the output says, a panel naming the VM's mmu_lock, and for the

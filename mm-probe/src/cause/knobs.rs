@@ -33,6 +33,9 @@ pub fn knobs(root: &Path, cause: &CauseName, tgid: u32) -> Vec<Knob> {
             vec![sysctl("vm.watermark_scale_factor"), sysctl("vm.min_free_kbytes"), sysctl("vm.swappiness")]
         }
         "cgroup_reclaim" => cgroup_limits(root, tgid),
+        "migration" if cause.detail.as_deref() == Some("demotion") => {
+            vec![file("/sys/kernel/mm/numa/demotion_enabled")]
+        }
         "kernel_thread" => match cause.detail.as_deref() {
             Some("khugepaged") => {
                 vec![file(&format!("{THP}/enabled")), file(&format!("{THP}/khugepaged/pages_to_scan"))]
@@ -64,6 +67,7 @@ pub fn remedy(class: &str) -> Option<&'static str> {
         }
         "kswapd" | "direct_reclaim" => Some("memory pressure: raise the watermarks or give the machine memory"),
         "cgroup_reclaim" => Some("the cgroup is at its memory.high or memory.max"),
+        "migration" => Some("mlock does not stop page migration; whoever moves the pages (the reason) does"),
         "fault" => Some("copy-on-write after fork: MADV_DONTFORK or MADV_WIPEONFORK on the mirrored range"),
         _ => None,
     }
@@ -125,6 +129,10 @@ mod tests {
         assert_eq!(cgroup[0].setting, "/sys/fs/cgroup/gpu.slice/job/memory.high");
         assert_eq!(cgroup[0].value.as_deref(), Some("1073741824"));
         assert!(knobs(root, &cause("syscall", Some("madvise(MADV_DONTNEED)")), 1).is_empty());
+        write(root, "sys/kernel/mm/numa/demotion_enabled", "true\n");
+        let demotion = knobs(root, &cause("migration", Some("demotion")), 1);
+        assert_eq!(demotion[0].value.as_deref(), Some("true"));
+        assert!(knobs(root, &cause("migration", Some("syscall_or_cpuset")), 1).is_empty());
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -331,7 +331,7 @@ pub fn summary(tables: &Tables, duration_ns: u64, run: &RunFacts<'_>, thresholds
         Scope { range_starts: seen.range_starts, kvm_unmaps: seen.kvm_unmaps, pids: run.pids, namer: run.namer };
     let mut invalidations = invalidations(tables, duration_ns as f64 / 1e9, scope);
     invalidations.peak = run.peak.clone();
-    let (locks, other_contention) = locks::locks(tables, run.kvm_members);
+    let (locks, other_contention) = locks::locks(tables, run.kvm_members, run.namer);
     let subscribers = subscribers(tables, run.kallsyms, seen.lock_waits);
     let lost_events = lost_events(tables).with(Loss::ProgramRunsSkipped, run.skipped);
     let evidence = evidence(&invalidations, &locks, &subscribers, seen, &lost_events);

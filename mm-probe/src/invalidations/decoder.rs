@@ -290,6 +290,7 @@ mod tests {
             class: 0,
             relation: Relation::VmLock as u32,
             comm: [b'a'; 16],
+            cause: Default::default(),
         };
         (key, WaitStats { count, wait_ns: count * 10, max_ns: 10, buckets: [0; TIME_BUCKETS] })
     }

@@ -121,7 +121,7 @@ impl Reader for InvalidationsReader {
             .map(|((hook, event), count)| Series::new(&[("source", hook), ("event", event)], count))
             .collect();
         if self.seen.lock_waits {
-            read_lock_waits(tables, &self.kvm_members, snapshot);
+            read_lock_waits(tables, &self.kvm_members, &self.namer, snapshot);
         }
         if self.seen.callbacks {
             for row in aggregator::subscribers(tables, self.kallsyms.as_ref(), self.seen.lock_waits) {
@@ -150,8 +150,8 @@ fn causes(invalidations: &Invalidations) -> Vec<Series> {
 }
 
 /// Contended acquisitions and their waits by lock class and waiting path.
-fn read_lock_waits(tables: &Tables, kvm_members: &KvmMembers, snapshot: &mut Snapshot) {
-    let (locks, other) = locks::locks(tables, kvm_members);
+fn read_lock_waits(tables: &Tables, kvm_members: &KvmMembers, namer: &Namer, snapshot: &mut Snapshot) {
+    let (locks, other) = locks::locks(tables, kvm_members, namer);
     let mut by_path: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
     if other.locks > 0 {
         // The rest of the machine's contention, one series: its locks are not bounded.

@@ -9,7 +9,11 @@ use mm_probe_common::invalidations::{DYNAMIC_LOCKS, LockClass, Relation, WaitKey
 use serde::Serialize;
 
 use super::decoder::Tables;
-use crate::{kernel::process::comm_text, report::log2::log2_ns};
+use crate::{
+    cause::{CauseName, Namer},
+    kernel::process::comm_text,
+    report::log2::log2_ns,
+};
 
 /// contention_begin's flags (include/trace/events/lock.h, 5.19 → 7.2).
 const LCB_F_SPIN: u32 = 1 << 0;
@@ -254,6 +258,17 @@ pub struct LockRow {
     #[serde(serialize_with = "log2_ns")]
     pub buckets: Vec<u64>,
     pub paths: Vec<PathRow>,
+    /// The waits inside invalidations' callbacks by the cause of the invalidation that waited,
+    /// most waited first.
+    pub by_cause: Vec<LockCauseRow>,
+}
+
+/// One cause's waits on a lock inside invalidations.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LockCauseRow {
+    pub cause: CauseName,
+    pub contended: u64,
+    pub wait_ns: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -292,7 +307,7 @@ type Wait<'a> = (WaitPath, &'a WaitKey, &'a WaitStats, &'a [String]);
 
 /// Contended locks: those related to invalidations ranked (a VM's lock first, then waits inside
 /// invalidations, then subscribed mms' and watched processes'), each by wait; the rest folded.
-pub fn locks(tables: &Tables, kvm_members: &KvmMembers) -> (Vec<LockRow>, OtherContention) {
+pub fn locks(tables: &Tables, kvm_members: &KvmMembers, namer: &Namer) -> (Vec<LockRow>, OtherContention) {
     let mut by_lock: BTreeMap<(u64, u32), Vec<Wait<'_>>> = BTreeMap::new();
     for (key, stats) in &tables.waits {
         let stack = tables.stack(key.stack_id);
@@ -301,7 +316,11 @@ pub fn locks(tables: &Tables, kvm_members: &KvmMembers) -> (Vec<LockRow>, OtherC
     }
     let (mut related, mut unrelated): (Vec<LockRow>, Vec<LockRow>) = by_lock
         .into_iter()
-        .map(|((lock, relation), waits)| lock_row(tables, kvm_members, lock, relation, &waits))
+        .map(|((lock, relation), waits)| {
+            let mut row = lock_row(tables, kvm_members, lock, relation, &waits);
+            row.by_cause = by_cause(&waits, namer);
+            row
+        })
         .partition(|row| row.relation != relation_name(Relation::Unrelated));
     related.sort_by_key(|r| (relation_rank(r.relation), std::cmp::Reverse(r.wait_ns)));
     unrelated.sort_by_key(|r| std::cmp::Reverse(r.wait_ns));
@@ -393,7 +412,23 @@ fn lock_row(tables: &Tables, kvm_members: &KvmMembers, lock: u64, relation: u32,
         max_ns: paths.iter().map(|p| p.max_ns).max().unwrap_or(0),
         buckets,
         paths,
+        by_cause: Vec::new(),
     }
+}
+
+/// The waits inside an invalidation's callbacks (by the path their stack shows), grouped by the
+/// cause the kernel program decided in the waiting thread, which is the invalidating one.
+fn by_cause(waits: &[Wait<'_>], namer: &Namer) -> Vec<LockCauseRow> {
+    let mut causes: BTreeMap<CauseName, (u64, u64)> = BTreeMap::new();
+    for (_, key, stats, _) in waits.iter().filter(|(path, ..)| path.in_notifier()) {
+        let total = causes.entry(namer.name(&key.cause, &comm_text(&key.comm), None)).or_default();
+        total.0 += stats.count;
+        total.1 += stats.wait_ns;
+    }
+    let mut rows: Vec<LockCauseRow> =
+        causes.into_iter().map(|(cause, (contended, wait_ns))| LockCauseRow { cause, contended, wait_ns }).collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.wait_ns));
+    rows
 }
 
 /// A lock's name, class and owner: a VM's mmu_lock or another member of its `struct kvm`, an
@@ -524,9 +559,52 @@ mod tests {
     fn wait(tables: &mut Tables, lock: u64, relation: Relation, comm: &str, count: u64) {
         let mut name = [0u8; 16];
         name[..comm.len()].copy_from_slice(comm.as_bytes());
-        let key = WaitKey { lock, stack_id: -1, flags: 1, tgid: 7, class: 0, relation: relation as u32, comm: name };
+        let relation = relation as u32;
+        let key = WaitKey {
+            lock,
+            stack_id: -1,
+            flags: 1,
+            tgid: 7,
+            class: 0,
+            relation,
+            comm: name,
+            cause: Default::default(),
+        };
         let stats = WaitStats { count, wait_ns: count * 1000, max_ns: 1000, buckets: [0; TIME_BUCKETS] };
         tables.waits.insert(key, stats);
+    }
+
+    /// Only the waits inside the notifier count for a cause, each under the cause the kernel
+    /// decided in the waiting (invalidating) thread; a vCPU's fault on the same lock is no
+    /// invalidation's.
+    #[test]
+    fn waits_inside_invalidations_are_split_by_their_cause_and_faults_are_left_out() {
+        use mm_probe_common::cause::{Cause, CauseClass};
+        let stacks = vec![
+            vec!["queued_write_lock_slowpath".into(), "kvm_mmu_notifier_invalidate_range_start".into()],
+            vec!["queued_write_lock_slowpath".into(), "paging64_page_fault".into(), "kvm_mmu_page_fault".into()],
+        ];
+        let mut tables = Tables { stacks, ..Tables::default() };
+        let mut wait = |stack_id: i64, class: CauseClass, comm: &[u8], count: u64| {
+            let mut name = [0u8; 16];
+            name[..comm.len()].copy_from_slice(comm);
+            let cause = Cause { class: class as u32, ..Cause::default() };
+            let (relation, stats) = (
+                Relation::VmLock as u32,
+                WaitStats { count, wait_ns: count * 1000, max_ns: 1000, buckets: [0; TIME_BUCKETS] },
+            );
+            let key = WaitKey { lock: 0x4000, stack_id, flags: 1, tgid: 7, class: 0, relation, comm: name, cause };
+            tables.waits.insert(key, stats);
+        };
+        wait(0, CauseClass::Compaction, b"sh", 5);
+        wait(0, CauseClass::Kswapd, b"kswapd0", 2);
+        wait(0, CauseClass::Compaction, b"kcompactd0", 1);
+        wait(1, CauseClass::UserContext, b"kvm-vcpu", 50);
+        let (related, _) = locks(&tables, &KvmMembers::default(), &Namer::default());
+        let causes: Vec<(String, u64)> = related[0].by_cause.iter().map(|c| (c.cause.to_string(), c.wait_ns)).collect();
+        let expected = [("compaction in sh", 5000), ("kswapd", 2000), ("compaction in kcompactd0", 1000)];
+        assert_eq!(causes, expected.map(|(c, w)| (c.to_string(), w)));
+        assert_eq!(related[0].contended, 58, "the lock's own totals keep every wait");
     }
 
     #[test]
@@ -536,7 +614,7 @@ mod tests {
         wait(&mut tables, 0x2000, Relation::Unrelated, "", 500_000);
         wait(&mut tables, 0x3000, Relation::SubscribedMm, "qemu-kvm", 900);
         wait(&mut tables, 0x4000, Relation::VmLock, "kvm-madv", 10);
-        let (related, other) = locks(&tables, &KvmMembers::default());
+        let (related, other) = locks(&tables, &KvmMembers::default(), &Namer::default());
         let order: Vec<&str> = related.iter().map(|l| l.relation).collect();
         assert_eq!(order, ["vm_lock", "subscribed_mm"]);
         assert_eq!((other.locks, other.contended), (2, 1_500_000));

@@ -145,6 +145,7 @@ mod tests {
             max_ns: 80_000,
             buckets: buckets(&[(11, 6000), (13, 3000)]),
             paths: Vec::new(),
+            by_cause: Vec::new(),
         }
     }
 

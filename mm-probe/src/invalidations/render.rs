@@ -248,10 +248,25 @@ fn lock_text(lock: &LockRow, width: usize, histogram: bool) -> String {
         let caller = path.caller.as_deref().map_or_else(String::new, |c| format!("in {c}, "));
         out += &text::wrap(&format!("      {caller}by {}", waiters_text(&path.waiters)), width, 8);
     }
+    out += &lock_causes_text(lock, width);
     if histogram {
         let _ = write!(out, "{}", Log2Histogram::new(lock.buckets.clone()).render("nsecs", None));
     }
     out
+}
+
+/// "inside invalidations, by cause: compaction migration 12 waits 3.1ms; …"; nothing when no
+/// invalidation waited.
+fn lock_causes_text(lock: &LockRow, width: usize) -> String {
+    if lock.by_cause.is_empty() {
+        return String::new();
+    }
+    let causes: Vec<String> = lock
+        .by_cause
+        .iter()
+        .map(|c| format!("{} {} waits {}", c.cause, c.contended, format_nanos(c.wait_ns)))
+        .collect();
+    text::wrap(&format!("    inside invalidations, by cause: {}", causes.join("; ")), width, 6)
 }
 
 /// "kvm-madv, qemu-kvm +23 more"; "-" for none.
@@ -331,7 +346,7 @@ mod tests {
     use crate::invalidations::{
         judge::{self, Busiest, Evidence},
         locks::WaitPath,
-        locks::{OtherContention, PathRow},
+        locks::{LockCauseRow, OtherContention, PathRow},
         report::{CauseRow, Invalidations},
     };
 
@@ -360,6 +375,18 @@ mod tests {
             max_ns: 12_345_678,
             buckets: vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 340, 5600, 800, 3],
             paths: vec![path(WaitPath::NotifierStart, 25), path(WaitPath::VcpuFault, 3), path(WaitPath::Interrupt, 1)],
+            by_cause: vec![
+                LockCauseRow {
+                    cause: CauseName { class: "syscall", detail: Some("madvise(MADV_DONTNEED)".into()) },
+                    contended: 1_234_000,
+                    wait_ns: 9_876_000_000,
+                },
+                LockCauseRow {
+                    cause: CauseName { class: "compaction", detail: Some("migration".into()) },
+                    contended: 567,
+                    wait_ns: 543_210,
+                },
+            ],
         };
         let row = |comm: &str| InvalidatorRow {
             comm: comm.into(),
@@ -430,6 +457,10 @@ mod tests {
         assert!(one_line.contains(expected), "{text}");
         assert!(text.lines().all(|l| l.trim() != "kvm_mmu_notifier_invalidate_range_start"), "no caller alone: {text}");
         assert!(text.contains("Other contention (unrelated to invalidations): 1500 locks"), "{text}");
+        assert!(
+            one_line.contains("inside invalidations, by cause: syscall madvise(MADV_DONTNEED) 1234000 waits 9.88s; compaction migration 567 waits"),
+            "{text}"
+        );
         assert!(text.contains("(warn 1000/s, crit 10000/s)"), "each metric with its bands: {text}");
         assert!(one_line.contains("compaction migration 123456789 50% 4194303,4194302,4194301 +1"), "{text}");
         assert!(

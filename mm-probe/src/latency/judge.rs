@@ -145,7 +145,7 @@ fn over_threshold(wakeups: &Distribution) -> MetricVerdict<Metric> {
     let value = (wakeups.count > 0).then(|| wakeups.over_threshold as f64 / wakeups.count as f64);
     let level = match value {
         None => Level::Unknown,
-        Some(v) if v == 0.0 => Level::Ok,
+        Some(0.0) => Level::Ok,
         Some(v) if v < WARN_FRACTION => Level::Warn,
         Some(_) => Level::Crit,
     };

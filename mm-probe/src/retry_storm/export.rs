@@ -47,7 +47,7 @@ impl Slice for RetryStormSlice {
         let brackets: Vec<&str> = cause::BRACKETS.iter().map(|p| p.name).collect();
         let attached: Vec<LogicalProbe> = PROBES
             .iter()
-            .filter(|p| !(self.kvm_left_to_invalidations && kvm.contains(&p.name)) && !brackets.contains(&p.name))
+            .filter(|p| !(brackets.contains(&p.name) || self.kvm_left_to_invalidations && kvm.contains(&p.name)))
             .copied()
             .collect();
         let plan = Planner::new(kernel).attach_all(ebpf, &attached);

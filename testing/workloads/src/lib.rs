@@ -101,3 +101,44 @@ pub fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     let value: u64 = number.parse().map_err(|_| anyhow::anyhow!("{text:?} is not a size like 64M, 2M, 64K or 4096"))?;
     Ok(value * multiplier)
 }
+
+/// The page frame of each page of [addr, addr + bytes) (0 where not present), from
+/// /proc/self/pagemap: 8 bytes per page, the frame in bits 0–54, bit 63 set when present (frames
+/// need root). Comparing two readings tells which pages the kernel moved.
+pub fn page_frames(addr: usize, bytes: usize) -> anyhow::Result<Vec<u64>> {
+    use std::os::unix::fs::FileExt as _;
+
+    use anyhow::Context as _;
+    let mut raw = vec![0u8; bytes / 4096 * 8];
+    let pagemap = std::fs::File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
+    pagemap.read_exact_at(&mut raw, (addr as u64 / 4096) * 8).context("reading /proc/self/pagemap")?;
+    let entry = |bytes: &[u8]| u64::from_ne_bytes(bytes.try_into().unwrap_or([0; 8]));
+    Ok(raw.chunks(8).map(entry).map(|e| if e >> 63 == 1 { e & ((1 << 55) - 1) } else { 0 }).collect())
+}
+
+/// How many times compaction is asked for at most, until it has moved a page of the region.
+pub const COMPACTIONS: u64 = 5;
+
+/// Has `sh`, another process, compact all memory while [addr, addr + bytes) is mapped, again
+/// until one of its pages moved (compaction picks its blocks; it may leave the region alone).
+/// Returns the compactions asked for and the region's pages that moved, as their page frames say.
+pub fn compact_from_another_process(addr: usize, bytes: usize) -> anyhow::Result<(u64, u64)> {
+    use anyhow::Context as _;
+    let mut moved = 0;
+    for compaction in 1..=COMPACTIONS {
+        let before = page_frames(addr, bytes)?;
+        let status = std::process::Command::new("sh")
+            .args(["-c", "echo 1 > /proc/sys/vm/compact_memory"])
+            .status()
+            .context("running sh to write /proc/sys/vm/compact_memory")?;
+        if !status.success() {
+            anyhow::bail!("writing /proc/sys/vm/compact_memory failed: {status}");
+        }
+        let after = page_frames(addr, bytes)?;
+        moved += before.iter().zip(&after).filter(|(b, a)| b != a).count() as u64;
+        if moved > 0 {
+            return Ok((compaction, moved));
+        }
+    }
+    Ok((COMPACTIONS, moved))
+}

@@ -71,9 +71,10 @@ impl Clock {
             // 64-bit model, not `max`, under which the same tests ran slower (thp_why: 71 s in a
             // 6.12 guest against 61 s with this model).
             Clock::Free if accel == Accel::Tcg => {
-                vec!["-accel", accel.qemu_arg(), "-cpu", "qemu64,+svm,+npt", "-smp", "2", "-m", "2048"]
+                [&["-accel", accel.qemu_arg(), "-cpu", "qemu64,+svm,+npt", "-smp", "2", "-m", "2048"], TWO_NODES]
+                    .concat()
             }
-            Clock::Free => vec!["-accel", accel.qemu_arg(), "-smp", "2", "-m", "2048"],
+            Clock::Free => [&["-accel", accel.qemu_arg(), "-smp", "2", "-m", "2048"], TWO_NODES].concat(),
             // More memory: the field case's walk covers 512 MiB beside the guest's own.
             Clock::InstructionCounted => {
                 vec!["-accel", "tcg,thread=single", "-icount", "shift=2,sleep=off", "-smp", "1", "-m", "3584"]
@@ -81,6 +82,26 @@ impl Clock {
         }
     }
 }
+
+/// The free-running guest's 2 GiB and two CPUs as two NUMA nodes of one CPU and 1 GiB each, so
+/// that NUMA balancing has somewhere to move pages. Every boot turns NUMA balancing off on the
+/// kernel command line ([`KERNEL_ARGS`]); the test that needs it turns it on for its run.
+const TWO_NODES: &[&str] = &[
+    "-object",
+    "memory-backend-ram,id=node0,size=1024M",
+    "-object",
+    "memory-backend-ram,id=node1,size=1024M",
+    "-numa",
+    "node,nodeid=0,cpus=0,memdev=node0",
+    "-numa",
+    "node,nodeid=1,cpus=1,memdev=node1",
+];
+
+/// Every boot's kernel command line: a serial console, and a panic that ends qemu (`panic=-1`
+/// reboots at once and qemu runs with -no-reboot). Debian's kernels enable NUMA balancing by
+/// default wherever there are two nodes; off, the other tests see the one-node kernel they
+/// were written against.
+const KERNEL_ARGS: &str = "console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off numa_balancing=disable";
 
 /// How long a KVM guest may take to reach /init before KVM is declared broken. A working KVM
 /// gets there in about two seconds; nested KVM on this kind of host hangs or stops with
@@ -180,9 +201,9 @@ pub fn kernel_failure(line: &str) -> bool {
     ["Kernel panic", "BUG:", "Oops"].iter().any(|p| line.contains(p))
 }
 
-/// Everything but the clock (accelerator, CPUs, memory: [`Clock::qemu_args`]) and the shares is
-/// the same for every kernel: serial console, no network (saves the iPXE option ROM), no reboot
-/// (a panic ends qemu, since `panic=-1` reboots at once).
+/// Everything but the clock (accelerator, CPUs, memory, nodes: [`Clock::qemu_args`]) and the
+/// shares is the same for every kernel: the command line, no network (saves the iPXE option
+/// ROM), no reboot.
 fn qemu_command(spec: &BootSpec<'_>) -> Command {
     let mut command = Command::new("qemu-system-x86_64");
     command
@@ -193,7 +214,7 @@ fn qemu_command(spec: &BootSpec<'_>) -> Command {
         .arg("-initrd")
         .arg(spec.initramfs)
         .arg("-append")
-        .arg(format!("console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off {}", spec.extra_cmdline).trim_end())
+        .arg(format!("{KERNEL_ARGS} {}", spec.extra_cmdline).trim_end())
         // multidevs=remap: the host root spans several file systems whose inode numbers collide.
         .arg("-virtfs")
         .arg(format!("local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"));

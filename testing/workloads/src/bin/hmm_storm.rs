@@ -18,13 +18,19 @@
 //! copy-on-write), then kills it; `--collapse` maps the region with small pages and then
 //! madvises it MADV_HUGEPAGE, for khugepaged to collapse; `--mergeable` fills every page alike
 //! and madvises the region MADV_MERGEABLE, for ksmd to merge. The JSON says how many pages the
-//! storm thread wrote after a fork (`cow_writes`).
+//! storm thread wrote after a fork (`cow_writes`). `--mode migrate` moves each piece to the other
+//! NUMA node with move_pages(2) (`moved_pages`); `--mode compact` has `sh` compact all memory once
+//! the mirror walks, until a page of the region moved (`moved_pages` then counts the region's
+//! pages whose frames changed, `compactions` the requests). `--hop-nodes-ms N` moves the mirroring thread
+//! to a CPU of the next NUMA node every N ms, so NUMA balancing finds its pages misplaced
+//! (`node_hops` in the JSON).
 //!
 //! Usage: hmm_storm [--size 64M] [--chunk 0|2M] [--notifier 0|2M] [--iterations 5]
-//!                  [--duration-ms N] [--timeout-ms 1000] [--mode dontneed|remap|mprotect|none]
+//!                  [--duration-ms N] [--timeout-ms 1000]
+//!                  [--mode dontneed|remap|mprotect|fork|migrate|compact|none]
 //!                  [--piece 64K[,2M…]] [--interval-us 50] [--no-huge] [--device /dev/hmm_mirror]
 //!                  [--flush-fixed-us 0] [--flush-per-page-ns 0] [--device-hold-us 0] [--wait]
-//!                  [--stale-seq] [--mode fork] [--collapse] [--mergeable]
+//!                  [--stale-seq] [--collapse] [--mergeable] [--hop-nodes-ms N]
 
 use std::{
     ffi::CString,
@@ -90,6 +96,11 @@ enum Mode {
     Mprotect,
     /// fork, write every page of the piece while the child lives (copy-on-write), kill it.
     Fork,
+    /// move_pages(2) every page of the piece to the other NUMA node (0 and 1): page migration.
+    Migrate,
+    /// Once the mirror walks, `sh` compacts all memory, again until a page of the whole region
+    /// moved (at most 5 times); then nothing. The piece is ignored.
+    Compact,
     None,
 }
 
@@ -117,6 +128,8 @@ struct Options {
     collapse: bool,
     /// Every page alike, then MADV_MERGEABLE: ksmd's to merge.
     mergeable: bool,
+    /// Move the mirroring thread to the next NUMA node this often.
+    hop_nodes: Option<Duration>,
 }
 
 fn main() -> Result<()> {
@@ -154,15 +167,20 @@ fn main() -> Result<()> {
             .spawn(move || invalidate_until(region, &options, &stop, &storm_ops))?
     };
     // Start mirroring only once the storm runs, so every call meets it.
-    while storm_ops.load(Ordering::Relaxed) == 0 && options.mode != Mode::None && !storm.is_finished() {
+    let waits_for_storm = !matches!(options.mode, Mode::None | Mode::Compact);
+    while storm_ops.load(Ordering::Relaxed) == 0 && waits_for_storm && !storm.is_finished() {
         thread::yield_now();
     }
 
     let started = Instant::now();
+    let mut hops = options.hop_nodes.map(NodeHops::new).transpose()?;
     let mut total = MirrorWalk::default();
     let mut calls = 0u64;
     let mut results = Vec::new();
     loop {
+        if let Some(hops) = hops.as_mut() {
+            hops.hop_when_due()?;
+        }
         let mut walk = MirrorWalk {
             addr: region as u64,
             length: options.size_bytes,
@@ -193,6 +211,7 @@ fn main() -> Result<()> {
             walk.result
         );
         accumulate(&mut total, &walk);
+        WALKING.store(true, Ordering::Relaxed);
         results.push(walk.result);
         calls += 1;
         let done = match options.duration {
@@ -212,7 +231,7 @@ fn main() -> Result<()> {
 \"notifier_bytes\":{},\"timeout_ms\":{},\"calls\":{calls},\"failed_calls\":{failed_calls},\"walks\":{},\
 \"busy_returns\":{},\"seq_retries\":{},\"timeouts\":{},\"seq_timeouts\":{},\"invalidations\":{},\
 \"read_begins\":{},\"chunks\":{},\"elapsed_ns\":{},\"storm_ops\":{},\"wall_ns\":{},\"flush_ns\":{},\
-\"device_lock_waits\":{},\"device_holds\":{},\"stale_seq\":{},\"cow_writes\":{}}}",
+\"device_lock_waits\":{},\"device_holds\":{},\"stale_seq\":{},\"cow_writes\":{},\"node_hops\":{},\"moved_pages\":{},\"compactions\":{}}}",
         std::process::id(),
         options.mode,
         options.size_bytes,
@@ -235,8 +254,55 @@ fn main() -> Result<()> {
         total.device_holds,
         options.stale_seq,
         COW_WRITES.load(Ordering::Relaxed),
+        hops.map_or(0, |h| h.done),
+        MOVED_PAGES.load(Ordering::Relaxed),
+        COMPACTIONS.load(Ordering::Relaxed),
     );
     Ok(())
+}
+
+/// The mirroring thread's moves between NUMA nodes: one CPU per node that has any.
+struct NodeHops {
+    cpus: Vec<usize>,
+    every: Duration,
+    last: Option<Instant>,
+    done: u64,
+}
+
+impl NodeHops {
+    fn new(every: Duration) -> Result<Self> {
+        let cpus = first_cpu_of_each_node()?;
+        if cpus.len() < 2 {
+            bail!("--hop-nodes-ms needs two NUMA nodes with CPUs; this machine has {}", cpus.len());
+        }
+        Ok(Self { cpus, every, last: None, done: 0 })
+    }
+
+    fn hop_when_due(&mut self) -> Result<()> {
+        if self.last.is_some_and(|at| at.elapsed() < self.every) {
+            return Ok(());
+        }
+        let cpu = self.cpus[self.done as usize % self.cpus.len()];
+        mm_probe_workloads::pin_to_cpu(cpu)?;
+        self.last = Some(Instant::now());
+        self.done += 1;
+        Ok(())
+    }
+}
+
+/// From /sys/devices/system/node/node*/cpulist ("0-3,8"): the first CPU of each node.
+fn first_cpu_of_each_node() -> Result<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for entry in std::fs::read_dir("/sys/devices/system/node").context("reading /sys/devices/system/node")? {
+        let path = entry?.path().join("cpulist");
+        let Ok(list) = std::fs::read_to_string(&path) else { continue };
+        let first = list.trim().split([',', '-']).next().unwrap_or("");
+        if let Ok(cpu) = first.parse() {
+            cpus.push(cpu);
+        }
+    }
+    cpus.sort_unstable();
+    Ok(cpus)
 }
 
 fn accumulate(total: &mut MirrorWalk, walk: &MirrorWalk) {
@@ -258,6 +324,9 @@ fn accumulate(total: &mut MirrorWalk, walk: &MirrorWalk) {
 /// every run invalidates the same sequence of pieces.
 fn invalidate_until(region: usize, options: &Options, stop: &AtomicBool, ops: &AtomicU64) -> Result<()> {
     set_comm(STORM_COMM)?;
+    if options.mode == Mode::Compact {
+        return compact_once_walking(region, options.size_bytes as usize, stop, ops);
+    }
     let mut state: u64 = 0x2545_f491_4f6c_dd1d;
     for step in 0.. {
         if stop.load(Ordering::Relaxed) {
@@ -299,6 +368,8 @@ fn invalidate(addr: usize, len: usize, mode: Mode) -> Result<()> {
                 if rc != 0 { rc } else { libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_WRITE) }
             }
             Mode::Fork => return write_while_forked(addr, len),
+            Mode::Migrate => return move_to_the_other_node(addr, len),
+            Mode::Compact => return Ok(()),
             Mode::None => 0,
         }
     };
@@ -312,6 +383,61 @@ fn advise(region: usize, size: u64, advice: libc::c_int, name: &str) -> Result<(
     // SAFETY: the region was mapped with this length and is never unmapped.
     if unsafe { libc::madvise(region as *mut libc::c_void, size as usize, advice) } != 0 {
         bail!("madvise({name}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Pages the storm thread moved to another node, or that compaction moved to another frame.
+static MOVED_PAGES: AtomicU64 = AtomicU64::new(0);
+/// Set once the mirror has walked: compaction waits for it, so that the tool watches the mm.
+static WALKING: AtomicBool = AtomicBool::new(false);
+/// Compactions `sh` was asked for.
+static COMPACTIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Once the mirror walks, has another process compact all memory until a page of the region
+/// moved (at most [`mm_probe_workloads::COMPACTIONS`] times).
+fn compact_once_walking(region: usize, bytes: usize, stop: &AtomicBool, ops: &AtomicU64) -> Result<()> {
+    while !WALKING.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (asked, moved) = mm_probe_workloads::compact_from_another_process(region, bytes)?;
+    COMPACTIONS.store(asked, Ordering::Relaxed);
+    MOVED_PAGES.store(moved, Ordering::Relaxed);
+    ops.fetch_add(asked, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Asks where the piece's pages are, then moves each page not on the other node (1 if its first
+/// page is on 0, else 0) there with move_pages(2), counting the pages that arrived.
+fn move_to_the_other_node(addr: usize, len: usize) -> Result<()> {
+    let page = page_size() as usize;
+    let pages: Vec<*mut libc::c_void> = (addr..addr + len).step_by(page).map(|a| a as *mut libc::c_void).collect();
+    let mut before = vec![-1i32; pages.len()];
+    move_pages(&pages, None, &mut before)?;
+    let target = if before[0] == 0 { 1 } else { 0 };
+    let mut after = vec![-1i32; pages.len()];
+    move_pages(&pages, Some(&vec![target; pages.len()]), &mut after)?;
+    let moved = before.iter().zip(&after).filter(|&(&b, &a)| b >= 0 && b != target && a == target).count();
+    MOVED_PAGES.fetch_add(moved as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// include/uapi/linux/mempolicy.h: move the pages this process maps alone.
+const MPOL_MF_MOVE: libc::c_int = 1 << 1;
+
+/// move_pages(2) on this process: with `nodes`, moves `pages` there; without, only says where
+/// they are. Per page, `status` is its node or a negative errno.
+fn move_pages(pages: &[*mut libc::c_void], nodes: Option<&[i32]>, status: &mut [i32]) -> Result<()> {
+    let nodes = nodes.map_or(std::ptr::null(), |n| n.as_ptr());
+    // SAFETY: the arrays hold pages.len() entries each and outlive the call; pid 0 is this process.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_move_pages, 0, pages.len(), pages.as_ptr(), nodes, status.as_mut_ptr(), MPOL_MF_MOVE)
+    };
+    if rc < 0 {
+        bail!("move_pages: {}", std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -407,6 +533,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         stale_seq: false,
         collapse: false,
         mergeable: false,
+        hop_nodes: None,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -430,6 +557,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--stale-seq" => options.stale_seq = true,
             "--collapse" => options.collapse = true,
             "--mergeable" => options.mergeable = true,
+            "--hop-nodes-ms" => options.hop_nodes = Some(Duration::from_millis(value()?.parse()?)),
             // Handled in main: pid first, then a line on stdin before any walk (benchmarks).
             "--wait" => {}
             "--mode" => {
@@ -438,8 +566,12 @@ fn parse(args: Vec<String>) -> Result<Options> {
                     "remap" | "munmap" => Mode::Remap,
                     "mprotect" => Mode::Mprotect,
                     "fork" => Mode::Fork,
+                    "migrate" => Mode::Migrate,
+                    "compact" => Mode::Compact,
                     "none" => Mode::None,
-                    other => bail!("unknown --mode {other}: use dontneed, remap, mprotect, fork or none"),
+                    other => {
+                        bail!("unknown --mode {other}: use dontneed, remap, mprotect, fork, migrate, compact or none")
+                    }
                 }
             }
             other => bail!("unknown argument {other}; see the usage at the top of hmm_storm.rs"),

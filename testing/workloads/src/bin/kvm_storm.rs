@@ -138,7 +138,11 @@ fn main() -> Result<()> {
         calls += thread.join().map_err(|_| anyhow::anyhow!("an invalidating thread panicked"))??;
     }
     let elapsed_ns = started.elapsed().as_nanos();
-    let (compactions, pages_moved) = if options.compact { compact_from_another_process(&vm)? } else { (0, 0) };
+    let (compactions, pages_moved) = if options.compact {
+        mm_probe_workloads::compact_from_another_process(vm.data as usize, vm.data_bytes)?
+    } else {
+        (0, 0)
+    };
     stop.store(true, Ordering::Relaxed);
     for thread in background {
         thread.join().map_err(|_| anyhow::anyhow!("a vCPU or dirty-log thread panicked"))??;
@@ -215,45 +219,6 @@ fn populate(vm: &Vm) -> Result<()> {
     // SAFETY: the filler was mapped above and is used no more.
     unsafe { libc::munmap(filler.cast(), vm.data_bytes) };
     Ok(())
-}
-
-/// How many times compaction is asked for at most, until it has moved a page of the VM.
-const COMPACTIONS: u64 = 5;
-
-/// Has `sh`, another process, compact all memory while this VM's pages are mapped, again until
-/// one of them moved (compaction picks its blocks; it may leave the VM's alone). Returns the
-/// compactions asked for and the VM's pages that moved, as the page frames in /proc/self/pagemap
-/// say.
-fn compact_from_another_process(vm: &Vm) -> Result<(u64, u64)> {
-    let mut moved = 0;
-    for compaction in 1..=COMPACTIONS {
-        let before = page_frames(vm)?;
-        let status = std::process::Command::new("sh")
-            .args(["-c", "echo 1 > /proc/sys/vm/compact_memory"])
-            .status()
-            .context("running sh to write /proc/sys/vm/compact_memory")?;
-        if !status.success() {
-            bail!("writing /proc/sys/vm/compact_memory failed: {status}");
-        }
-        let after = page_frames(vm)?;
-        moved += before.iter().zip(&after).filter(|(b, a)| b != a).count() as u64;
-        if moved > 0 {
-            return Ok((compaction, moved));
-        }
-    }
-    Ok((COMPACTIONS, moved))
-}
-
-/// The page frame of each page of the memslot (0 where not present), from /proc/self/pagemap:
-/// 8 bytes per page, the frame in bits 0–54, bit 63 set when present (frames need root).
-fn page_frames(vm: &Vm) -> Result<Vec<u64>> {
-    use std::os::unix::fs::FileExt as _;
-    let pages = vm.data_bytes / 4096;
-    let mut raw = vec![0u8; pages * 8];
-    let pagemap = std::fs::File::open("/proc/self/pagemap").context("opening /proc/self/pagemap")?;
-    pagemap.read_exact_at(&mut raw, (vm.data as u64 / 4096) * 8).context("reading /proc/self/pagemap")?;
-    let entry = |bytes: &[u8]| u64::from_ne_bytes(bytes.try_into().unwrap_or([0; 8]));
-    Ok(raw.chunks(8).map(entry).map(|e| if e >> 63 == 1 { e & ((1 << 55) - 1) } else { 0 }).collect())
 }
 
 /// SCHED_FIFO at the lowest real-time priority: ahead of every ordinary task, behind the

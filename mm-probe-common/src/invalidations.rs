@@ -27,6 +27,8 @@ pub const STACKS_ENTRIES: u32 = 4096;
 /// Hash map lock address (u64) → [`KvmLock`]: each VM's kvm->mmu_lock, learned from the
 /// subscriptions of the mm a KVM tracepoint fired in.
 pub const KVM_LOCKS_MAP: &str = "INV_KVM_LOCKS";
+/// Array of the VMs (at most 4) whose memslots say whose memory another thread invalidated.
+pub const VMS_MAP: &str = "INV_VMS";
 /// LRU hash map mm pointer (u64) → tgid (u32): mms whose subscriptions were already walked.
 pub const KNOWN_MMS_MAP: &str = "INV_KNOWN_MMS";
 /// Hash map [`CallbackKey`] → [`CallbackStats`]: time in each subscriber's callback.
@@ -124,6 +126,9 @@ slots! {
         /// Subscriber callbacks found but not recorded, so never timed: the table of discovered
         /// callbacks was full (or refused the insert on that CPU).
         CallbacksUndiscovered => "callbacks_undiscovered",
+        /// VMs not remembered because every slot of [`VMS_MAP`] held a live VM: other threads'
+        /// invalidations of their memory stay [`Counter::OwnerUnresolved`].
+        VmsMapFull => "vms_map_full",
     }
 }
 

@@ -50,9 +50,20 @@ fn traced_lines_with(
     env: &[(&str, &str)],
 ) -> (Value, Vec<Value>) {
     let storm = Waiting::start(name, workload_args);
+    let (mut tool, lines) = attached(&[&["-p", &storm.pid][..], tool_args].concat(), env);
+    let counts = storm.run();
+    // The run ends by itself once the -p process has exited.
+    let status = tool.wait().expect("mm-probe");
+    assert_eq!(status.code(), Some(0), "the run ends with a summary when the target exits");
+    (counts, lines.iter().map(|l| common::tool_line(&l)).collect())
+}
+
+/// `invalidations --json` with `args` and `env`, once attached (its plan printed): the child and
+/// the lines it prints after the plan.
+fn attached(args: &[&str], env: &[(&str, &str)]) -> (std::process::Child, mpsc::Receiver<String>) {
     let mut tool = Command::new(mm_probe())
-        .args(["invalidations", "--json", "--duration", "120s", "-p", &storm.pid])
-        .args(tool_args)
+        .args(["invalidations", "--json", "--duration", "120s"])
+        .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
@@ -60,11 +71,7 @@ fn traced_lines_with(
     let lines = lines_of(tool.stdout.take().expect("piped stdout"), false);
     let plan = common::tool_line(&lines.recv_timeout(Duration::from_secs(90)).expect("a plan line"));
     assert_eq!(plan["type"], "probe_plan", "{plan}");
-    let counts = storm.run();
-    // The run ends by itself once the -p process has exited.
-    let status = tool.wait().expect("mm-probe");
-    assert_eq!(status.code(), Some(0), "the run ends with a summary when the target exits");
-    (counts, lines.iter().map(|l| common::tool_line(&l)).collect())
+    (tool, lines)
 }
 
 /// The matrix guests emulate every instruction, a nested VM's exits too: there the KVM storms
@@ -228,6 +235,32 @@ fn a_full_table_is_counted_as_lost_and_the_rate_built_on_it_is_unknown() {
     assert_eq!(rate["level"], "UNKNOWN", "{rate}");
     assert!(rate["value"].is_null(), "{rate}");
     assert!(rate["unknown_because"].as_str().is_some_and(|why| why.contains("lost")), "{rate}");
+}
+
+/// Five VMs invalidating their memory at once, where the kernel remembers four VMs' memslots:
+/// the fifth is counted (`vms_untracked`, in the lost_events line and the summary), so that
+/// another thread's invalidations of its memory, unresolved, have their reason.
+#[test]
+fn a_fifth_vm_is_counted_as_untracked() {
+    if !root_with_kvm() {
+        return;
+    }
+    let passes = emulated_or_host("1", "10");
+    let mut vms: Vec<Waiting> = (0..5)
+        .map(|_| Waiting::start("kvm_storm", &["--size", "8M", "--passes", passes, "--idle-ms", "300"]))
+        .collect();
+    let (mut tool, lines) = attached(&[], &[]);
+    // Released together, all five are alive when each invalidates its own memory.
+    vms.iter_mut().for_each(Waiting::release);
+    vms.into_iter().for_each(|vm| drop(vm.counts()));
+    // SAFETY: kill(2) on our own child's pid; Ctrl-C ends the run with its summary.
+    assert_eq!(unsafe { libc::kill(tool.id() as i32, libc::SIGINT) }, 0);
+    assert_eq!(tool.wait().expect("mm-probe").code(), Some(0));
+    let lines: Vec<Value> = lines.iter().map(|l| common::tool_line(&l)).collect();
+    let summary = common::first_of(&lines, "summary").expect("a summary line");
+    let lost = common::first_of(&lines, "lost_events").expect("a lost_events line: the fifth VM is a loss");
+    assert!(u(&lost["vms_untracked"]) >= 1, "{lost}");
+    assert_eq!(summary["lost_events"]["vms_untracked"], lost["vms_untracked"], "{summary}");
 }
 
 /// Where KVM's callbacks are timed (function probes): its row names KVM and its module, was
@@ -473,7 +506,17 @@ impl Waiting {
 
     /// Lets it run to its end; returns its own counts (its last line).
     fn run(mut self) -> Value {
+        self.release();
+        self.counts()
+    }
+
+    /// Lets it go on.
+    fn release(&mut self) {
         self.child.stdin.take().expect("piped stdin").write_all(b"go\n").expect("starting the workload");
+    }
+
+    /// Once released: waits for its end and returns its own counts (its last line).
+    fn counts(mut self) -> Value {
         let mut counts = String::new();
         self.stdout.read_line(&mut counts).expect("the workload's counts");
         assert!(self.child.wait().expect("the workload").success(), "{} failed", self.name);

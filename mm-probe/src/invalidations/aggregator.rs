@@ -445,6 +445,7 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
             Loss::VmLocks => Counter::KvmLocksMapFull,
             Loss::OwnerUnresolved => Counter::OwnerUnresolved,
             Loss::CallbacksUndiscovered => Counter::CallbacksUndiscovered,
+            Loss::VmsUntracked => Counter::VmsMapFull,
             Loss::FoldedWaits => return Some(tables.folded_waits),
             // Read from the programs' fdinfo by the run, not from the tables.
             Loss::ProgramRunsSkipped => return Some(0),

@@ -95,6 +95,7 @@ impl Reader for InvalidationsReader {
             Series::new(&[("capability", name), ("map", "INV_INVALIDATIONS")], lost.get(Loss::Invalidations)),
             Series::new(&[("capability", name), ("map", names::CALLBACKS_MAP)], lost.get(Loss::CallbackCalls)),
             Series::new(&[("capability", name), ("map", names::KVM_LOCKS_MAP)], lost.get(Loss::VmLocks)),
+            Series::new(&[("capability", name), ("map", names::VMS_MAP)], lost.get(Loss::VmsUntracked)),
         ]);
         let mut by_event: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         let scope = Scope {

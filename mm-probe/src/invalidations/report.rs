@@ -70,6 +70,9 @@ loss_kinds! {
         /// Subscriber callbacks found in the kernel but never timed: the table of found
         /// callbacks refused them (full).
         CallbacksUndiscovered => "callbacks_undiscovered", "callbacks found but never timed (table full)",
+        /// VMs beyond the four whose memslots are remembered: other threads' invalidations of
+        /// their memory are counted as owner_unresolved.
+        VmsUntracked => "vms_untracked", "VMs whose memslots were not remembered (table full)",
     }
 }
 

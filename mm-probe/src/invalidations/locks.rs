@@ -316,10 +316,9 @@ pub fn locks(tables: &Tables, kvm_members: &KvmMembers, namer: &Namer) -> (Vec<L
     }
     let (mut related, mut unrelated): (Vec<LockRow>, Vec<LockRow>) = by_lock
         .into_iter()
-        .map(|((lock, relation), waits)| {
-            let mut row = lock_row(tables, kvm_members, lock, relation, &waits);
-            row.by_cause = by_cause(&waits, namer);
-            row
+        .map(|((lock, relation), waits)| LockRow {
+            by_cause: by_cause(&waits, namer),
+            ..lock_row(tables, kvm_members, lock, relation, &waits)
         })
         .partition(|row| row.relation != relation_name(Relation::Unrelated));
     related.sort_by_key(|r| (relation_rank(r.relation), std::cmp::Reverse(r.wait_ns)));
@@ -412,6 +411,7 @@ fn lock_row(tables: &Tables, kvm_members: &KvmMembers, lock: u64, relation: u32,
         max_ns: paths.iter().map(|p| p.max_ns).max().unwrap_or(0),
         buckets,
         paths,
+        // Filled by the caller, which has the namer.
         by_cause: Vec::new(),
     }
 }

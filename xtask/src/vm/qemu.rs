@@ -63,29 +63,32 @@ impl Clock {
         }
     }
 
-    /// The accelerator, CPU count and memory arguments of a boot with `accel`.
-    fn qemu_args(self, accel: Accel) -> Vec<&'static str> {
-        match self {
+    /// The accelerator, CPU count and memory arguments of a boot with `accel`; the free-running
+    /// guest's as two NUMA nodes with `two_nodes`.
+    fn qemu_args(self, accel: Accel, two_nodes: bool) -> Vec<&'static str> {
+        let nodes: &[&str] = if two_nodes && self == Clock::Free { TWO_NODES } else { &[] };
+        let args = match self {
             // SVM and nested paging, emulated by TCG, so that Debian's kvm_amd loads and the guest
             // runs VMs of its own (KVM's notifier paths behind kprobes and fentry). On the plain
             // 64-bit model, not `max`, under which the same tests ran slower (thp_why: 71 s in a
             // 6.12 guest against 61 s with this model).
             Clock::Free if accel == Accel::Tcg => {
-                [&["-accel", accel.qemu_arg(), "-cpu", "qemu64,+svm,+npt", "-smp", "2", "-m", "2048"], TWO_NODES]
-                    .concat()
+                vec!["-accel", accel.qemu_arg(), "-cpu", "qemu64,+svm,+npt", "-smp", "2", "-m", "2048"]
             }
-            Clock::Free => [&["-accel", accel.qemu_arg(), "-smp", "2", "-m", "2048"], TWO_NODES].concat(),
+            Clock::Free => vec!["-accel", accel.qemu_arg(), "-smp", "2", "-m", "2048"],
             // More memory: the field case's walk covers 512 MiB beside the guest's own.
             Clock::InstructionCounted => {
                 vec!["-accel", "tcg,thread=single", "-icount", "shift=2,sleep=off", "-smp", "1", "-m", "3584"]
             }
-        }
+        };
+        [&args, nodes].concat()
     }
 }
 
-/// The free-running guest's 2 GiB and two CPUs as two NUMA nodes of one CPU and 1 GiB each, so
-/// that NUMA balancing has somewhere to move pages. Every boot turns NUMA balancing off on the
-/// kernel command line ([`KERNEL_ARGS`]); the test that needs it turns it on for its run.
+/// The free-running guest's 2 GiB and two CPUs as two NUMA nodes of one CPU and 1 GiB each
+/// (`vm-test --two-nodes`), so that NUMA balancing and move_pages have somewhere to move pages.
+/// Every boot turns NUMA balancing off on the kernel command line ([`KERNEL_ARGS`]); the test
+/// that needs it turns it on for its run.
 const TWO_NODES: &[&str] = &[
     "-object",
     "memory-backend-ram,id=node0,size=1024M",
@@ -121,6 +124,7 @@ pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
         results: None,
         console_log: &work.join("kvm-probe-console.log"),
         extra_cmdline: PROBE_ARG,
+        two_nodes: false,
         label: "kvm probe",
         echo_markers: false,
     };
@@ -146,6 +150,8 @@ pub struct BootSpec<'a> {
     pub results: Option<&'a Path>,
     pub console_log: &'a Path,
     pub extra_cmdline: &'a str,
+    /// The free-running guest as two NUMA nodes.
+    pub two_nodes: bool,
     /// Prefix for console lines echoed on the host.
     pub label: &'a str,
     pub echo_markers: bool,
@@ -207,7 +213,7 @@ pub fn kernel_failure(line: &str) -> bool {
 fn qemu_command(spec: &BootSpec<'_>) -> Command {
     let mut command = Command::new("qemu-system-x86_64");
     command
-        .args(spec.clock.qemu_args(spec.accel))
+        .args(spec.clock.qemu_args(spec.accel, spec.two_nodes))
         .args(["-nographic", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
         .arg(spec.vmlinuz)

@@ -560,8 +560,12 @@ fn a_fifo_waiter_beside_a_user_space_hog_on_its_cpu_is_never_said_to_wait_for_th
         let ran: u64 =
             spike["ran_during_wait"].as_array().unwrap().iter().map(|h| h["on_cpu_ns"].as_u64().unwrap()).sum();
         assert_eq!(ran + spike["unaccounted_ns"].as_u64().unwrap(), latency, "the budget adds up to the wait: {spike}");
+        // "The hog was running at the wakeup" is context (a stopper then ran before the waiter:
+        // one spike on 7.2-rt was migration/1's 196 µs); any other "the hog was …" is blame.
+        let hog = format!("{}-{hog_tid}", UserSpaceHog::COMM);
         let explanation = spike["explanation"].as_str().unwrap();
-        assert!(!explanation.contains(&format!("{}-{hog_tid} was", UserSpaceHog::COMM)), "{spike}");
+        let told = explanation.replace(&format!("{hog} was running at the wakeup"), "");
+        assert!(!told.contains(&format!("{hog} was")), "{spike}");
         if spike["held_by"]["pid"] != hog_tid {
             continue;
         }

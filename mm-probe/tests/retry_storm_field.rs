@@ -15,6 +15,8 @@ mod retry_storm_support;
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
 };
 
 use common::{MirrorModule, ZramSwap, require_root, vmstat, workload};
@@ -39,16 +41,22 @@ fn mem_available() -> u64 {
     kib * 1024
 }
 
-/// A process keeping `bytes` of its own memory hot, started and ready (faulted in).
-fn hog(bytes: u64) -> Child {
+/// pageout_storm faulting in `bytes` of its own memory, then waiting for a line on stdin to
+/// keep touching it.
+fn spawn_hog(bytes: u64) -> Child {
     let pressure = format!("{}M", bytes / MIB);
-    let mut child = Command::new(workload("pageout_storm"))
+    Command::new(workload("pageout_storm"))
         .args(["--advice", "none", "--bytes", "1M", "--pressure-bytes", &pressure, "--duration-ms", "600000"])
         .arg("--go-on-stdin")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .expect("starting pageout_storm");
+        .expect("starting pageout_storm")
+}
+
+/// A process keeping `bytes` of its own memory hot, started and ready (faulted in).
+fn hog(bytes: u64) -> Child {
+    let mut child = spawn_hog(bytes);
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).expect("pageout_storm's ready line");
     assert!(line.starts_with("ready"), "pageout_storm: {line}");
@@ -56,25 +64,74 @@ fn hog(bytes: u64) -> Child {
     child
 }
 
-/// hmm_storm mirroring 512 MiB as one range with no invalidating thread of its own, `prefix`
-/// before it (a shell that moves it into a cgroup).
-fn mirror(prefix: &[&str], chunk: &str) -> Value {
-    hmm_storm(prefix, &["--size", "512M", "--mode", "none", "--no-huge", "--chunk", chunk, "--duration-ms", "4000"])
+/// The resident bytes of the first process named `comm`, if one runs.
+fn resident_of(comm: &str) -> Option<u64> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let dir = entry.path();
+        let status = std::fs::read_to_string(dir.join("status")).ok()?;
+        (status.lines().next()? == format!("Name:\t{comm}")).then_some(())?;
+        let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+        Some(kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok()? * 1024)
+    })
+}
+
+/// A hog faulting in `bytes`, started once hmm_storm holds a quarter of its 512 MiB buffer.
+/// Its filling is the pressure (it can take longer than the walks under TCG), so it is not
+/// waited for.
+fn hog_after_the_mirror(bytes: u64) -> thread::JoinHandle<Child> {
+    thread::spawn(move || {
+        let start = Instant::now();
+        while resident_of("hmm_storm").is_none_or(|held| held < 512 * MIB / 4) {
+            assert!(start.elapsed() < Duration::from_secs(120), "hmm_storm never held its buffer");
+            thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("MEASURED second hog started {:?} after the phase began", start.elapsed());
+        spawn_hog(bytes)
+    })
+}
+
+/// hmm_storm mirroring 512 MiB as one range with no invalidating thread of its own for
+/// `duration_ms`, `prefix` before it (a shell that moves it into a cgroup).
+fn mirror(prefix: &[&str], chunk: &str, duration_ms: &str) -> Value {
+    hmm_storm(
+        prefix,
+        &["--size", "512M", "--mode", "none", "--no-huge", "--chunk", chunk, "--duration-ms", duration_ms],
+    )
+}
+
+/// One phase of the mirror walking in `chunk`s under the tool, memory short under the walks:
+/// (the tool's summary, the driver's counters).
+///
+/// Which pages reclaim takes depends on their age. A hog of all that is free started before the
+/// mirror makes the hog's pages the older: one run on 6.12 sent 148,190 of them to swap and not
+/// one of the buffer's. So a first hog fills what is free but 768 MiB before the mirror starts
+/// (filling takes seconds under TCG) and keeps touching it; a second one faults in 512 MiB once
+/// a quarter of the buffer is in, and the walks go on for 15 s. The buffer's first pages are
+/// then older than the second hog's, and no CPU touches them again after the first walk, so
+/// reclaim, the classic LRU or MGLRU alike, takes the buffer's pages under the walks. (Started
+/// only once all of the buffer was in, the second hog was late once on 6.12: the buffer was in
+/// 5 s before the walks ended, and the second hog had not yet run memory short.)
+fn under_pressure(chunk: &str) -> (Value, Value) {
+    let mut hogs = vec![hog(mem_available().saturating_sub(768 * MIB))];
+    let late = hog_after_the_mirror(512 * MIB);
+    let traced = traced(|| mirror(&[], chunk, "15000"));
+    hogs.push(late.join().expect("starting the second hog"));
+    for hog in &mut hogs {
+        let _ = hog.kill();
+        let _ = hog.wait();
+    }
+    traced
 }
 
 #[test]
 fn memory_pressure_fails_the_walks_and_reclaim_is_named_with_its_settings() {
     let Some(_swap) = guest_swap(1536 * MIB) else { return };
     let _module = MirrorModule::load();
-    // What is free, but 128 MiB, stays hot in the hog: the mirror's buffer does not fit beside it.
-    let mut hog = hog(mem_available().saturating_sub(128 * MIB));
     let scanned = || vmstat("pgscan_kswapd") + vmstat("pgscan_direct");
     let (scanned_before, swapped_before) = (scanned(), vmstat("pswpout"));
-    let (whole, driver) = traced(|| mirror(&[], "0"));
+    let (whole, driver) = under_pressure("0");
     let (scanned_during, swapped_during) = (scanned() - scanned_before, vmstat("pswpout") - swapped_before);
-    let (chunked, _) = traced(|| mirror(&[], "2M"));
-    let _ = hog.kill();
-    let _ = hog.wait();
+    let (chunked, _) = under_pressure("2M");
     eprintln!(
         "MEASURED pressure: driver {driver}\nwhole-range walks: {}\nchunked: {}\nkernel: pages scanned {scanned_during}, swapped out {swapped_during}; -EBUSY per walk {} whole, {} chunked; busy causes {}",
         whole["invalidations"],
@@ -144,7 +201,7 @@ fn a_cgroup_below_its_working_set_fails_the_walks_by_its_own_reclaim() {
     let _module = MirrorModule::load();
     let cgroup = Cgroup::with_high(256 * MIB);
     let enter = format!("echo $$ > {}/cgroup.procs && exec \"$0\" \"$@\"", cgroup.0.display());
-    let (summary, driver) = traced(|| mirror(&["sh", "-c", &enter], "0"));
+    let (summary, driver) = traced(|| mirror(&["sh", "-c", &enter], "0", "4000"));
     let scanned = cgroup.stat("pgscan");
     eprintln!("MEASURED cgroup: driver {driver}\nwalks: {}\nmemory.stat pgscan {scanned}", summary["invalidations"]);
     let busy = f(&summary["walks"]["ebusy"]);

@@ -63,3 +63,16 @@ pub const MIGRATE_REASON_OFFSET_GLOBAL: &str = "CAUSE_MIGRATE_REASON_OFFSET";
 pub const MADVISE_NR_GLOBAL: &str = "CAUSE_MADVISE_NR";
 /// Global: 1 when the saved user registers can be read (bpf_task_pt_regs and BTF offsets).
 pub const SYSCALL_FROM_REGS_GLOBAL: &str = "CAUSE_SYSCALL_FROM_REGS";
+/// Per-CPU counts of the brackets' table: [`UNMATCHED_ENDS`] and [`REFUSED_BEGINS`].
+pub const COUNTS_MAP: &str = "CAUSE_COUNTS";
+/// Slot: bracket ends, once every probe of the run is attached, that found their thread outside
+/// that work. Its entry was evicted (more threads inside brackets at once than the table
+/// holds), the table refused its begin, or the work began before the begins were attached. The
+/// invalidations made in between were classified without the bracket.
+pub const UNMATCHED_ENDS: u32 = 0;
+/// Slot: begins the table refused (its update failed: no free entry, or its lock busy).
+pub const REFUSED_BEGINS: u32 = 1;
+/// Array of one u32, set to 1 by user space once every probe of the run is attached: before
+/// that, ends are not counted (under emulation attaching takes seconds, and a bracket that ends
+/// while the rest attach misnames nothing).
+pub const ARMED_MAP: &str = "CAUSE_ARMED";

@@ -14,14 +14,15 @@ use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_task, generated},
     macros::{map, tracepoint},
-    maps::LruHashMap,
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use mm_probe_common::cause::{
     Cause, CauseClass, IN_CGROUP_RECLAIM, IN_COMPACTION, IN_DIRECT_RECLAIM, IN_MIGRATION, PF_KSWAPD, PF_KTHREAD,
+    REFUSED_BEGINS, UNMATCHED_ENDS,
 };
 
-use crate::kernel::{current_pid, offsets::*, read_at, tp_field};
+use crate::kernel::{bump, current_pid, offsets::*, read_at, tp_field};
 
 /// Threads inside a bracket at once: every CPU's few, with room for threads whose end was
 /// missed (LRU, so such an entry ages out).
@@ -49,6 +50,14 @@ struct Brackets {
 #[map]
 static CAUSE_BRACKETS: LruHashMap<u32, Brackets> = LruHashMap::with_max_entries(THREADS, 0);
 
+/// Ends whose begin was not in the table (an LRU eviction says nothing, so this is how the
+/// entries it took are counted), and begins the table refused.
+#[map]
+static CAUSE_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+/// Slot 0: 1 once every probe of the run is attached (ends are counted from then on).
+#[map]
+static CAUSE_ARMED: Array<u32> = Array::with_max_entries(1, 0);
+
 #[inline(always)]
 fn enter(bit: u32, migrate_reason: u32) -> u32 {
     let pid = current_pid();
@@ -59,19 +68,25 @@ fn enter(bit: u32, migrate_reason: u32) -> u32 {
         },
         None => Brackets { bits: bit, migrate_reason },
     };
-    let _ = CAUSE_BRACKETS.insert(pid, now, 0);
+    if CAUSE_BRACKETS.insert(pid, now, 0).is_err() {
+        bump(&CAUSE_COUNTS, REFUSED_BEGINS, 1);
+    }
     0
 }
 
 #[inline(always)]
 fn leave(bit: u32) -> u32 {
     let pid = current_pid();
-    if let Some(open) = CAUSE_BRACKETS.get_ptr_mut(pid) {
-        let open = unsafe { &mut *open };
-        open.bits &= !bit;
-        if open.bits == 0 {
-            let _ = CAUSE_BRACKETS.remove(pid);
+    match CAUSE_BRACKETS.get_ptr_mut(pid) {
+        Some(open) if unsafe { (*open).bits } & bit != 0 => {
+            let open = unsafe { &mut *open };
+            open.bits &= !bit;
+            if open.bits == 0 {
+                let _ = CAUSE_BRACKETS.remove(pid);
+            }
         }
+        _ if CAUSE_ARMED.get(0).is_some_and(|armed| *armed != 0) => bump(&CAUSE_COUNTS, UNMATCHED_ENDS, 1),
+        _ => {}
     }
     0
 }

@@ -42,9 +42,9 @@ use aya_ebpf::{
 use mm_probe_common::cause::{Cause, CauseClass};
 use mm_probe_common::invalidations::{
     CallbackKey, CallbackStash, CallbackStats, Counter, DYNAMIC_LOCKS, DiscoveredCallback, FIT_CLASSES, FIT_SHIFT,
-    INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS, OpsTable,
-    Relation, SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES, Source, TIME_BUCKETS,
-    WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
+    INVALIDATIONS_ENTRIES, InvalidationKey, InvalidationStats, KvmLock, LockClass, OTHER_MMAP_LOCKS,
+    OTHERS_MEMORY_SYSCALLS, OpsTable, Relation, SIZE_BUCKETS, STACK_GENERATION_SHIFT, STACK_NOT_TAKEN, STACKS_ENTRIES,
+    Source, TIME_BUCKETS, WAITS_ENTRIES, WaitKey, WaitStash, WaitStats,
 };
 
 use crate::{
@@ -84,6 +84,9 @@ static INV_END_LOCK_OFFSET: Global<u32> = Global::new(8);
 static INV_KVM_START_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
 static INV_KVM_END_OFFSET: Global<u32> = Global::new(16);
+#[unsafe(no_mangle)]
+static INV_OTHERS_MEMORY_SYSCALLS: Global<[u32; OTHERS_MEMORY_SYSCALLS]> =
+    Global::new([u32::MAX; OTHERS_MEMORY_SYSCALLS]);
 
 #[map]
 static INV_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
@@ -475,7 +478,12 @@ fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -
         return mm;
     }
     let own = current_mm();
-    let on_own_memory = matches!(CauseClass::from_raw(cause.class), CauseClass::Syscall | CauseClass::UserContext);
+    let on_own_memory = match CauseClass::from_raw(cause.class) {
+        // process_madvise(2) and the like name another process: its memory, found by range.
+        CauseClass::Syscall => !INV_OTHERS_MEMORY_SYSCALLS.load().contains(&cause.detail),
+        CauseClass::UserContext => true,
+        _ => false,
+    };
     if own != 0 && on_own_memory {
         return own;
     }

@@ -7,7 +7,8 @@
 //! vm-test --two-nodes`; they skip on one node): NUMA balancing on and then off, and
 //! move_pages(2) between the nodes. Compaction by another
 //! process, checked by the pages of the buffer it moved (it may move none). Under `mm-probe invalidations` beside an idle VM, wherever KVM
-//! runs: no cause of the mm's own work is named unless the kernel counted that work.
+//! runs: no cause of the mm's own work is named unless the kernel counted that work. And the
+//! cause table's evictions, made on purpose with two threads compacting, are counted.
 
 mod common;
 mod retry_storm_support;
@@ -346,4 +347,69 @@ fn an_idle_vm_gets_no_invented_cause() {
         let named: Vec<&Value> = rows.iter().filter(|r| r["cause"]["class"] == *class).collect();
         assert!(moved || named.is_empty(), "{class} named while {names:?} stood still: {named:?}");
     }
+}
+
+/// `invalidations` for 5 s, once attached, while two threads ask for compaction of all memory
+/// again and again for 2 s, with these map sizes: its lost_events line (if any) and its summary.
+fn two_compactors_traced(map_entries: &str) -> (Option<Value>, Value) {
+    use std::io::{BufRead as _, Read as _};
+    let mut tool = std::process::Command::new(common::mm_probe())
+        .args(["invalidations", "--json", "--duration", "5s"])
+        .env("MM_PROBE_MAP_ENTRIES", map_entries)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting mm-probe");
+    let mut stdout = std::io::BufReader::new(tool.stdout.take().expect("piped stdout"));
+    let mut text = String::new();
+    while !text.contains("\"probe_plan\"") {
+        assert!(stdout.read_line(&mut text).expect("reading mm-probe") > 0, "no plan: {text}");
+    }
+    let compactors: Vec<_> = (0..2)
+        .map(|_| {
+            thread::spawn(|| {
+                let start = std::time::Instant::now();
+                while start.elapsed() < Duration::from_secs(2) {
+                    std::fs::write("/proc/sys/vm/compact_memory", "1").expect("asking for compaction");
+                }
+            })
+        })
+        .collect();
+    compactors.into_iter().for_each(|c| c.join().expect("a compactor"));
+    stdout.read_to_string(&mut text).expect("reading mm-probe");
+    let out = tool.wait_with_output().expect("waiting for mm-probe");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines = common::json_lines(text.as_bytes());
+    let summary = common::first_of(&lines, "summary").expect("a summary line").clone();
+    (common::first_of(&lines, "lost_events").cloned(), summary)
+}
+
+/// The cause table's evictions are counted. Shrunk to one thread (the test hook) under two
+/// threads compacting at once, each thread's compaction takes the other's entry: the ends that
+/// find theirs gone are counted in `lost_events.cause_brackets_missed` (the lost_events line and
+/// the summary agree). At its size, the same work evicts none: an end is alone only where the
+/// table refused its begin (counted apart, `counters.cause_begins_refused`).
+#[test]
+fn bracket_ends_the_full_cause_table_lost_are_counted() {
+    require_root();
+    if !common::cause_guest() {
+        eprintln!("skipped: compaction of all memory is asked for in the test guests only");
+        return;
+    }
+    let compactions_before = vmstat_or_zero("compact_migrate_scanned");
+    let (lost, summary) = two_compactors_traced("");
+    let missed = |summary: &Value| f(&summary["lost_events"]["cause_brackets_missed"]);
+    let refused = f(&summary["counters"]["cause_begins_refused"]);
+    eprintln!("MEASURED table at its size: {}; begins refused {refused}", summary["lost_events"]);
+    // Nothing is evicted; a begin the table refused (its update failed) leaves its end alone.
+    assert!(missed(&summary) <= refused, "every end found its begin, or its begin was refused: {lost:?}");
+    let (lost, shrunk) = two_compactors_traced("CAUSE_BRACKETS=1");
+    eprintln!(
+        "MEASURED table of one: {}; compact_migrate_scanned +{}",
+        shrunk["lost_events"],
+        vmstat_or_zero("compact_migrate_scanned") - compactions_before
+    );
+    let lost = lost.expect("a lost_events line: the ends whose begin was evicted are a loss");
+    assert!(f(&lost["cause_brackets_missed"]) > 0.0, "{lost}");
+    assert_eq!(shrunk["lost_events"]["cause_brackets_missed"], lost["cause_brackets_missed"], "{shrunk}");
 }

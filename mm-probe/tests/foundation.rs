@@ -308,6 +308,7 @@ fn a_renamed_or_missing_field_breaks_the_schema() {
     let lost = serde_json::json!({
         "type": "lost_events", "command": "retry-storm", "schema_version": mm_probe::report::json::SCHEMA_VERSION,
         "walk_events": 0, "invalidate_events": 2, "walk_entries_missed": 0, "read_begin_callers": 0,
+        "cause_brackets_missed": 0,
     });
     assert_eq!(schema_violations(&lost), Vec::<String>::new());
     let mut renamed = lost.clone();

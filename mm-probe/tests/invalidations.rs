@@ -213,6 +213,37 @@ fn a_vms_own_mprotect_and_another_process_compaction_are_both_its_memory_each_na
     );
 }
 
+/// Whose memory comes from the memory when a syscall names another process: a helper
+/// collapsing the VM's memory into huge pages with process_madvise(2) (MADV_COLLAPSE) is
+/// counted under `-p <VM>` as the VM's memory, made by the helper inside process_madvise, at
+/// least once per 2 MiB the VM's mapping holds in huge pages after it (with khugepaged's).
+#[test]
+fn another_process_collapsing_a_vms_memory_with_process_madvise_is_the_vms() {
+    if !root_with_kvm() {
+        return;
+    }
+    let (counts, summary) = traced(&["--call", "mprotect", "--passes", "1", "--collapse", "--size", "32M"], &[]);
+    let (vm, helper) = (&counts["pid"], &counts["collapser_pid"]);
+    let collapsed = u(&counts["huge_bytes"]) / (2 << 20);
+    assert!(collapsed > 0, "MADV_COLLAPSE made no huge page of the VM's memory: {counts}");
+    let rows = summary["invalidations"]["by_invalidator"].as_array().unwrap();
+    let by_helper: Vec<&Value> = rows.iter().filter(|r| r["tgid"] == *helper).collect();
+    assert!(!by_helper.is_empty(), "the helper's invalidations of the VM's memory are counted: {rows:?}");
+    for row in &by_helper {
+        assert_eq!(&row["owner_tgid"], vm, "the VM's memory, not the helper's: {row}");
+        assert_eq!(row["cause"]["class"], "syscall", "{row}");
+        assert!(row["cause"]["detail"].as_str().unwrap().starts_with("process_madvise"), "{row}");
+    }
+    // MADV_HUGEPAGE put the VM on khugepaged's list too: a region it collapsed first is its.
+    let counted = cause_row(&summary, "syscall", "process_madvise()").map_or(0, |row| u(&row["count"]));
+    let khugepaged = cause_row(&summary, "kernel_thread", "khugepaged").map_or(0, |row| u(&row["count"]));
+    assert!(
+        counted + khugepaged >= collapsed,
+        "{counted} + {khugepaged} invalidations for {collapsed} huge pages made: {}",
+        summary["invalidations"]["by_cause"]
+    );
+}
+
 /// A table filled on purpose: with room for one key a second in each generation of the
 /// invalidation table, the storm's other keys (each thread's own unmaps beside the madvise
 /// thread's, under other names) are refused. The refusals are in the lost_events line and in

@@ -1,8 +1,14 @@
 //! The tracepoints that bracket a thread's mm work, and the globals the classifier needs.
 
-use mm_probe_common::cause::{MADVISE_NR_GLOBAL, MIGRATE_REASON_OFFSET_GLOBAL, SYSCALL_FROM_REGS_GLOBAL};
+use anyhow::{Context as _, Result};
+use aya::{Ebpf, maps::Array};
+use mm_probe_common::cause::{
+    ARMED_MAP, COUNTS_MAP, MADVISE_NR_GLOBAL, MIGRATE_REASON_OFFSET_GLOBAL, REFUSED_BEGINS, SYSCALL_FROM_REGS_GLOBAL,
+    UNMATCHED_ENDS,
+};
 
 use crate::{
+    collect::counters::percpu_sum,
     kernel::{Kernel, tracefs},
     probes::{GlobalValue, LogicalProbe, Plan},
     report::statement::Statement,
@@ -60,6 +66,24 @@ pub const fn bracketed<const N: usize, const M: usize>(rest: [LogicalProbe; N]) 
         i += 1;
     }
     all
+}
+
+/// Counts unmatched bracket ends from now on: called once every probe of the run is attached.
+pub fn arm(ebpf: &mut Ebpf) -> Result<()> {
+    let mut armed: Array<_, u32> = Array::try_from(ebpf.map_mut(ARMED_MAP).context("map CAUSE_ARMED missing")?)?;
+    armed.set(0, 1, 0).context("arming the count of unmatched bracket ends")
+}
+
+/// Bracket ends that found their thread outside that work (cumulative): its entry was evicted
+/// from the full table, or the work began before the probes attached. The invalidations made
+/// in between were named by their thread instead of the work.
+pub fn unmatched_ends(ebpf: &Ebpf) -> Result<u64> {
+    percpu_sum(ebpf, COUNTS_MAP, UNMATCHED_ENDS)
+}
+
+/// Begins the brackets' table refused (cumulative): each one's end is then unmatched too.
+pub fn refused_begins(ebpf: &Ebpf) -> Result<u64> {
+    percpu_sum(ebpf, COUNTS_MAP, REFUSED_BEGINS)
 }
 
 /// The classifier's globals: where migrate_pages' reason sits in its record, and whether the

@@ -40,6 +40,7 @@ use super::{
 };
 use crate::{
     capability::{CapabilityId as Id, Definition},
+    cause,
     cli::RunArgs,
     error::UserError,
     kernel::{Kernel, privileges},
@@ -282,6 +283,7 @@ async fn watch<C: Capability>(
 fn load_and_attach<'k, C: Capability>(capability: &C, kernel: &'k Kernel) -> Result<(Ebpf, C::Session<'k>)> {
     let mut ebpf = load_object(kernel, capability.definition().map_families, &capability.settings(kernel))?;
     let session = capability.attach(kernel, &mut ebpf)?;
+    cause::probes::arm(&mut ebpf)?;
     Ok((ebpf, session))
 }
 

@@ -29,6 +29,7 @@ use self::{
     scrape::{Choice, Slice, Snapshot, Source, probe_series, recursion_guard},
 };
 use crate::{
+    cause,
     cli::{CapabilityId, ExporterArgs},
     collect::{
         counters::program_runs_skipped,
@@ -129,6 +130,7 @@ async fn export(
     let settings: Vec<_> = slices.iter().flat_map(|slice| slice.settings(kernel)).collect();
     let mut ebpf = load_object(kernel, &families, &settings)?;
     let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;
+    cause::probes::arm(&mut ebpf)?;
     let plans: Vec<_> = sources.iter().map(|source| (source.attached.capability, &source.attached.plan)).collect();
     if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
         detach_all(&mut ebpf).await;

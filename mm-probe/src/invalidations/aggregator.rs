@@ -447,6 +447,7 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
             Loss::CallbacksUndiscovered => Counter::CallbacksUndiscovered,
             Loss::VmsUntracked => Counter::VmsMapFull,
             Loss::FoldedWaits => return Some(tables.folded_waits),
+            Loss::CauseBracketsMissed => return Some(tables.cause_brackets_missed),
             // Read from the programs' fdinfo by the run, not from the tables.
             Loss::ProgramRunsSkipped => return Some(0),
         };
@@ -454,9 +455,12 @@ pub fn lost_events(tables: &Tables) -> LostEvents {
     })
 }
 
-/// The kernel counters by name.
+/// The kernel counters by name, the cause table's refusals with them (each is an unmatched end
+/// in `lost_events` too: here they say why).
 pub fn counters(tables: &Tables) -> BTreeMap<&'static str, u64> {
-    Counter::ALL.iter().map(|&c| (c.name(), tables.counter(c))).collect()
+    let mut counters: BTreeMap<_, _> = Counter::ALL.iter().map(|&c| (c.name(), tables.counter(c))).collect();
+    counters.insert("cause_begins_refused", tables.cause_begins_refused);
+    counters
 }
 
 /// One interval's deltas between two readings.

@@ -20,7 +20,7 @@ use mm_probe_common::invalidations::{
     STACK_GENERATION_SHIFT, WaitKey, WaitStats,
 };
 
-use crate::{collect::counters::percpu_sums, kernel::Kallsyms};
+use crate::{cause, collect::counters::percpu_sums, kernel::Kallsyms};
 
 /// How often the run loop drains: each kernel table then needs to hold one second's keys.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
@@ -44,6 +44,10 @@ pub struct Tables {
     pub counters: Vec<u64>,
     /// Waits counted without their thread, name and stack (user space's bound on groups).
     pub folded_waits: u64,
+    /// The cause classifier's bracket ends without their begin, and begins its table refused
+    /// (cumulative).
+    pub cause_brackets_missed: u64,
+    pub cause_begins_refused: u64,
 }
 
 impl Tables {
@@ -133,6 +137,8 @@ impl Drain {
             .map(|(key, stats): (CallbackKey, CallbackStats)| (key.ip, stats))
             .collect();
         self.totals.counters = percpu_sums(ebpf, names::COUNTERS_MAP)?;
+        self.totals.cause_brackets_missed = cause::probes::unmatched_ends(ebpf)?;
+        self.totals.cause_begins_refused = cause::probes::refused_begins(ebpf)?;
         Ok(())
     }
 

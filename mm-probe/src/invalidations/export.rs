@@ -86,6 +86,10 @@ impl Reader for InvalidationsReader {
             Series::new(&[("capability", name), ("kind", "owner_unresolved")], lost.get(Loss::OwnerUnresolved)),
             Series::new(&[("capability", name), ("kind", "folded_waits")], lost.get(Loss::FoldedWaits)),
             Series::new(
+                &[("capability", name), ("kind", "cause_brackets_missed")],
+                lost.get(Loss::CauseBracketsMissed),
+            ),
+            Series::new(
                 &[("capability", name), ("kind", "callbacks_undiscovered")],
                 lost.get(Loss::CallbacksUndiscovered),
             ),

@@ -40,6 +40,23 @@ fn kvm_range_start(kernel: &Kernel) -> Option<u64> {
     kernel.kallsyms().ok().and_then(|k| k.address_of(probes::KVM_RANGE_START))
 }
 
+/// The syscalls that work on the memory of the process they name (a pid or pidfd): an
+/// invalidation they make is that process's, not the caller's.
+fn others_memory_syscalls() -> [u32; names::OTHERS_MEMORY_SYSCALLS] {
+    let mut numbers = [u32::MAX; names::OTHERS_MEMORY_SYSCALLS];
+    let calls = [
+        libc::SYS_process_madvise,
+        libc::SYS_process_mrelease,
+        libc::SYS_process_vm_writev,
+        libc::SYS_move_pages,
+        libc::SYS_migrate_pages,
+    ];
+    for (slot, call) in numbers.iter_mut().zip(calls) {
+        *slot = call as u32;
+    }
+    numbers
+}
+
 /// Globals: the -p filter, KVM's callback address, this kernel's tracepoint field offsets.
 pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue)> {
     let kvm_start = kvm_range_start(kernel);
@@ -62,6 +79,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
         notifier_ops,
         interval_ops,
+        (names::OTHERS_MEMORY_SYSCALLS_GLOBAL, GlobalValue::U32s(others_memory_syscalls())),
     ]
     .into_iter()
     .chain(cause::settings(kernel))

@@ -73,6 +73,10 @@ loss_kinds! {
         /// VMs beyond the four whose memslots are remembered: other threads' invalidations of
         /// their memory are counted as owner_unresolved.
         VmsUntracked => "vms_untracked", "VMs whose memslots were not remembered (table full)",
+        /// Ends of reclaim, compaction or migration whose begin the cause table no longer held
+        /// (evicted when full) or never saw (begun before the probes attached): invalidations
+        /// made inside that work were named by their thread instead.
+        CauseBracketsMissed => "cause_brackets_missed", "ends of mm work whose begin was not held (cause from the thread)",
     }
 }
 

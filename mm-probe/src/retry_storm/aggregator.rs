@@ -214,6 +214,7 @@ impl Collector {
         window.callback_ns = bucket_delta(&totals.callback_ns, &self.previous.callback_ns);
         window.window_ns = bucket_delta(&totals.window_ns, &self.previous.window_ns);
         window.kvm_sizes = bucket_delta(&totals.kvm_sizes, &self.previous.kvm_sizes);
+        window.cause_brackets_missed = totals.cause_brackets_missed.saturating_sub(self.previous.cause_brackets_missed);
         self.previous = totals;
         self.total.merge(&window);
         self.snapshot(&window)
@@ -285,7 +286,7 @@ pub fn read_begins_by_caller(ebpf: &Ebpf, kallsyms: Option<&Kallsyms>) -> Result
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::retry_storm::counters::tests::counters;
+    use crate::retry_storm::{counters::tests::counters, report::Loss};
 
     fn totals(walks: u64, busy: u64, invalidations: u64) -> KernelTotals {
         KernelTotals { counters: counters(walks, busy, invalidations), ..KernelTotals::default() }
@@ -311,6 +312,16 @@ pub(crate) mod tests {
         assert_eq!(summary.walks.as_ref().map(|w| (w.calls, w.ebusy)), Some((13, 5)));
         assert_eq!(summary.duration_ns, 1_000_000_000);
         assert_eq!(summary.invalidations.as_ref().and_then(|i| i.per_second), Some(26.0));
+    }
+
+    #[test]
+    fn bracket_ends_missed_are_a_windows_loss_and_add_up_in_the_summary() {
+        let mut c = collector();
+        let missed = |n| KernelTotals { cause_brackets_missed: n, ..totals(1, 0, 0) };
+        let first = c.close_window(missed(2), 1_000 + 1_000_000_000);
+        let second = c.close_window(missed(5), 1_000 + 2_000_000_000);
+        let lost = |s: &Snapshot| s.lost_events.get(Loss::CauseBracketsMissed);
+        assert_eq!((lost(&first), lost(&second), lost(&c.summary())), (2, 3, 5));
     }
 
     #[test]

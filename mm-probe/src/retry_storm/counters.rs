@@ -5,7 +5,7 @@ use anyhow::Result;
 use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, COUNTER_SLOTS, Counter};
 
-use crate::collect::counters::percpu_sums;
+use crate::{cause, collect::counters::percpu_sums};
 
 /// The kernel's per-CPU counters, summed (cumulative, or a window's delta).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub struct KernelTotals {
     pub kvm_sizes: Vec<u64>,
     /// Invalidations of mirrored mms by `enum mmu_notifier_event` (last slot: unknown).
     pub invalidations_by_event: Vec<u64>,
+    /// The cause classifier's bracket ends without their begin.
+    pub cause_brackets_missed: u64,
 }
 
 impl KernelTotals {
@@ -66,6 +68,7 @@ impl KernelTotals {
             window_ns: percpu_sums(ebpf, names::WINDOW_HIST_MAP)?,
             kvm_sizes: percpu_sums(ebpf, names::KVM_SIZE_HIST_MAP)?,
             invalidations_by_event: percpu_sums(ebpf, names::INVALIDATIONS_BY_EVENT_MAP)?,
+            cause_brackets_missed: cause::probes::unmatched_ends(ebpf)?,
         })
     }
 }

@@ -176,6 +176,10 @@ loss_kinds! {
         /// read_begin calls the kernel's per-caller table refused (full): `read_begins_by_caller`
         /// misses them.
         ReadBeginCallers => "read_begin_callers", "read_begin callers not counted (table full)",
+        /// Ends of reclaim, compaction or migration whose begin the cause table no longer held
+        /// (evicted when full) or never saw (begun before the probes attached): invalidations
+        /// made inside that work were named by their thread instead.
+        CauseBracketsMissed => "cause_brackets_missed", "ends of mm work whose begin was not held (cause from the thread)",
     }
 }
 

@@ -56,6 +56,8 @@ pub struct Window {
     pub callback_ns: Vec<u64>,
     pub window_ns: Vec<u64>,
     pub kvm_sizes: Vec<u64>,
+    /// The cause classifier's bracket ends without their begin, in the window.
+    pub cause_brackets_missed: u64,
 }
 
 impl Window {
@@ -86,6 +88,7 @@ impl Window {
             callback_ns: vec![0; SIZE_BUCKETS],
             window_ns: vec![0; SIZE_BUCKETS],
             kvm_sizes: vec![0; SIZE_BUCKETS],
+            cause_brackets_missed: 0,
         }
     }
 
@@ -195,6 +198,7 @@ impl Window {
         add_buckets(&mut self.callback_ns, &other.callback_ns);
         add_buckets(&mut self.window_ns, &other.window_ns);
         add_buckets(&mut self.kvm_sizes, &other.kvm_sizes);
+        self.cause_brackets_missed += other.cause_brackets_missed;
     }
 
     /// Invalidators by (comm, event), most invalidations first.
@@ -320,6 +324,7 @@ impl Snapshot {
                     Loss::InvalidateEvents => Counter::LostInvalidateEvents,
                     Loss::WalkEntriesMissed => Counter::StashMisses,
                     Loss::ReadBeginCallers => Counter::ReadBeginsMapFull,
+                    Loss::CauseBracketsMissed => return Some(window.cause_brackets_missed),
                 }))
             }),
             read_begins_by_caller: Vec::new(),

@@ -21,11 +21,17 @@
 //! a page of it (`compactions`, at most 5; `pages_moved` as /proc/self/pagemap's frames say):
 //! each migration is an invalidation of the VM's memory made by that process.
 //!
+//! `--collapse` then makes the memslot eligible for huge pages (MADV_HUGEPAGE) and has another
+//! process (`remote_madvise`, beside this binary) collapse it with process_madvise(2)
+//! MADV_COLLAPSE, as a VMM's helper would: each collapse is an invalidation of the VM's memory
+//! made by that process inside a syscall (`collapser_pid`, and `huge_bytes`: the memslot's
+//! AnonHugePages after it).
+//!
 //! `--idle-ms N` leaves the VM idle for N ms, its memory mapped, before the storm (with
 //! `--passes 0`, an idle VM and nothing else).
 //!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
-//!                  [--call madvise|mprotect] [--compact] [--dirty-log] [--fifo] [--wait]
+//!                  [--call madvise|mprotect] [--compact] [--collapse] [--dirty-log] [--fifo] [--wait]
 //!                  [--idle-ms 0]
 
 use std::{
@@ -53,6 +59,7 @@ struct Options {
     fifo: bool,
     call: Call,
     compact: bool,
+    collapse: bool,
     idle: Duration,
 }
 
@@ -70,7 +77,7 @@ const FIRST_PASS_LIMIT: Duration = Duration::from_secs(120);
 fn main() -> Result<()> {
     let options = parse(std::env::args().skip(1).collect())?;
     let vm = Arc::new(Vm::create(options.size_bytes, options.dirty_log)?);
-    if options.call == Call::Mprotect || options.compact || !options.idle.is_zero() {
+    if options.call == Call::Mprotect || options.compact || options.collapse || !options.idle.is_zero() {
         populate(&vm)?;
     }
     mm_probe_workloads::wait_for_go_if_asked(&std::env::args().collect::<Vec<_>>());
@@ -143,13 +150,14 @@ fn main() -> Result<()> {
     } else {
         (0, 0)
     };
+    let (collapser_pid, huge_bytes) = if options.collapse { collapse_by_another_process(&vm)? } else { (0, 0) };
     stop.store(true, Ordering::Relaxed);
     for thread in background {
         thread.join().map_err(|_| anyhow::anyhow!("a vCPU or dirty-log thread panicked"))??;
     }
     let (madvise_calls, mprotect_calls) = if options.call == Call::Madvise { (calls, 0) } else { (0, calls) };
     println!(
-        "{{\"pid\":{},\"madvise_calls\":{madvise_calls},\"madvise_bytes\":{},\"mprotect_calls\":{mprotect_calls},\"compactions\":{compactions},\"pages_moved\":{pages_moved},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
+        "{{\"pid\":{},\"madvise_calls\":{madvise_calls},\"madvise_bytes\":{},\"mprotect_calls\":{mprotect_calls},\"compactions\":{compactions},\"pages_moved\":{pages_moved},\"collapser_pid\":{collapser_pid},\"huge_bytes\":{huge_bytes},\"vcpu_passes\":{},\"dirty_log_calls\":{},\"elapsed_ns\":{elapsed_ns}}}",
         std::process::id(),
         madvise_calls * options.chunk_bytes as u64,
         vcpu_passes.load(Ordering::Relaxed),
@@ -221,6 +229,45 @@ fn populate(vm: &Vm) -> Result<()> {
     Ok(())
 }
 
+/// Has `remote_madvise` collapse the memslot into huge pages from its own process; returns its
+/// pid and the memslot's huge bytes after.
+fn collapse_by_another_process(vm: &Vm) -> Result<(u64, u64)> {
+    // SAFETY: advice on the memslot's own mapping; it undoes populate's MADV_NOHUGEPAGE, which
+    // MADV_COLLAPSE refuses.
+    if unsafe { libc::madvise(vm.data.cast(), vm.data_bytes, libc::MADV_HUGEPAGE) } != 0 {
+        bail!("madvise(MADV_HUGEPAGE): {}", std::io::Error::last_os_error());
+    }
+    let helper = std::env::current_exe()?.with_file_name("remote_madvise");
+    let out = std::process::Command::new(&helper)
+        .args([std::process::id().to_string(), format!("{:#x}", vm.data as usize), vm.data_bytes.to_string()])
+        .arg("collapse")
+        .output()
+        .with_context(|| format!("running {}", helper.display()))?;
+    if !out.status.success() {
+        bail!("remote_madvise: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pid = text.split("\"pid\":").nth(1).and_then(|r| r.split(',').next()?.parse().ok()).unwrap_or(0);
+    Ok((pid, anon_huge_bytes(vm.data as usize)?))
+}
+
+/// AnonHugePages of the mapping that holds `addr`, from /proc/self/smaps.
+fn anon_huge_bytes(addr: usize) -> Result<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((start, end)) = range.split_once('-')
+            && let (Ok(start), Ok(end)) = (usize::from_str_radix(start, 16), usize::from_str_radix(end, 16))
+        {
+            inside = (start..end).contains(&addr);
+        } else if inside && let Some(kib) = line.strip_prefix("AnonHugePages:") {
+            return Ok(kib.trim().trim_end_matches("kB").trim().parse::<u64>()? * 1024);
+        }
+    }
+    bail!("no mapping holds {addr:#x} in /proc/self/smaps")
+}
+
 /// SCHED_FIFO at the lowest real-time priority: ahead of every ordinary task, behind the
 /// kernel's own real-time threads.
 fn set_fifo() -> Result<()> {
@@ -243,6 +290,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         fifo: false,
         call: Call::Madvise,
         compact: false,
+        collapse: false,
         idle: Duration::ZERO,
     };
     let mut args = args.into_iter();
@@ -257,6 +305,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--dirty-log" => options.dirty_log = true,
             "--fifo" => options.fifo = true,
             "--compact" => options.compact = true,
+            "--collapse" => options.collapse = true,
             "--idle-ms" => options.idle = Duration::from_millis(value()?.parse()?),
             "--call" => {
                 options.call = match value()?.as_str() {

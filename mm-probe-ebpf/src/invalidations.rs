@@ -85,8 +85,7 @@ static INV_KVM_START_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
 static INV_KVM_END_OFFSET: Global<u32> = Global::new(16);
 #[unsafe(no_mangle)]
-static INV_OTHERS_MEMORY_SYSCALLS: Global<[u32; OTHERS_MEMORY_SYSCALLS]> =
-    Global::new([u32::MAX; OTHERS_MEMORY_SYSCALLS]);
+static INV_OTHERS_MEMORY_SYSCALLS: Global<[u64; OTHERS_MEMORY_SYSCALLS]> = Global::new([0; OTHERS_MEMORY_SYSCALLS]);
 
 #[map]
 static INV_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
@@ -480,7 +479,7 @@ fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -
     let own = current_mm();
     let on_own_memory = match CauseClass::from_raw(cause.class) {
         // process_madvise(2) and the like name another process: its memory, found by range.
-        CauseClass::Syscall => !INV_OTHERS_MEMORY_SYSCALLS.load().contains(&cause.detail),
+        CauseClass::Syscall => !on_others_memory(cause.detail),
         CauseClass::UserContext => true,
         _ => false,
     };
@@ -489,6 +488,25 @@ fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -
     }
     // Not the thread's own: none (unresolved, counted) unless a VM's memslot holds the range.
     vm_by_range(start, end)
+}
+
+/// Whether syscall `nr` names another process whose memory it works on.
+#[inline(always)]
+fn on_others_memory(nr: u32) -> bool {
+    let words = INV_OTHERS_MEMORY_SYSCALLS.load();
+    // Constant indices: the verifier refuses a variable offset into the copy on the stack.
+    let word = match nr / 64 {
+        0 => words[0],
+        1 => words[1],
+        2 => words[2],
+        3 => words[3],
+        4 => words[4],
+        5 => words[5],
+        6 => words[6],
+        7 => words[7],
+        _ => 0,
+    };
+    word & (1 << (nr % 64)) != 0
 }
 
 /// kvm_unmap_hva_range / kvm_age_hva: one invalidation of a VM's memory, in the invalidator.

@@ -42,8 +42,8 @@ fn kvm_range_start(kernel: &Kernel) -> Option<u64> {
 
 /// The syscalls that work on the memory of the process they name (a pid or pidfd): an
 /// invalidation they make is that process's, not the caller's.
-fn others_memory_syscalls() -> [u32; names::OTHERS_MEMORY_SYSCALLS] {
-    let mut numbers = [u32::MAX; names::OTHERS_MEMORY_SYSCALLS];
+fn others_memory_syscalls() -> [u64; names::OTHERS_MEMORY_SYSCALLS] {
+    let mut bits = [0u64; names::OTHERS_MEMORY_SYSCALLS];
     let calls = [
         libc::SYS_process_madvise,
         libc::SYS_process_mrelease,
@@ -51,10 +51,10 @@ fn others_memory_syscalls() -> [u32; names::OTHERS_MEMORY_SYSCALLS] {
         libc::SYS_move_pages,
         libc::SYS_migrate_pages,
     ];
-    for (slot, call) in numbers.iter_mut().zip(calls) {
-        *slot = call as u32;
+    for call in calls.map(|nr| nr as usize) {
+        bits[call / 64] |= 1 << (call % 64);
     }
-    numbers
+    bits
 }
 
 /// Globals: the -p filter, KVM's callback address, this kernel's tracepoint field offsets.
@@ -79,7 +79,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
         notifier_ops,
         interval_ops,
-        (names::OTHERS_MEMORY_SYSCALLS_GLOBAL, GlobalValue::U32s(others_memory_syscalls())),
+        (names::OTHERS_MEMORY_SYSCALLS_GLOBAL, GlobalValue::Bits(others_memory_syscalls())),
     ]
     .into_iter()
     .chain(cause::settings(kernel))

@@ -13,8 +13,8 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mm
 pub enum GlobalValue {
     U32(u32),
     U64(u64),
-    /// A short list of numbers (u32::MAX where none).
-    U32s([u32; 8]),
+    /// A bitmap of 512 bits.
+    Bits([u64; 8]),
 }
 
 /// The maps of one capability, known by the prefix its kernel side gives their names.
@@ -71,7 +71,7 @@ pub fn load_object(kernel: &Kernel, families: &[MapFamily], settings: &[(&'stati
         match value {
             GlobalValue::U32(v) => loader.override_global(name, v, true),
             GlobalValue::U64(v) => loader.override_global(name, v, true),
-            GlobalValue::U32s(v) => loader.override_global(name, v, true),
+            GlobalValue::Bits(v) => loader.override_global(name, v, true),
         };
     }
     let unused = unused_map_sizes(families)?;

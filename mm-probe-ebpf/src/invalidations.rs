@@ -113,8 +113,14 @@ static INV_KVM_LOCKS: HashMap<u64, KvmLock> = HashMap::with_max_entries(1024, 0)
 #[map]
 static INV_KNOWN_MMS: LruHashMap<u64, MmOwner> = LruHashMap::with_max_entries(4096, 0);
 /// The VMs seen so far, to find whose memory another thread's invalidation is (`vm_by_range`).
+/// Written only under INV_LEARNING.
 #[map]
 static INV_VMS: Array<KnownVm> = Array::with_max_entries(MAX_VMS, 0);
+/// Held (its one key present) while a CPU learns a VM: INV_VMS's slots are checked then written,
+/// and two VMs learned at once on two CPUs took the same empty slot, one lost and uncounted.
+/// Taken by an insert that fails while another holds it, never waited for.
+#[map]
+static INV_LEARNING: HashMap<u32, u32> = HashMap::with_max_entries(1, 0);
 #[map]
 static INV_CALLBACKS: PerCpuHashMap<CallbackKey, CallbackStats> =
     PerCpuHashMap::with_max_entries(256, BPF_F_NO_PREALLOC);
@@ -275,6 +281,21 @@ fn learn_kvm(mm: u64, tgid: u32) {
     if kvm_start == 0 || mm == 0 || known_mm(mm).kvm_searched != 0 {
         return;
     }
+    // Another CPU is learning a VM: this one is learned at its next fault, wakeup or
+    // invalidation (it stays unsearched), rather than racing that CPU for a slot.
+    if INV_LEARNING.insert(0, 0, BPF_NOEXIST).is_err() {
+        return;
+    }
+    // The other CPU may have learned this very VM (its other thread) meanwhile.
+    if known_mm(mm).kvm_searched == 0 {
+        search_subscriptions(mm, tgid, kvm_start);
+    }
+    let _ = INV_LEARNING.remove(0);
+}
+
+/// `learn_kvm`'s search, with the learning lock held.
+#[inline(always)]
+fn search_subscriptions(mm: u64, tgid: u32, kvm_start: u64) {
     let owner = learn_owner(mm, tgid);
     let subscriptions = subscriptions_of(mm);
     let _ = INV_KNOWN_MMS.insert(mm, MmOwner { tgid: owner, kvm_searched: 1, subscriptions }, 0);
@@ -469,21 +490,24 @@ fn owner_of(mm: u64) -> u32 {
 /// or 0 when none does (the VM process's memory outside its memslots).
 #[inline(always)]
 fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -> u64 {
+    // Plain values (0 when absent), and the thread's mm read only when it is wanted: else LLVM
+    // spilled the mm on the path where its read failed from a register the verifier had never
+    // seen written ("R3 !read_ok"; it did once learn_kvm changed shape around it).
     let from_probe = match source {
-        Source::KvmAge => unsafe { INV_AGING_MM.get(pid) }.copied(),
-        _ => unsafe { INV_RANGE_STASH.get(pid) }.map(|open| open.mm),
+        Source::KvmAge => unsafe { INV_AGING_MM.get(pid) }.map_or(0, |&mm| mm),
+        _ => unsafe { INV_RANGE_STASH.get(pid) }.map_or(0, |open| open.mm),
     };
-    if let Some(mm) = from_probe.filter(|&mm| mm != 0) {
-        return mm;
+    if from_probe != 0 {
+        return from_probe;
     }
-    let own = current_mm();
     let on_own_memory = match CauseClass::from_raw(cause.class) {
         // process_madvise(2) and the like name another process: its memory, found by range.
         CauseClass::Syscall => !on_others_memory(cause.detail),
         CauseClass::UserContext => true,
         _ => false,
     };
-    if own != 0 && on_own_memory {
+    let own = if on_own_memory { current_mm() } else { 0 };
+    if own != 0 {
         return own;
     }
     // Not the thread's own: none (unresolved, counted) unless a VM's memslot holds the range.

@@ -28,13 +28,16 @@
 //! AnonHugePages after it).
 //!
 //! `--idle-ms N` leaves the VM idle for N ms, its memory mapped, before the storm (with
-//! `--passes 0`, an idle VM and nothing else).
+//! `--passes 0`, an idle VM and nothing else). `--hold` keeps the VM, its memory mapped, after
+//! its counts are printed, until stdin closes: VMs that must all be alive at once stay so
+//! however the machine schedules their storms.
 //!
 //! Usage: kvm_storm [--size 64M] [--chunk 4K] [--threads 1] [--passes 20] [--vcpus 0]
 //!                  [--call madvise|mprotect] [--compact] [--collapse] [--dirty-log] [--fifo] [--wait]
-//!                  [--idle-ms 0]
+//!                  [--idle-ms 0] [--hold]
 
 use std::{
+    io::Read as _,
     sync::{
         Arc, Barrier,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -61,6 +64,7 @@ struct Options {
     compact: bool,
     collapse: bool,
     idle: Duration,
+    hold: bool,
 }
 
 /// The call that invalidates each chunk.
@@ -163,6 +167,10 @@ fn main() -> Result<()> {
         vcpu_passes.load(Ordering::Relaxed),
         dirty_log_calls.load(Ordering::Relaxed),
     );
+    if options.hold {
+        // Ends when the test closes our stdin; what it sends meanwhile is not read as anything.
+        std::io::stdin().read_to_end(&mut Vec::new()).context("holding the VM until stdin closes")?;
+    }
     Ok(())
 }
 
@@ -292,6 +300,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
         compact: false,
         collapse: false,
         idle: Duration::ZERO,
+        hold: false,
     };
     let mut args = args.into_iter();
     while let Some(flag) = args.next() {
@@ -307,6 +316,7 @@ fn parse(args: Vec<String>) -> Result<Options> {
             "--compact" => options.compact = true,
             "--collapse" => options.collapse = true,
             "--idle-ms" => options.idle = Duration::from_millis(value()?.parse()?),
+            "--hold" => options.hold = true,
             "--call" => {
                 options.call = match value()?.as_str() {
                     "madvise" => Call::Madvise,

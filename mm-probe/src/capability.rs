@@ -19,6 +19,16 @@ pub struct Definition {
     pub map_families: &'static [MapFamily],
     /// Every logical probe it may attach, as `doctor` tries them.
     pub catalog: &'static [LogicalProbe],
+    /// What its summary counts as the work it watched, which `compare` sets beside the run's
+    /// length (None: it watches no stream of work).
+    pub summary_work: Option<SummaryWork>,
+}
+
+/// A count in a capability's summary line: what it counts, and where (a JSON pointer).
+#[derive(Clone, Copy, Debug)]
+pub struct SummaryWork {
+    pub what: &'static str,
+    pub count: &'static str,
 }
 
 /// Declares [`CapabilityId`], [`CapabilityId::ALL`] and [`CapabilityId::definition`] from one list,
@@ -52,6 +62,7 @@ capabilities! {
         command: "retry-storm",
         map_families: &[MapFamily::RetryStorm, MapFamily::Cause],
         catalog: crate::retry_storm::probes::PROBES,
+        summary_work: Some(SummaryWork { what: "walks", count: "/walks/calls" }),
     },
     /// Why a process gets no transparent huge pages (`thp-why`).
     Thp => Definition {
@@ -59,6 +70,7 @@ capabilities! {
         command: "thp-why",
         map_families: &[MapFamily::Thp],
         catalog: crate::thp_why::probes::PROBES,
+        summary_work: None,
     },
     /// Wakeup latency of real-time tasks and the mm code that delays them (`latency`).
     Latency => Definition {
@@ -66,6 +78,7 @@ capabilities! {
         command: "latency",
         map_families: &[MapFamily::Latency],
         catalog: crate::latency::probes::PROBES,
+        summary_work: Some(SummaryWork { what: "wakeups", count: "/wakeup/count" }),
     },
     /// Where MMU-notifier invalidations spend their time (`invalidations`).
     Invalidations => Definition {
@@ -73,6 +86,7 @@ capabilities! {
         command: "invalidations",
         map_families: &[MapFamily::Invalidations, MapFamily::Cause],
         catalog: crate::invalidations::probes::PROBES,
+        summary_work: Some(SummaryWork { what: "invalidations", count: "/invalidations/count" }),
     },
 }
 

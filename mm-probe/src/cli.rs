@@ -41,6 +41,10 @@ pub enum Command {
     #[command(after_help = INVALIDATIONS_EXAMPLES)]
     #[command(mut_arg("pids", |a| a.help(INVALIDATIONS_PIDS)), mut_arg("plot", |a| a.help(INVALIDATIONS_PLOT)))]
     Invalidations(InvalidationsArgs),
+    /// Two runs of one command (their --json output) side by side: each metric before and after,
+    /// whether the verdict improved, and one line that says so.
+    #[command(after_help = COMPARE_EXAMPLES)]
+    Compare(CompareArgs),
     /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
     #[command(after_help = EXPORTER_EXAMPLES)]
     Exporter(ExporterArgs),
@@ -99,6 +103,13 @@ Examples:
     mm-probe retry-storm -p 4242 --duration 10s --interval 1s
     mm-probe retry-storm --retry-rate-warn 2 --retry-rate-crit 10 --json";
 
+const COMPARE_EXAMPLES: &str = "\
+Examples:
+    mm-probe retry-storm --duration 30s --json > old.json
+    mm-probe retry-storm --duration 30s --json > new.json
+    mm-probe compare old.json new.json
+    mm-probe compare old.json new.json --json | jq .outcome";
+
 const EXPORTER_EXAMPLES: &str = "\
 Examples:
     mm-probe exporter                # http://127.0.0.1:9479/metrics
@@ -108,6 +119,20 @@ Examples:
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Print the report as one JSON line instead of text (schemas/doctor/).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The run before the change: what retry-storm, invalidations, latency or thp-why printed
+    /// with --json (- for standard input).
+    #[arg(value_name = "BEFORE")]
+    pub before: String,
+    /// The run after the change, of the same command.
+    #[arg(value_name = "AFTER")]
+    pub after: String,
+    /// Print the comparison as one JSON line instead of text (schemas/compare/).
     #[arg(long)]
     pub json: bool,
 }

@@ -5,6 +5,7 @@ pub mod capability;
 pub mod cause;
 pub mod cli;
 pub mod collect;
+pub mod compare;
 pub mod doctor;
 pub mod error;
 pub mod exporter;

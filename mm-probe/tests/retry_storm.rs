@@ -223,6 +223,12 @@ fn storm(label: &str, workload_args: &[&str]) -> (Value, Value) {
 
 /// As [`storm`], with the driver's and the tool's retry timeout set to `timeout_ms`.
 fn storm_with_timeout(label: &str, timeout_ms: &str, workload_args: &[&str]) -> (Value, Value) {
+    let (driver, summary, _) = storm_lines(label, timeout_ms, workload_args);
+    (driver, summary)
+}
+
+/// As [`storm_with_timeout`], also returning every line the tool printed.
+fn storm_lines(label: &str, timeout_ms: &str, workload_args: &[&str]) -> (Value, Value, Vec<Value>) {
     let started = Instant::now();
     let tool_timeout = format!("{timeout_ms}ms");
     let tool = Tool::start(&["--timeout", &tool_timeout, "--interval", "1s"]);
@@ -251,7 +257,7 @@ fn storm_with_timeout(label: &str, timeout_ms: &str, workload_args: &[&str]) -> 
         "{label}: each notifier is named by its driver's callback: {callers:?}"
     );
     eprintln!("== {label} ({:?})\ndriver: {driver}\ntool: {summary}", started.elapsed());
-    (driver, summary)
+    (driver, summary, lines)
 }
 
 /// The mirror's invalidations per second spent inside its walk calls (the driver's own counts).
@@ -388,7 +394,7 @@ fn a_loop_that_retries_a_stale_sequence_cannot_succeed_and_is_the_verdict() {
 fn retry_storms_are_measured_exactly_and_chunking_helps() {
     let Some(_module) = mirror_here() else { return };
 
-    let (whole_driver, whole) = storm("whole 64 MiB walks, one notifier", &[]);
+    let (whole_driver, whole, whole_lines) = storm_lines("whole 64 MiB walks, one notifier", "1000", &[]);
     assert_counts_match("whole", &whole_driver, &whole);
     assert!(f(&whole_driver["busy_returns"]) > 0.0, "the storm must make walks fail: {whole_driver}");
     let overall = whole["verdict"]["level"].as_str().unwrap();
@@ -439,7 +445,8 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
         chunked["verdict"]
     );
 
-    let (fine_driver, fine) = storm("2 MiB chunks, 2 MiB notifiers", &["--chunk", "2M", "--notifier", "2M"]);
+    let (fine_driver, fine, fine_lines) =
+        storm_lines("2 MiB chunks, 2 MiB notifiers", "1000", &["--chunk", "2M", "--notifier", "2M"]);
     assert_counts_match("chunked+fine notifiers", &fine_driver, &fine);
     let per_invalidation = |s: &Value| f(&s["retry_rate"]["ebusy_per_invalidation"]);
     assert!(per_walk(&fine) < per_walk(&whole), "retry rate per walk must fall");
@@ -452,6 +459,7 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
         whole["verdict"]
     );
     assert!(has_advice(&fine, "large walks").is_none(), "2 MiB walks need no chunking advice: {}", fine["verdict"]);
+    compare_says_the_fix_helped_and_the_same_storm_is_no_change(&whole_lines, &fine_lines);
 
     // Retry loops that give up: with a 1 ms timeout, nearly every loop that meets an -EBUSY
     // outlives it (a 64 MiB walk takes milliseconds), so the driver gives up often. The tool
@@ -491,4 +499,46 @@ fn retry_storms_are_measured_exactly_and_chunking_helps() {
         row("2 MiB chunks / 1 notifier", &chunked),
         row("2 MiB chunks / 2 MiB each", &fine),
     );
+}
+
+/// `mm-probe compare` on the runs above, as a user verifies a fix: whole-range walks against
+/// 2 MiB chunks with 2 MiB notifiers helped, with the figures; a second whole-range storm
+/// against the first is no change.
+fn compare_says_the_fix_helped_and_the_same_storm_is_no_change(whole: &[Value], fine: &[Value]) {
+    let dir = scratch_dir("storm-compare");
+    let save = |name: &str, lines: &[Value]| {
+        let file = dir.join(name);
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&file, text).unwrap();
+        keep_artifact(&file);
+        file.display().to_string()
+    };
+    let compare = |before: &str, after: &str| {
+        let out = run_tool(&["compare", before, after, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        json_lines(&out.stdout).remove(0)
+    };
+    let (before, after) = (save("storm-whole.ndjson", whole), save("storm-fine.ndjson", fine));
+    let helped = compare(&before, &after);
+    eprintln!("compare whole → chunks + notifiers: {}", helped["conclusion"]);
+    let outcome = helped["outcome"].as_str().unwrap();
+    assert!(outcome == "fixed" || outcome == "improved", "{helped}");
+    let rate = helped["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "retry_rate").unwrap();
+    assert!(rate["movement"] == "fixed" || rate["movement"] == "better", "{rate}");
+    assert_eq!(rate["before"], metric_value(whole, "retry_rate"), "the figures are the runs' own");
+    assert_eq!(rate["after"], metric_value(fine, "retry_rate"));
+    let conclusion = helped["conclusion"].as_str().unwrap();
+    assert!(conclusion.starts_with(outcome) && conclusion.contains("retry_rate "), "{conclusion}");
+
+    let (_, _, again) = storm_lines("whole 64 MiB walks again", "1000", &[]);
+    let same = compare(&before, &save("storm-whole-again.ndjson", &again));
+    eprintln!("compare whole → whole again: {}", same["conclusion"]);
+    assert_eq!(same["outcome"], "no_change", "{same}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A metric's value in the summary among `lines`.
+fn metric_value(lines: &[Value], name: &str) -> Value {
+    let summary = lines.iter().rev().find(|l| l["type"] == "summary").expect("a summary line");
+    summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name).unwrap()["value"].clone()
 }

@@ -151,7 +151,7 @@ fn over_threshold(wakeups: &Distribution) -> MetricVerdict<Metric> {
     };
     MetricVerdict {
         metric: Metric::OverThreshold,
-        definition: OVER_THRESHOLD,
+        definition: OVER_THRESHOLD.into(),
         unit: Unit::Fraction,
         value,
         level,

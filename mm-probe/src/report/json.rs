@@ -67,6 +67,8 @@ lines! {
     InvalidationsSummary => ("invalidations", "summary"),
     InvalidationsLostEvents => ("invalidations", "lost_events"),
     InvalidationsPlot => ("invalidations", "plot"),
+    /// `compare --json`: two runs of one command set side by side, in one line.
+    Comparison => ("compare", "comparison"),
     /// The hidden `bench-ring` subcommand's result, read by `cargo xtask bench`.
     BenchRingCheck => ("bench-ring", "ring_check"),
 }

@@ -23,11 +23,23 @@ impl Level {
             Level::Crit => "CRIT",
         }
     }
+
+    /// The level a JSON line names (`compare` reads runs back).
+    pub fn parse(name: &str) -> Option<Level> {
+        [Level::Unknown, Level::Ok, Level::Warn, Level::Crit].into_iter().find(|l| l.name() == name)
+    }
 }
 
 impl Serialize for Level {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Level {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Level::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("unknown level: {text:?}")))
     }
 }
 
@@ -88,6 +100,11 @@ macro_rules! named {
             pub fn name(self) -> &'static str {
                 match self { $($name::$variant => $text),+ }
             }
+
+            /// The variant spelled `name` (how `compare` reads runs back).
+            pub fn parse(name: &str) -> Option<Self> {
+                [$($name::$variant),+].into_iter().find(|v| v.name() == name)
+            }
         }
 
         impl std::fmt::Display for $name {
@@ -99,6 +116,13 @@ macro_rules! named {
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.serialize_str(self.name())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                Self::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("unknown {}: {text:?}", stringify!($name))))
             }
         }
     };
@@ -132,12 +156,13 @@ impl Unit {
 /// Why a metric with no value is UNKNOWN when nothing more precise is known.
 pub const NOTHING_SEEN: &str = "nothing to judge was seen";
 
-/// One judged quantity: what it measures, its value against its band, and its level.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One judged quantity: what it measures, its value against its band, and its level. Every
+/// command prints it; `compare` reads it back (`MetricVerdict<String>`).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct MetricVerdict<M> {
     pub metric: M,
     /// What it measures, in words.
-    pub definition: &'static str,
+    pub definition: std::borrow::Cow<'static, str>,
     pub unit: Unit,
     pub value: Option<f64>,
     pub level: Level,
@@ -161,7 +186,7 @@ impl<M> MetricVerdict<M> {
         let value = if unknown_because.is_some() { None } else { value };
         Self {
             metric,
-            definition,
+            definition: definition.into(),
             unit,
             value,
             level: band.classify(value),

@@ -42,6 +42,7 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("invalidations", "interval", include_str!("../../../schemas/invalidations/interval.schema.json")),
     ("invalidations", "summary", include_str!("../../../schemas/invalidations/summary.schema.json")),
     ("invalidations", "lost_events", include_str!("../../../schemas/invalidations/lost_events.schema.json")),
+    ("compare", "comparison", include_str!("../../../schemas/compare/comparison.schema.json")),
     ("bench-ring", "ring_check", include_str!("../../../schemas/bench-ring/ring_check.schema.json")),
 ];
 

@@ -213,15 +213,17 @@ pub fn notes(before: &Run, after: &Run) -> Vec<String> {
     {
         let what = before.work.map_or("", |w| w.what);
         let paces = format!("{b:.0} {what}/s before, {a:.0}/s after");
-        notes.push(if a < b {
+        notes.push(if a == 0.0 || b == 0.0 {
+            format!("the {} run watched no {what}", if a == 0.0 { "after" } else { "before" })
+        } else if a < b {
             format!(
                 "the after run watched far less work ({paces}): a run with little work looks healthy, so check \
                  that the workload ran as before"
             )
         } else {
             format!(
-                "the after run watched far more work ({paces}; a change that splits the work, as chunking \
-                 does, multiplies it): the metrics are shares, rates and means, so they still compare"
+                "the after run watched far more work ({paces}): the metrics are shares, rates and means, so \
+                 they still compare (a change that splits the work, as chunked walks do, multiplies it)"
             )
         });
     }
@@ -396,6 +398,7 @@ mod tests {
         );
         let less = notes(&before, &run(Level::Ok, &[], 100));
         assert!(less[0].contains("a run with little work looks healthy"), "{less:?}");
+        assert_eq!(notes(&before, &run(Level::Unknown, &[], 0)), ["the after run watched no walks"]);
         let mut lossy = run(Level::Ok, &[], 1546);
         lossy.lost = Lost { counted: 7, uncounted: true };
         let said = notes(&before, &lossy);

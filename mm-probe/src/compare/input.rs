@@ -157,7 +157,7 @@ fn work_of(command: &str, summary: &Value) -> Option<Work> {
 fn lost_of(line: &Value) -> Lost {
     let mut lost = Lost::default();
     for (key, value) in line.as_object().into_iter().flatten() {
-        if ["type", "command", "schema_version"].contains(&key.as_str()) {
+        if json::ENVELOPE_KEYS.contains(&key.as_str()) {
             continue;
         }
         match value.as_u64() {

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 pub const SCHEMA_VERSION: u32 = 5;
 
 /// Keys every line carries; a payload field of the same name would be shadowed.
-const ENVELOPE_KEYS: [&str; 3] = ["type", "command", "schema_version"];
+pub const ENVELOPE_KEYS: [&str; 3] = ["type", "command", "schema_version"];
 
 /// Declares [`Line`] and its table from one list, so that a line the code can print cannot be
 /// missing from [`Line::ALL`] (which the schema tests walk).

@@ -18,11 +18,16 @@ use serde_json::Value;
 const ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
 /// A workload that maps and touches 64 MiB of MADV_HUGEPAGE memory, optionally under the
-/// wrapper that disables THP by prctl before exec'ing it; killed on drop.
-struct Huge(Child);
+/// wrapper that disables THP by prctl before exec'ing it; killed on drop, every process of it
+/// (the wrapper's relay and thp_huge outlive a killed wrapper, holding the test's pipes).
+struct Huge {
+    child: Child,
+    /// Every pid the workload announced: wrapper and relay first, thp_huge last.
+    pids: Vec<u32>,
+}
 
 impl Huge {
-    fn start(under_wrapper: bool) -> (Self, u32) {
+    fn start(under_wrapper: bool) -> Self {
         let mut command = if under_wrapper {
             let mut c = Command::new(workload("thp_tree"));
             c.args(["--", "thp_huge", "64"]);
@@ -34,21 +39,30 @@ impl Huge {
         };
         let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("starting thp_huge");
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut pids = Vec::new();
         // The wrapper and its relay announce themselves first; thp_huge's line has the region.
-        let pid = loop {
+        loop {
             let line: Value = serde_json::from_str(&lines.next().expect("a line").unwrap()).unwrap();
+            pids.push(line["pid"].as_u64().unwrap() as u32);
             if line["start"].is_u64() {
-                break line["pid"].as_u64().unwrap() as u32;
+                return Self { child, pids };
             }
-        };
-        (Self(child), pid)
+        }
+    }
+
+    /// thp_huge's pid.
+    fn pid(&self) -> u32 {
+        *self.pids.last().expect("thp_huge announced itself")
     }
 }
 
 impl Drop for Huge {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        for &pid in self.pids.iter().rev() {
+            // SAFETY: kill(2) on pids this workload announced, still ours until reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
     }
 }
 
@@ -91,12 +105,12 @@ fn a_wrapper_that_disabled_thp_then_none_is_fixed_and_the_same_process_twice_is_
     let dir = scratch_dir("compare-thp");
     let (before, after, again) = (dir.join("before.ndjson"), dir.join("after.ndjson"), dir.join("again.ndjson"));
     {
-        let (_wrapped, pid) = Huge::start(true);
-        thp_why_to(pid, &before);
+        let wrapped = Huge::start(true);
+        thp_why_to(wrapped.pid(), &before);
     }
-    let (_free, pid) = Huge::start(false);
-    thp_why_to(pid, &after);
-    thp_why_to(pid, &again);
+    let free = Huge::start(false);
+    thp_why_to(free.pid(), &after);
+    thp_why_to(free.pid(), &again);
 
     let fixed = compare(&before, &after);
     eprintln!("{fixed}");

@@ -37,15 +37,16 @@ impl Huge {
             c.arg("64");
             c
         };
-        let mut child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("starting thp_huge");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut pids = Vec::new();
+        let child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("starting thp_huge");
+        // Owned before anything can fail, so that a failed read still kills what started.
+        let mut huge = Self { child, pids: Vec::new() };
+        let mut lines = BufReader::new(huge.child.stdout.take().unwrap()).lines();
         // The wrapper and its relay announce themselves first; thp_huge's line has the region.
         loop {
             let line: Value = serde_json::from_str(&lines.next().expect("a line").unwrap()).unwrap();
-            pids.push(line["pid"].as_u64().unwrap() as u32);
+            huge.pids.push(line["pid"].as_u64().unwrap() as u32);
             if line["start"].is_u64() {
-                return Self { child, pids };
+                return huge;
             }
         }
     }

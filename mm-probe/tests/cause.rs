@@ -3,12 +3,13 @@
 //! (the non-RT guests only: the host has no HMM): copy-on-write after a fork (and the fork
 //! itself), khugepaged collapsing the buffer, ksmd merging it. Where the mechanism fails walks
 //! (copy-on-write, KSM), it must be what most failed walks collided with; khugepaged works under
-//! the mmap lock the walks hold, so it is checked by its count. In two-node guests (`cargo xtask
-//! vm-test --two-nodes`; they skip on one node): NUMA balancing on and then off, and
-//! move_pages(2) between the nodes. Compaction by another
-//! process, checked by the pages of the buffer it moved (it may move none). Under `mm-probe invalidations` beside an idle VM, wherever KVM
-//! runs: no cause of the mm's own work is named unless the kernel counted that work. And the
-//! cause table's evictions, made on purpose with two threads compacting, are counted.
+//! the mmap lock the walks hold, so it is checked by its count. Between two NUMA nodes (the
+//! matrix boots this executable's guests as two; on one node these two skip, saying so): NUMA
+//! balancing on and then off, and move_pages(2) between the nodes. Compaction by another
+//! process, checked by the pages of the buffer it moved (it may move none). Under `mm-probe
+//! invalidations` beside an idle VM, wherever KVM runs: no cause of the mm's own work is named
+//! unless the kernel counted that work. And the cause table's evictions, made on purpose with
+//! two threads compacting, are counted.
 
 mod common;
 mod retry_storm_support;

@@ -104,7 +104,7 @@ fn in_guest(line: &str, release: &std::path::Path, clock: Clock, scenarios: &[St
         executable: std::env::current_exe()?,
         dir: std::env::current_dir()?,
         args,
-        clock,
+        boot: crate::vm::Boot { clock, two_nodes: false },
     };
     eprintln!("xtask bench: measuring function-probe overhead in the {line} guest ({}; a few minutes)", clock.name());
     // Attaching tracepoints rewrites kernel text with int3 breakpoints, and under TCG another

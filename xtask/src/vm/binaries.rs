@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{
     initramfs::{GUEST_RESULTS_DIR, MARKER},
-    qemu::Clock,
+    qemu::{Boot, Clock},
 };
 
 /// One integration-test executable (`mm-probe/tests/<name>.rs`).
@@ -53,6 +53,13 @@ pub fn build(only: &[String], release: bool) -> Result<Vec<TestBinary>> {
 /// guest task wait. `latency_field` replays the field case (a SCHED_FIFO waker beside an
 /// madvise(MADV_COLD) walk on its CPU) and asserts how long the walk delays it.
 const INSTRUCTION_COUNTED: &[&str] = &["latency_field"];
+
+/// Test executables that need pages to have somewhere to move: they run in a boot of their own
+/// whose 2 GiB and two CPUs are two NUMA nodes ([`Boot::TWO_NODES`]). `cause` proves NUMA
+/// balancing and move_pages(2) between the nodes (its other tests do not depend on the nodes).
+/// The rest were proved on one node and stay on one: Debian's kernels turn NUMA balancing on
+/// wherever there are two, and reclaim and compaction work per node.
+const TWO_NODES: &[&str] = &["cause"];
 
 fn select(all: Vec<TestBinary>, only: &[String]) -> Result<Vec<TestBinary>> {
     if only.is_empty() {
@@ -105,8 +112,8 @@ pub struct GuestProgram {
     /// Where it runs from (cargo runs a test from its package directory).
     pub dir: PathBuf,
     pub args: Vec<String>,
-    /// How guest time passes in the boot that runs it.
-    pub clock: Clock,
+    /// The boot that runs it: how guest time passes there, and its NUMA nodes.
+    pub boot: Boot,
 }
 
 impl TestBinary {
@@ -120,11 +127,17 @@ impl TestBinary {
             executable: self.executable.clone(),
             dir: self.package_dir.clone(),
             args,
-            clock: if INSTRUCTION_COUNTED.contains(&self.name.as_str()) {
-                Clock::InstructionCounted
-            } else {
-                Clock::Free
-            },
+            boot: self.boot(),
+        }
+    }
+
+    fn boot(&self) -> Boot {
+        if INSTRUCTION_COUNTED.contains(&self.name.as_str()) {
+            Boot::INSTRUCTION_COUNTED
+        } else if TWO_NODES.contains(&self.name.as_str()) {
+            Boot::TWO_NODES
+        } else {
+            Boot::FREE
         }
     }
 }
@@ -233,6 +246,18 @@ mod tests {
         let error = select(all.clone(), &["hmm".into()]).unwrap_err().to_string();
         assert!(error.contains("foundation"), "{error}");
         assert_eq!(select(all.clone(), &["foundation".into()]).unwrap(), all);
+    }
+
+    #[test]
+    fn each_executable_runs_in_the_boot_its_proof_needs() {
+        let boot_of = |name: &str| {
+            TestBinary { name: name.into(), executable: "/x".into(), package_dir: "/".into() }.in_guest(&[]).boot
+        };
+        assert_eq!(boot_of("foundation"), Boot::FREE);
+        assert_eq!(boot_of("latency_field"), Boot::INSTRUCTION_COUNTED);
+        assert_eq!(boot_of("cause"), Boot::TWO_NODES);
+        let consoles: Vec<&str> = Boot::ALL.iter().map(|b| b.console_file()).collect();
+        assert_eq!(consoles, ["console.log", "console-two-nodes.log", "console-icount.log"], "one log per boot");
     }
 
     #[test]

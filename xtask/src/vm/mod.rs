@@ -10,7 +10,7 @@ mod kernels;
 mod qemu;
 mod report;
 
-pub use qemu::Clock;
+pub use qemu::{Boot, Clock};
 
 use std::{
     fs,
@@ -57,11 +57,6 @@ pub struct VmTestArgs {
     /// time against 2m06s one at a time.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_JOBS)]
     pub jobs: usize,
-    /// Make the free-running guests two NUMA nodes (one CPU and 1 GiB each), for the tests of
-    /// NUMA balancing and page migration between nodes, which skip on one node. Off in the
-    /// default matrix: the other tests were proved on one node.
-    #[arg(long)]
-    pub two_nodes: bool,
     /// Passed to each test executable after `--test-threads=1` (a libtest name filter, `--exact`…).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "LIBTEST_ARGS")]
     pub libtest_args: Vec<String>,
@@ -77,7 +72,6 @@ impl Default for VmTestArgs {
             accel: AccelChoice::Auto,
             debug: false,
             jobs: DEFAULT_JOBS,
-            two_nodes: false,
             libtest_args: Vec::new(),
         }
     }
@@ -131,7 +125,6 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
         timeout: args.timeout.unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32),
         accel,
         host_tools: Mutex::new(()),
-        two_nodes: args.two_nodes,
     };
     let runs = run_lines(&matrix, &lines, args.jobs);
     let total = start.elapsed();
@@ -196,8 +189,8 @@ const EMULATOR_BOOTS: usize = 3;
 
 /// What every boot of `line` printed on its console, one log after the other.
 fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
-    [Clock::Free, Clock::InstructionCounted]
-        .map(|clock| fs::read_to_string(matrix.work_root.join(line.name).join(console_file(clock))).unwrap_or_default())
+    Boot::ALL
+        .map(|boot| fs::read_to_string(matrix.work_root.join(line.name).join(boot.console_file())).unwrap_or_default())
         .concat()
 }
 
@@ -278,7 +271,6 @@ pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Resu
         timeout,
         accel: OnceLock::new(),
         host_tools: Mutex::new(()),
-        two_nodes: false,
     };
     let run = run_kernel_once(line, &matrix);
     let results = matrix.work_root.join(line.name).join("results");
@@ -304,8 +296,6 @@ struct Matrix<'a> {
     /// Serialises apt (it holds a lock) and the module builds (one build tree per module) when
     /// guests run in parallel.
     host_tools: Mutex<()>,
-    /// The free-running guests as two NUMA nodes.
-    two_nodes: bool,
 }
 
 /// Everything for one kernel line. An Err is a failure of the run (no kernel, no initramfs);
@@ -337,10 +327,11 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let mut binaries = Vec::new();
     let mut boots = Vec::new();
     let mut run_failures = Vec::new();
-    for clock in [Clock::Free, Clock::InstructionCounted] {
+    for boot in Boot::ALL {
+        let clock = boot.clock;
         if clock == Clock::InstructionCounted && !line.timing_proof {
             let skipped: Vec<&str> =
-                matrix.programs.iter().filter(|p| p.clock == clock).map(|p| p.name.as_str()).collect();
+                matrix.programs.iter().filter(|p| p.boot == boot).map(|p| p.name.as_str()).collect();
             if !skipped.is_empty() {
                 notes.push(format!(
                     "{} not run: its timing proof needs an instruction-counted boot, which only the lines whose \
@@ -353,7 +344,7 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
         let (programs, skipped): (Vec<&GuestProgram>, Vec<&GuestProgram>) = matrix
             .programs
             .iter()
-            .filter(|p| p.clock == clock)
+            .filter(|p| p.boot == boot)
             .partition(|p| line.unix_conventions || p.name != kernels::UNIX_CONVENTIONS);
         if !skipped.is_empty() {
             let proving: Vec<&str> = LINES.iter().filter(|l| l.unix_conventions).map(|l| l.name).collect();
@@ -375,26 +366,23 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
             kernel.package,
             kernel.version,
             accel.name(),
-            clock.name(),
+            boot.name(),
             format_duration(matrix.timeout)
         );
-        let label = match clock {
-            Clock::Free => line.name.to_owned(),
-            Clock::InstructionCounted => format!("{line} icount"),
-        };
+        let label = format!("{line}{}", boot.label_suffix());
         let spec = BootSpec {
             accel,
             clock,
             vmlinuz: &kernel.vmlinuz(),
             initramfs: &initramfs,
             results: Some(&results),
-            console_log: &work.join(console_file(clock)),
+            console_log: &work.join(boot.console_file()),
             extra_cmdline: "",
-            two_nodes: matrix.two_nodes,
+            two_nodes: boot.two_nodes,
             label: &label,
             echo_markers: true,
         };
-        let boot = qemu::boot(&spec, matrix.timeout, GUEST_SILENCE)?;
+        let booted = qemu::boot(&spec, matrix.timeout, GUEST_SILENCE)?;
         binaries.extend(programs.iter().map(|p| {
             let name = &p.name;
             report::read_binary_run(
@@ -405,8 +393,8 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
                 &binaries::elapsed_file(name),
             )
         }));
-        boots.push(format!("{}, {} guest {}", accel.name(), clock.name(), format_duration(boot.elapsed)));
-        run_failures.extend(boot_failures(&boot, matrix.timeout));
+        boots.push(format!("{}, {} guest {}", accel.name(), boot.name(), format_duration(booted.elapsed)));
+        run_failures.extend(boot_failures(&booted, matrix.timeout));
     }
     Ok(KernelRun {
         line: line.name.to_owned(),
@@ -416,14 +404,6 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
         run_failures,
         elapsed: Duration::ZERO,
     })
-}
-
-/// Each boot of a kernel keeps its own console log.
-fn console_file(clock: Clock) -> &'static str {
-    match clock {
-        Clock::Free => "console.log",
-        Clock::InstructionCounted => "console-icount.log",
-    }
 }
 
 fn describe(kernel: &KernelBuild, boots: &[String]) -> String {

@@ -55,6 +55,45 @@ pub enum Clock {
     InstructionCounted,
 }
 
+/// One boot of a kernel line: how its time passes and whether its memory and CPUs are two NUMA
+/// nodes. Each test executable runs in exactly one of them ([`Boot::ALL`], in that order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Boot {
+    pub clock: Clock,
+    /// Free-running only: two nodes of one CPU and 1 GiB each ([`TWO_NODES`]).
+    pub two_nodes: bool,
+}
+
+impl Boot {
+    pub const FREE: Boot = Boot { clock: Clock::Free, two_nodes: false };
+    pub const TWO_NODES: Boot = Boot { clock: Clock::Free, two_nodes: true };
+    pub const INSTRUCTION_COUNTED: Boot = Boot { clock: Clock::InstructionCounted, two_nodes: false };
+    pub const ALL: [Boot; 3] = [Boot::FREE, Boot::TWO_NODES, Boot::INSTRUCTION_COUNTED];
+
+    /// How the report and the console echo name it ("free-running", "free-running, two nodes").
+    pub fn name(self) -> String {
+        if self.two_nodes { format!("{}, two nodes", self.clock.name()) } else { self.clock.name().to_owned() }
+    }
+
+    /// The file its console is kept in, one per boot of a line.
+    pub fn console_file(self) -> &'static str {
+        match (self.clock, self.two_nodes) {
+            (Clock::Free, false) => "console.log",
+            (Clock::Free, true) => "console-two-nodes.log",
+            (Clock::InstructionCounted, _) => "console-icount.log",
+        }
+    }
+
+    /// The suffix of its console lines' label after the line's name.
+    pub fn label_suffix(self) -> &'static str {
+        match (self.clock, self.two_nodes) {
+            (Clock::Free, false) => "",
+            (Clock::Free, true) => " two-nodes",
+            (Clock::InstructionCounted, _) => " icount",
+        }
+    }
+}
+
 impl Clock {
     pub fn name(self) -> &'static str {
         match self {
@@ -86,7 +125,7 @@ impl Clock {
 }
 
 /// The free-running guest's 2 GiB and two CPUs as two NUMA nodes of one CPU and 1 GiB each
-/// (`vm-test --two-nodes`), so that NUMA balancing and move_pages have somewhere to move pages.
+/// ([`Boot::TWO_NODES`]), so that NUMA balancing and move_pages have somewhere to move pages.
 /// Every boot turns NUMA balancing off on the kernel command line ([`KERNEL_ARGS`]); the test
 /// that needs it turns it on for its run.
 const TWO_NODES: &[&str] = &[
@@ -370,6 +409,14 @@ mod tests {
         assert!(kernel_failure("[    5.1] Oops: 0002 [#1] PREEMPT SMP NOPTI"));
         assert!(!kernel_failure("mm-probe-vm: running Oops_BUG:_tests"));
         assert!(!kernel_failure("[    1.0] Run /init as init process"));
+    }
+
+    #[test]
+    fn only_the_two_node_boot_has_two_nodes() {
+        let numa = |boot: Boot| Clock::qemu_args(boot.clock, Accel::Tcg, boot.two_nodes).contains(&"-numa");
+        assert!(numa(Boot::TWO_NODES));
+        assert!(!numa(Boot::FREE));
+        assert!(!numa(Boot::INSTRUCTION_COUNTED));
     }
 
     #[test]

@@ -22,6 +22,21 @@ pub struct Definition {
     /// What its summary counts as the work it watched, which `compare` sets beside the run's
     /// length (None: it watches no stream of work).
     pub summary_work: Option<SummaryWork>,
+    /// Where its summary lists the processes it found involved, first the one to look at
+    /// next, which `triage` names in the command it suggests (None: it examines one process).
+    pub focus: Option<Focus>,
+    /// It measures how long tasks wait for a CPU, which loading and attaching other programs
+    /// disturbs (verification and text patching run with preemption off): `triage` starts it
+    /// once the other watches are attached, so that it does not blame their start-up.
+    pub disturbed_by_loading: bool,
+}
+
+/// A list of processes in a capability's summary: the list (a JSON pointer) and each entry's
+/// pid field.
+#[derive(Clone, Copy, Debug)]
+pub struct Focus {
+    pub list: &'static str,
+    pub pid: &'static str,
 }
 
 /// A count in a capability's summary line: what it counts, and where (a JSON pointer).
@@ -63,6 +78,8 @@ capabilities! {
         map_families: &[MapFamily::RetryStorm, MapFamily::Cause],
         catalog: crate::retry_storm::probes::PROBES,
         summary_work: Some(SummaryWork { what: "walks", count: "/walks/calls" }),
+        focus: Some(Focus { list: "/read_begins_by_caller", pid: "tgid" }),
+        disturbed_by_loading: false,
     },
     /// Why a process gets no transparent huge pages (`thp-why`).
     Thp => Definition {
@@ -71,6 +88,8 @@ capabilities! {
         map_families: &[MapFamily::Thp],
         catalog: crate::thp_why::probes::PROBES,
         summary_work: None,
+        focus: None,
+        disturbed_by_loading: false,
     },
     /// Wakeup latency of real-time tasks and the mm code that delays them (`latency`).
     Latency => Definition {
@@ -79,6 +98,8 @@ capabilities! {
         map_families: &[MapFamily::Latency],
         catalog: crate::latency::probes::PROBES,
         summary_work: Some(SummaryWork { what: "wakeups", count: "/wakeup/count" }),
+        focus: Some(Focus { list: "/tasks", pid: "pid" }),
+        disturbed_by_loading: true,
     },
     /// Where MMU-notifier invalidations spend their time (`invalidations`).
     Invalidations => Definition {
@@ -87,6 +108,8 @@ capabilities! {
         map_families: &[MapFamily::Invalidations, MapFamily::Cause],
         catalog: crate::invalidations::probes::PROBES,
         summary_work: Some(SummaryWork { what: "invalidations", count: "/invalidations/count" }),
+        focus: Some(Focus { list: "/invalidations/by_invalidator", pid: "owner_tgid" }),
+        disturbed_by_loading: false,
     },
 }
 
@@ -123,6 +146,28 @@ impl ValueEnum for CapabilityId {
     }
 }
 
+/// The schema of `pointer` in `capability`'s summary line, references followed (for the tests of
+/// the pointers above).
+#[cfg(test)]
+pub(crate) fn summary_schema_node(capability: CapabilityId, pointer: &str) -> serde_json::Value {
+    use crate::report::schema_check::{COMMON_SCHEMA, LINE_SCHEMAS};
+    let (_, _, text) =
+        LINE_SCHEMAS.iter().find(|(c, k, _)| *c == capability.command() && *k == "summary").expect("a summary schema");
+    let schema: serde_json::Value = serde_json::from_str(text).unwrap();
+    let common: serde_json::Value = serde_json::from_str(COMMON_SCHEMA).unwrap();
+    let mut node = &schema;
+    for key in pointer.trim_start_matches('/').split('/') {
+        node = &node["properties"][key];
+        // Follow a reference (possibly inside anyOf with null) to the shared definitions.
+        let reference = node["$ref"].as_str().or_else(|| node["anyOf"][0]["$ref"].as_str());
+        if let Some(r) = reference {
+            let name = r.rsplit('/').next().unwrap();
+            node = if r.starts_with('#') { &schema["$defs"][name] } else { &common["$defs"][name] };
+        }
+    }
+    node.clone()
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
@@ -150,6 +195,17 @@ mod tests {
         distinct(CapabilityId::ALL.iter().map(|c| c.command().to_string()).collect());
         distinct(CapabilityId::ALL.iter().map(|c| format!("{:?}", c.map_families()[0])).collect());
         assert!(CapabilityId::ALL.iter().all(|c| c.map_families().iter().all(|f| MapFamily::ALL.contains(f))));
+    }
+
+    #[test]
+    fn every_focus_names_a_list_of_processes_in_its_summary_schema() {
+        for &capability in CapabilityId::ALL {
+            let Some(focus) = capability.definition().focus else { continue };
+            let list = summary_schema_node(capability, focus.list);
+            assert_eq!(list["type"], "array", "{capability:?}: {} is {list}", focus.list);
+            let pid = &list["items"]["properties"][focus.pid];
+            assert!(pid["type"].to_string().contains("integer"), "{capability:?}: {} is {pid}", focus.pid);
+        }
     }
 
     #[test]

@@ -10,7 +10,10 @@ pub use crate::capability::CapabilityId;
 use crate::{
     error,
     report::text,
-    units::{parse_duration, parse_interval, parse_limit_duration, parse_limit_number, parse_pid, parse_run_duration},
+    units::{
+        parse_duration, parse_interval, parse_limit_duration, parse_limit_number, parse_pid, parse_run_duration,
+        parse_watch_duration,
+    },
 };
 
 #[derive(Debug, Parser)]
@@ -45,6 +48,10 @@ pub enum Command {
     /// whether the verdict improved, and one line that says so.
     #[command(after_help = COMPARE_EXAMPLES)]
     Compare(CompareArgs),
+    /// Watch the whole machine with every capability at once for a while, then rank what is
+    /// wrong, each finding with its evidence and the command to run next.
+    #[command(after_help = TRIAGE_EXAMPLES)]
+    Triage(TriageArgs),
     /// Keep the probes attached and serve their counters and histograms to Prometheus over HTTP.
     #[command(after_help = EXPORTER_EXAMPLES)]
     Exporter(ExporterArgs),
@@ -110,6 +117,12 @@ Examples:
     mm-probe compare old.json new.json
     mm-probe compare old.json new.json --json | jq .outcome";
 
+const TRIAGE_EXAMPLES: &str = "\
+Examples:
+    mm-probe triage                  # 30 s, text
+    mm-probe triage --duration 2m --json > t.json
+    mm-probe triage --check || page-someone";
+
 const EXPORTER_EXAMPLES: &str = "\
 Examples:
     mm-probe exporter                # http://127.0.0.1:9479/metrics
@@ -135,6 +148,19 @@ pub struct CompareArgs {
     /// Print the comparison as one JSON line instead of text (schemas/compare/).
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TriageArgs {
+    /// How long to watch.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_watch_duration)]
+    pub duration: Duration,
+    /// Print the findings as one JSON line instead of text (schemas/triage/).
+    #[arg(long)]
+    pub json: bool,
+    /// Exit with status 3 when a finding is CRIT (for scripts and health checks).
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// Each watching command's `-p` and `--plot`, said in its own terms.

@@ -2,7 +2,8 @@
 //!
 //! Exit 0: the diagnosis ran (a CRIT verdict is still a successful diagnosis). Exit 1: bad input
 //! or an environment that cannot be examined (no privileges, target gone). Exit 2: a failure of
-//! mm-probe itself.
+//! mm-probe itself. Exit 3: `triage --check` ran and a finding is CRIT (asked for, so that a
+//! health check need not parse the output).
 
 use std::fmt;
 
@@ -26,6 +27,7 @@ impl std::error::Error for UserError {}
 
 pub const EXIT_USAGE: i32 = 1;
 pub const EXIT_INTERNAL: i32 = 2;
+pub const EXIT_CRIT_FOUND: i32 = 3;
 
 /// Exit code for an error that ended the run.
 pub fn exit_code(error: &anyhow::Error) -> i32 {

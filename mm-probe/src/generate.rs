@@ -112,7 +112,10 @@ mod tests {
         write_all(Cli::command(), &scratch.0).unwrap();
         let main_page = read(scratch.0.join("man/mm-probe.1"));
         let names = visible_subcommand_names();
-        assert_eq!(names, ["doctor", "thp-why", "latency", "retry-storm", "invalidations", "compare", "exporter"]);
+        assert_eq!(
+            names,
+            ["doctor", "thp-why", "latency", "retry-storm", "invalidations", "compare", "triage", "exporter"]
+        );
         for name in &names {
             assert!(main_page.contains(&format!("mm\\-probe\\-{}", name.replace('-', "\\-"))), "{name} missing");
             let page = read(scratch.0.join(format!("man/mm-probe-{name}.1")));

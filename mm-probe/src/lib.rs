@@ -18,4 +18,5 @@ pub mod report;
 pub mod retry_storm;
 pub mod selftest;
 pub mod thp_why;
+pub mod triage;
 pub mod units;

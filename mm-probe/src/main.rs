@@ -1,6 +1,6 @@
 use mm_probe::{
     cli::{self, Command},
-    compare, doctor, error, exporter, generate, invalidations, latency, retry_storm, selftest, thp_why,
+    compare, doctor, error, exporter, generate, invalidations, latency, retry_storm, selftest, thp_why, triage,
 };
 
 fn main() {
@@ -14,6 +14,7 @@ fn main() {
         Command::RetryStorm(args) => retry_storm::run(&args),
         Command::Invalidations(args) => invalidations::run(&args),
         Command::Compare(args) => compare::run(&args),
+        Command::Triage(args) => triage::run(&args),
         Command::Exporter(args) => exporter::run(&args),
         Command::BenchRing { pid } => selftest::run_ring_check(pid),
         Command::BenchHooks { tracepoints } => selftest::hold_noop_programs(&tracepoints),

@@ -95,6 +95,15 @@ pub fn parse_run_duration(text: &str) -> Result<Duration, UserError> {
     Ok(duration)
 }
 
+/// Parses `triage --duration`: a bounded watch, so zero (a watch of nothing) is refused.
+pub fn parse_watch_duration(text: &str) -> Result<Duration, UserError> {
+    let duration = parse_duration(text)?;
+    if duration.is_zero() {
+        return Err(UserError::new("a watch of zero sees nothing: give a duration above zero (default 30s)"));
+    }
+    Ok(duration)
+}
+
 /// Parses a WARN or CRIT limit given as a plain number (percent, per second, ratio): finite and
 /// above zero, for the same reason as [`parse_limit_duration`].
 pub fn parse_limit_number(text: &str) -> Result<f64, UserError> {

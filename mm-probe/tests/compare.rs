@@ -6,66 +6,12 @@
 
 mod common;
 
-use std::{
-    io::{BufRead as _, BufReader},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-};
+use std::path::{Path, PathBuf};
 
-use common::{Knobs, json_lines, require_root, run_tool, scratch_dir, workload};
+use common::{Huge, Knobs, json_lines, require_root, run_tool, scratch_dir};
 use serde_json::Value;
 
 const ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
-
-/// A workload that maps and touches 64 MiB of MADV_HUGEPAGE memory, optionally under the
-/// wrapper that disables THP by prctl before exec'ing it; killed on drop, every process of it
-/// (the wrapper's relay and thp_huge outlive a killed wrapper, holding the test's pipes).
-struct Huge {
-    child: Child,
-    /// Every pid the workload announced: wrapper and relay first, thp_huge last.
-    pids: Vec<u32>,
-}
-
-impl Huge {
-    fn start(under_wrapper: bool) -> Self {
-        let mut command = if under_wrapper {
-            let mut c = Command::new(workload("thp_tree"));
-            c.args(["--", "thp_huge", "64"]);
-            c
-        } else {
-            let mut c = Command::new(workload("thp_huge"));
-            c.arg("64");
-            c
-        };
-        let child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("starting thp_huge");
-        // Owned before anything can fail, so that a failed read still kills what started.
-        let mut huge = Self { child, pids: Vec::new() };
-        let mut lines = BufReader::new(huge.child.stdout.take().unwrap()).lines();
-        // The wrapper and its relay announce themselves first; thp_huge's line has the region.
-        loop {
-            let line: Value = serde_json::from_str(&lines.next().expect("a line").unwrap()).unwrap();
-            huge.pids.push(line["pid"].as_u64().unwrap() as u32);
-            if line["start"].is_u64() {
-                return huge;
-            }
-        }
-    }
-
-    /// thp_huge's pid.
-    fn pid(&self) -> u32 {
-        *self.pids.last().expect("thp_huge announced itself")
-    }
-}
-
-impl Drop for Huge {
-    fn drop(&mut self) {
-        for &pid in self.pids.iter().rev() {
-            // SAFETY: kill(2) on pids this workload announced, still ours until reaped.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        let _ = self.child.wait();
-    }
-}
 
 /// `thp-why PID --json` (facts only, no live window), written to `file`.
 fn thp_why_to(pid: u32, file: &Path) {

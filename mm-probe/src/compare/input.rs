@@ -31,6 +31,10 @@ pub struct Run {
     /// kernel did not let it count, or the command watches no stream of work).
     pub work: Option<Work>,
     pub lost: Lost,
+    /// The summary line as printed, for what only one reader wants (triage's next command).
+    pub summary: Value,
+    /// The probe_plan line, where the command printed one.
+    pub plan: Option<Value>,
 }
 
 /// One metric of the run's verdict, as its summary printed it.
@@ -79,6 +83,8 @@ pub fn from_lines(file: &str, lines: impl Iterator<Item = Result<String, String>
         work: work_of(&command, &summary),
         lost: kept.lost.as_ref().map_or(Lost { counted: 0, uncounted: true }, lost_of),
         command,
+        summary,
+        plan: kept.plan,
     })
 }
 
@@ -91,6 +97,7 @@ struct Kept {
     command: Option<String>,
     summary: Option<Value>,
     lost: Option<Value>,
+    plan: Option<Value>,
 }
 
 fn keep_lines(file: &str, lines: impl Iterator<Item = Result<String, String>>) -> Result<Kept, UserError> {
@@ -113,6 +120,7 @@ fn keep_lines(file: &str, lines: impl Iterator<Item = Result<String, String>>) -
         match value["type"].as_str() {
             Some("summary") => kept.summary = Some(value),
             Some("lost_events") => kept.lost = Some(value),
+            Some("probe_plan") => kept.plan = Some(value),
             _ => {}
         }
     }
@@ -235,26 +243,10 @@ mod tests {
 
     #[test]
     fn every_summary_work_pointer_names_an_integer_of_its_summary_schema() {
-        for capability in CapabilityId::ALL {
+        for &capability in CapabilityId::ALL {
             let Some(work) = capability.definition().summary_work else { continue };
-            let (_, _, text) = crate::report::schema_check::LINE_SCHEMAS
-                .iter()
-                .find(|(c, k, _)| *c == capability.command() && *k == "summary")
-                .expect("a summary schema");
-            let schema: Value = serde_json::from_str(text).unwrap();
-            let common: Value = serde_json::from_str(crate::report::schema_check::COMMON_SCHEMA).unwrap();
-            let mut node = &schema;
-            for key in work.count.trim_start_matches('/').split('/') {
-                node = &node["properties"][key];
-                // Follow a reference (possibly inside anyOf with null) to the shared definitions.
-                let reference = node["$ref"].as_str().or_else(|| node["anyOf"][0]["$ref"].as_str());
-                if let Some(r) = reference {
-                    let name = r.rsplit('/').next().unwrap();
-                    node = if r.starts_with('#') { &schema["$defs"][name] } else { &common["$defs"][name] };
-                }
-            }
-            let kind = node["type"].to_string();
-            assert!(kind.contains("integer"), "{:?}: {} is {node}", capability, work.count);
+            let node = crate::capability::summary_schema_node(capability, work.count);
+            assert!(node["type"].to_string().contains("integer"), "{capability:?}: {} is {node}", work.count);
         }
     }
 }

@@ -329,6 +329,8 @@ mod tests {
             duration_ns: Some(2_000_000_000),
             work: Some(Work { what: "walks", count: walks }),
             lost: Lost::default(),
+            summary: serde_json::Value::Null,
+            plan: None,
         }
     }
 

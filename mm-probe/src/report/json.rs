@@ -69,6 +69,8 @@ lines! {
     InvalidationsPlot => ("invalidations", "plot"),
     /// `compare --json`: two runs of one command set side by side, in one line.
     Comparison => ("compare", "comparison"),
+    /// `triage --json`: every finding, ranked, and what was healthy or not observable, in one line.
+    TriageFindings => ("triage", "findings"),
     /// The hidden `bench-ring` subcommand's result, read by `cargo xtask bench`.
     BenchRingCheck => ("bench-ring", "ring_check"),
 }

@@ -6,8 +6,9 @@
 #![allow(dead_code)]
 
 use std::{
+    io::{BufRead as _, BufReader},
     path::PathBuf,
-    process::{Command, Output},
+    process::{Child, Command, Output, Stdio},
 };
 
 pub use mm_probe_schemas::*;
@@ -308,8 +309,8 @@ impl MirrorModule {
     pub fn load_named(name: &'static str) -> Self {
         let dir = module_dir().expect("MM_PROBE_TEST_MODULES must name the test modules built for this kernel");
         let ko = dir.join(format!("{name}.ko"));
-        let _ = std::process::Command::new("rmmod").arg(name).output();
-        let out = std::process::Command::new("insmod").arg(&ko).output().expect("running insmod");
+        let _ = Command::new("rmmod").arg(name).output();
+        let out = Command::new("insmod").arg(&ko).output().expect("running insmod");
         assert!(out.status.success(), "insmod {}: {}", ko.display(), String::from_utf8_lossy(&out.stderr));
         MirrorModule(name)
     }
@@ -317,9 +318,59 @@ impl MirrorModule {
 
 impl Drop for MirrorModule {
     fn drop(&mut self) {
-        let out = std::process::Command::new("rmmod").arg(self.0).output().expect("running rmmod");
+        let out = Command::new("rmmod").arg(self.0).output().expect("running rmmod");
         if !std::thread::panicking() {
             assert!(out.status.success(), "{} must unload cleanly: {}", self.0, String::from_utf8_lossy(&out.stderr));
         }
+    }
+}
+
+/// A workload that maps and touches 64 MiB of MADV_HUGEPAGE memory, optionally under the
+/// wrapper that disables THP by prctl before exec'ing it; killed on drop, every process of it
+/// (the wrapper's relay and thp_huge outlive a killed wrapper, holding the test's pipes).
+pub struct Huge {
+    child: Child,
+    /// Every pid the workload announced: wrapper and relay first, thp_huge last.
+    pub pids: Vec<u32>,
+}
+
+impl Huge {
+    pub fn start(under_wrapper: bool) -> Self {
+        let mut command = if under_wrapper {
+            let mut c = Command::new(workload("thp_tree"));
+            c.args(["--", "thp_huge", "64"]);
+            c
+        } else {
+            let mut c = Command::new(workload("thp_huge"));
+            c.arg("64");
+            c
+        };
+        let child = command.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("starting thp_huge");
+        // Owned before anything can fail, so that a failed read still kills what started.
+        let mut huge = Self { child, pids: Vec::new() };
+        let mut lines = BufReader::new(huge.child.stdout.take().unwrap()).lines();
+        // The wrapper and its relay announce themselves first; thp_huge's line has the region.
+        loop {
+            let line: Value = serde_json::from_str(&lines.next().expect("a line").unwrap()).unwrap();
+            huge.pids.push(line["pid"].as_u64().unwrap() as u32);
+            if line["start"].is_u64() {
+                return huge;
+            }
+        }
+    }
+
+    /// thp_huge's pid.
+    pub fn pid(&self) -> u32 {
+        *self.pids.last().expect("thp_huge announced itself")
+    }
+}
+
+impl Drop for Huge {
+    fn drop(&mut self) {
+        for &pid in self.pids.iter().rev() {
+            // SAFETY: kill(2) on pids this workload announced, still ours until reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
     }
 }

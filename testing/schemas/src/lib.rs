@@ -43,6 +43,7 @@ pub const LINE_SCHEMAS: &[(&str, &str, &str)] = &[
     ("invalidations", "summary", include_str!("../../../schemas/invalidations/summary.schema.json")),
     ("invalidations", "lost_events", include_str!("../../../schemas/invalidations/lost_events.schema.json")),
     ("compare", "comparison", include_str!("../../../schemas/compare/comparison.schema.json")),
+    ("triage", "findings", include_str!("../../../schemas/triage/findings.schema.json")),
     ("bench-ring", "ring_check", include_str!("../../../schemas/bench-ring/ring_check.schema.json")),
 ];
 

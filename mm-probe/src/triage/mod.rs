@@ -1,0 +1,58 @@
+//! `mm-probe triage`: the whole machine for a bounded watch, every capability at once, then the
+//! problems ranked, each with its figures and the command that looks closer; what was healthy;
+//! what had nothing to judge; and what could not be observed, and why.
+//!
+//! The data: `watch` runs every watching command at once (each through its own run driver, as
+//! this executable) → `thp` scans the processes whose THP a prctl disabled and has thp-why
+//! examine them → `kmsg` reads the kernel log of the window → `judge` turns the verdicts into
+//! findings and lists → `report` is the triage → `render` prints it.
+
+pub mod judge;
+pub mod kmsg;
+pub mod render;
+pub mod report;
+pub mod thp;
+pub mod watch;
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::{
+    cli::TriageArgs,
+    error::EXIT_CRIT_FOUND,
+    kernel::{privileges, release::Release},
+    report::{json, text, verdict::Level},
+};
+
+pub fn run(args: &TriageArgs) -> Result<()> {
+    privileges::require_tracing()?;
+    let release = Release::running()?;
+    let log = kmsg::KernelLog::open_at_end();
+    let start = Instant::now();
+    let watches = watch::watch_all(args.duration)?;
+    let duration_ns = start.elapsed().as_nanos() as u64;
+    // After the watch: a process started during it is scanned too.
+    let thp = thp::scan().map_err(|e| format!("{e:#}"));
+    let log = log.map(kmsg::KernelLog::read_window);
+    let seen = judge::Seen {
+        kernel: release.text.clone(),
+        duration_ns,
+        watches: &watches,
+        thp: &thp,
+        log: &log,
+        except_advised_mode: release.at_least(6, 18),
+    };
+    let triage = judge::triage(&seen);
+    if args.json {
+        println!("{}", json::line(json::Line::TriageFindings, &triage));
+    } else {
+        text::print(&render::render(&triage, text::width()));
+    }
+    if args.check && triage.level == Level::Crit {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        std::process::exit(EXIT_CRIT_FOUND);
+    }
+    Ok(())
+}

@@ -37,6 +37,12 @@ pub use self::{
     run::{Totals, counter, read_totals},
 };
 
+/// How a summary's `spike_causes` names the spikes that mm-probe's own start-up caused (its
+/// programs loading held the CPU), which `triage` does not report as the machine's.
+pub fn own_startup_cause() -> String {
+    attribution::Cause::OwnStartup.label(&[])
+}
+
 /// `mm-probe latency`.
 pub fn run(args: &crate::cli::LatencyArgs) -> anyhow::Result<()> {
     crate::collect::driver::drive(&run::Latency::from_args(args)?)

@@ -38,6 +38,8 @@ pub mod verdict;
 pub mod vma_table;
 pub mod words;
 
+/// What /proc says about a process, which `triage` reads for every process.
+pub use self::procfs::Proc;
 use crate::{cli::ThpWhyArgs, collect::driver};
 
 pub fn run(args: &ThpWhyArgs) -> anyhow::Result<()> {

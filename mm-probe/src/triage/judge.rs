@@ -13,7 +13,6 @@ use super::{
 };
 use crate::{
     compare::input::{JudgedMetric, Run},
-    latency::attribution::Cause,
     report::verdict::Level,
 };
 
@@ -97,7 +96,7 @@ fn own_startup_only(run: &Run) -> Option<u64> {
         return None;
     }
     let causes = run.summary.pointer("/spike_causes")?.as_array()?;
-    let own_label = Cause::OwnStartup.label(&[]);
+    let own_label = crate::latency::own_startup_cause();
     let count = |c: &Value| c[1].as_u64().unwrap_or(0);
     let own: u64 = causes.iter().filter(|c| c[0] == own_label.as_str()).map(count).sum();
     let all: u64 = causes.iter().map(count).sum();

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, process::Command};
 
 use anyhow::{Context as _, Result};
 
-use crate::{compare::input::Run, thp_why::procfs::Proc};
+use crate::{compare::input::Run, thp_why::Proc};
 
 /// At most this many groups are examined (each a thp-why run of a fraction of a second): a
 /// machine where more ancestors each disabled THP has its first ones named and the rest counted.

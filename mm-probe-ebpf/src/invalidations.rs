@@ -35,9 +35,9 @@
 use aya_ebpf::{
     EbpfContext as _, Global,
     helpers::{bpf_get_current_comm, bpf_get_current_task, bpf_ktime_get_ns, generated},
-    macros::{kprobe, kretprobe, map, tracepoint},
+    macros::{kprobe, kretprobe, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, StackTrace},
-    programs::{ProbeContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext, tracing::StackIdContext},
 };
 use mm_probe_common::cause::{Cause, CauseClass};
 use mm_probe_common::invalidations::{
@@ -535,10 +535,8 @@ fn on_others_memory(nr: u32) -> bool {
 
 /// kvm_unmap_hva_range / kvm_age_hva: one invalidation of a VM's memory, in the invalidator.
 #[inline(always)]
-fn kvm_range(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
+fn kvm_range(source: Source, counter: Counter, start: u64, end: u64) -> u32 {
     let (tgid, pid) = (current_tgid(), current_pid());
-    let start: u64 = tp_field(ctx, &INV_KVM_START_OFFSET).unwrap_or(0);
-    let end: u64 = tp_field(ctx, &INV_KVM_END_OFFSET).unwrap_or(0);
     let cause = cause::classify();
     let mm = kvm_event_mm(pid, source, &cause, start, end);
     let own_tgid = if mm == current_mm() { tgid } else { 0 };
@@ -568,14 +566,36 @@ fn aging(mm: u64) -> u32 {
 entry_programs!(inv_clear_young_fentry, inv_clear_young_kprobe => aging);
 entry_programs!(inv_clear_flush_young_fentry, inv_clear_flush_young_kprobe => aging);
 
+/// The classic tracepoint's record: `start` and `end` at the offsets its format gives.
+#[inline(always)]
+fn kvm_record(ctx: &TracePointContext, source: Source, counter: Counter) -> u32 {
+    let start: u64 = tp_field(ctx, &INV_KVM_START_OFFSET).unwrap_or(0);
+    let end: u64 = tp_field(ctx, &INV_KVM_END_OFFSET).unwrap_or(0);
+    kvm_range(source, counter, start, end)
+}
+
 #[tracepoint]
 pub fn inv_kvm_unmap(ctx: TracePointContext) -> u32 {
-    kvm_range(&ctx, Source::KvmUnmap, Counter::KvmUnmaps)
+    kvm_record(&ctx, Source::KvmUnmap, Counter::KvmUnmaps)
 }
 
 #[tracepoint]
 pub fn inv_kvm_age(ctx: TracePointContext) -> u32 {
-    kvm_range(&ctx, Source::KvmAge, Counter::KvmAges)
+    kvm_record(&ctx, Source::KvmAge, Counter::KvmAges)
+}
+
+/// raw_tracepoint/kvm_unmap_hva_range(unsigned long start, unsigned long end[, …]): preferred
+/// because a raw tracepoint is not skipped while a map syscall holds the CPU's guard (see
+/// docs/kernel-facts.md, "Programs the kernel skips").
+#[raw_tracepoint(tracepoint = "kvm_unmap_hva_range")]
+pub fn inv_kvm_unmap_raw(ctx: RawTracePointContext) -> u32 {
+    kvm_range(Source::KvmUnmap, Counter::KvmUnmaps, ctx.arg::<u64>(0), ctx.arg::<u64>(1))
+}
+
+/// raw_tracepoint/kvm_age_hva(unsigned long start, unsigned long end[, bool fast_only]).
+#[raw_tracepoint(tracepoint = "kvm_age_hva")]
+pub fn inv_kvm_age_raw(ctx: RawTracePointContext) -> u32 {
+    kvm_range(Source::KvmAge, Counter::KvmAges, ctx.arg::<u64>(0), ctx.arg::<u64>(1))
 }
 
 /// kvm:kvm_page_fault: only to learn the lock of a VM that faults before it is invalidated.

@@ -22,9 +22,9 @@
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
-    macros::{fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    macros::{fentry, fexit, kprobe, kretprobe, map, raw_tracepoint, tracepoint},
     maps::{HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
 };
 use mm_probe_common::hmm::{
     COUNTER_SLOTS, Counter, EBUSY, EventKind, FailedSeq, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS,
@@ -347,12 +347,10 @@ fn invalidate_end(range: u64) -> u32 {
 }
 
 #[inline(always)]
-fn kvm_range(ctx: &TracePointContext, counter: Counter) -> u32 {
+fn kvm_range(counter: Counter, start: u64, end: u64) -> u32 {
     if !watched(current_tgid()) {
         return 0;
     }
-    let start: u64 = unsafe { ctx.read_at(KVM_START_OFFSET) }.unwrap_or(0);
-    let end: u64 = unsafe { ctx.read_at(KVM_END_OFFSET) }.unwrap_or(0);
     count(counter);
     bump(&HMM_KVM_SIZE, log2_bucket(end.saturating_sub(start), LOG2_BUCKETS), 1);
     0
@@ -411,12 +409,32 @@ pub fn invalidate_start_kretprobe(_ctx: RetProbeContext) -> u32 {
 // __mmu_notifier_invalidate_range_end(struct mmu_notifier_range *range[, bool only_end])
 entry_programs!(invalidate_end_fentry, invalidate_end_kprobe => invalidate_end);
 
+/// The classic tracepoint's record.
+#[inline(always)]
+fn kvm_record(ctx: &TracePointContext, counter: Counter) -> u32 {
+    let start: u64 = unsafe { ctx.read_at(KVM_START_OFFSET) }.unwrap_or(0);
+    let end: u64 = unsafe { ctx.read_at(KVM_END_OFFSET) }.unwrap_or(0);
+    kvm_range(counter, start, end)
+}
+
 #[tracepoint]
 pub fn kvm_unmap_hva_range(ctx: TracePointContext) -> u32 {
-    kvm_range(&ctx, Counter::KvmUnmap)
+    kvm_record(&ctx, Counter::KvmUnmap)
 }
 
 #[tracepoint]
 pub fn kvm_age_hva(ctx: TracePointContext) -> u32 {
-    kvm_range(&ctx, Counter::KvmAge)
+    kvm_record(&ctx, Counter::KvmAge)
+}
+
+/// raw_tracepoint/kvm_unmap_hva_range(unsigned long start, unsigned long end[, …]): preferred,
+/// as a raw tracepoint is not skipped while a map syscall holds the CPU's guard.
+#[raw_tracepoint(tracepoint = "kvm_unmap_hva_range")]
+pub fn kvm_unmap_hva_range_raw(ctx: RawTracePointContext) -> u32 {
+    kvm_range(Counter::KvmUnmap, ctx.arg::<u64>(0), ctx.arg::<u64>(1))
+}
+
+#[raw_tracepoint(tracepoint = "kvm_age_hva")]
+pub fn kvm_age_hva_raw(ctx: RawTracePointContext) -> u32 {
+    kvm_range(Counter::KvmAge, ctx.arg::<u64>(0), ctx.arg::<u64>(1))
 }

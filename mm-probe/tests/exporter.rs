@@ -373,7 +373,11 @@ fn a_vms_invalidations_and_the_lock_they_contend_on_are_counted() {
         eprintln!(
             "storm {storm}: kvm_unmap_hva_range {start} -> {end} after {calls} MADV_DONTNEED calls on the memslot"
         );
-        assert!(end - start >= calls, "{calls} unmaps of the VM's memory, {} counted", end - start);
+        // Exact: the KVM events are raw tracepoints, which a map syscall of the exporter's,
+        // preempted by these FIFO threads on their CPU, does not make the kernel skip (as a
+        // classic tracepoint's are: with those, one CI run counted 8084 of 8192).
+        let guard: Vec<&str> = text.lines().filter(|l| l.contains("recursion_guard")).collect();
+        assert!(end - start >= calls, "{calls} unmaps of the VM's memory, {} counted ({guard:?})", end - start);
         let served = samples(&text);
         if attached("invalidations", "kvm_unmap_hva_range") {
             // The madvises are counted again by why they happened: syscalls, at least one each.

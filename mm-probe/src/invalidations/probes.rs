@@ -43,12 +43,12 @@ const READ_BEGIN: &[Target] = &[Target { name: "mmu_interval_read_begin", kernel
 
 pub const KVM_UNMAP: LogicalProbe = tracepoint_probe!(
     KVM_UNMAP_PROBE, "invalidations of a VM's memory (KVM's notifier), and each VM's mmu_lock";
-    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers" => "inv_kvm_unmap"
+    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers" => raw "inv_kvm_unmap_raw" | "inv_kvm_unmap"
 );
 
 pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
     KVM_AGE_PROBE, "reclaim's aging of a VM's memory (clear_young through KVM's notifier)";
-    "kvm:kvm_age_hva" on "KVM with MMU notifiers" => "inv_kvm_age"
+    "kvm:kvm_age_hva" on "KVM with MMU notifiers" => raw "inv_kvm_age_raw" | "inv_kvm_age"
 );
 
 pub const KVM_FAULT: LogicalProbe = tracepoint_probe!(

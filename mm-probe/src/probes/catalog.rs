@@ -66,7 +66,8 @@ macro_rules! candidate {
 }
 
 /// A [`LogicalProbe`] on one tracepoint, the catalogs' commonest entry:
-/// `tracepoint_probe!("name", "purpose"; "kvm:kvm_age_hva" on "KVM kernels" => "program")`.
+/// `tracepoint_probe!("name", "purpose"; "kvm:kvm_age_hva" on "KVM kernels" => "program")`, or
+/// `=> raw "raw_program" | "program"` to prefer a raw tracepoint on the same event.
 #[macro_export]
 macro_rules! tracepoint_probe {
     ($name:expr, $purpose:expr; $event:literal on $kernels:literal => $program:literal) => {
@@ -74,6 +75,19 @@ macro_rules! tracepoint_probe {
             name: $name,
             purpose: $purpose,
             candidates: &[$crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; Tracepoint $program)],
+        }
+    };
+    // A raw tracepoint first, the classic one where it is refused: a raw tracepoint's program
+    // has a guard of its own, so it is not skipped while a map syscall (ours, reading the
+    // tables) is preempted on that CPU holding the guard classic tracepoints and kprobes share.
+    ($name:expr, $purpose:expr; $event:literal on $kernels:literal => raw $raw:literal | $program:literal) => {
+        $crate::probes::catalog::LogicalProbe {
+            name: $name,
+            purpose: $purpose,
+            candidates: &[
+                $crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; RawTracepoint $raw),
+                $crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; Tracepoint $program),
+            ],
         }
     };
 }
@@ -118,4 +132,19 @@ pub struct LogicalProbe {
     /// What is lost when it cannot attach (printed by `doctor` and in degraded output).
     pub purpose: &'static str,
     pub candidates: &'static [Candidate],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogicalProbe;
+
+    #[test]
+    fn a_raw_tracepoint_comes_first_with_the_classic_one_on_the_same_event_behind_it() {
+        const PROBE: LogicalProbe =
+            crate::tracepoint_probe!("age", "aging"; "kvm:kvm_age_hva" on "KVM" => raw "age_raw" | "age_classic");
+        let labels: Vec<String> = PROBE.candidates.iter().map(|c| c.label()).collect();
+        assert_eq!(labels, ["raw_tracepoint", "tracepoint"]);
+        assert_eq!(PROBE.candidates[0].hooks[0].program, "age_raw");
+        assert!(PROBE.candidates.iter().all(|c| c.targets[0].name == "kvm:kvm_age_hva"));
+    }
 }

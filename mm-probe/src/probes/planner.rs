@@ -252,7 +252,9 @@ fn load_and_attach(
         Mechanism::RawTracepoint => {
             let p: &mut RawTracePoint =
                 program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
-            p.load().and_then(|()| p.attach(target).map(drop))
+            // Raw tracepoints are named without their category ("kvm:kvm_age_hva" → "kvm_age_hva").
+            let event = target.split_once(':').map_or(target, |(_, event)| event);
+            p.load().and_then(|()| p.attach(event).map(drop))
         }
         Mechanism::BtfTracepoint => {
             let p: &mut BtfTracePoint =

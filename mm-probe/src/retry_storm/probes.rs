@@ -67,12 +67,12 @@ pub const INVALIDATE_END: LogicalProbe = function_probe!(
 
 pub const KVM_UNMAP: LogicalProbe = tracepoint_probe!(
     KVM_UNMAP_PROBE, "KVM secondary-MMU unmaps of a VMM's memory (kvm.ko loaded)";
-    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers, kvm.ko loaded" => "kvm_unmap_hva_range"
+    "kvm:kvm_unmap_hva_range" on "KVM with MMU notifiers, kvm.ko loaded" => raw "kvm_unmap_hva_range_raw" | "kvm_unmap_hva_range"
 );
 
 pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
     KVM_AGE_PROBE, "KVM secondary-MMU aging (clear_young) of a VMM's memory";
-    "kvm:kvm_age_hva" on "KVM with MMU notifiers, kvm.ko loaded" => "kvm_age_hva"
+    "kvm:kvm_age_hva" on "KVM with MMU notifiers, kvm.ko loaded" => raw "kvm_age_hva_raw" | "kvm_age_hva"
 );
 
 /// In attach order: the cause brackets before the invalidations they classify, then the walk

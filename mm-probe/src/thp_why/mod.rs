@@ -38,8 +38,9 @@ pub mod verdict;
 pub mod vma_table;
 pub mod words;
 
-/// What /proc says about a process, which `triage` reads for every process.
-pub use self::procfs::Proc;
+/// Which mm->flags bits a prctl sets (from BTF), and what /proc says about a process: `triage`
+/// reads both for every process.
+pub use self::{checks::disable_bits, procfs::Proc};
 use crate::{cli::ThpWhyArgs, collect::driver};
 
 pub fn run(args: &ThpWhyArgs) -> anyhow::Result<()> {

@@ -21,13 +21,13 @@ use anyhow::Result;
 use crate::{
     cli::TriageArgs,
     error::EXIT_CRIT_FOUND,
-    kernel::{privileges, release::Release},
+    kernel::{Kernel, layout::ThpDisableBits, privileges},
     report::{json, text, verdict::Level},
 };
 
 pub fn run(args: &TriageArgs) -> Result<()> {
     privileges::require_tracing()?;
-    let release = Release::running()?;
+    let kernel = Kernel::running()?;
     let log = kmsg::KernelLog::open_at_end();
     let start = Instant::now();
     let watches = watch::watch_all(args.duration)?;
@@ -36,12 +36,13 @@ pub fn run(args: &TriageArgs) -> Result<()> {
     let thp = thp::scan().map_err(|e| format!("{e:#}"));
     let log = log.map(kmsg::KernelLog::read_window);
     let seen = judge::Seen {
-        kernel: release.text.clone(),
+        kernel: kernel.release.text.clone(),
         duration_ns,
         watches: &watches,
         thp: &thp,
         log: &log,
-        except_advised_mode: release.at_least(6, 18),
+        // The kernel's own layout says whether a prctl may leave advised regions huge.
+        except_advised_mode: matches!(crate::thp_why::disable_bits(&kernel), ThpDisableBits::Split { .. }),
     };
     let triage = judge::triage(&seen);
     if args.json {

@@ -62,10 +62,13 @@ pub fn scan() -> Result<Scan> {
         groups.entry(topmost(pid, &disabled)).or_default().push(pid);
     }
     scan.groups_not_examined = groups.len().saturating_sub(MAX_GROUPS);
+    // Read once per process: the sort and the choice of the examined member agree.
+    let resident: BTreeMap<u32, u64> = disabled.keys().map(|&pid| (pid, resident_pages(pid))).collect();
+    let largest = |pids: &[u32]| pids.iter().copied().max_by_key(|pid| resident.get(pid).copied().unwrap_or(0));
     let mut by_size: Vec<(u32, Vec<u32>)> = groups.into_iter().collect();
-    by_size.sort_by_key(|(_, pids)| std::cmp::Reverse(pids.iter().map(|&p| resident_pages(p)).max().unwrap_or(0)));
+    by_size.sort_by_key(|(_, pids)| std::cmp::Reverse(largest(pids).and_then(|pid| resident.get(&pid).copied())));
     for (ancestor, pids) in by_size.into_iter().take(MAX_GROUPS) {
-        let examined = pids.iter().copied().max_by_key(|&p| resident_pages(p)).unwrap_or(ancestor);
+        let examined = largest(&pids).unwrap_or(ancestor);
         let name = disabled.get(&ancestor).map(|(_, n)| n.clone()).unwrap_or_default();
         scan.groups.push(Group { ancestor: (ancestor, name), pids, examined, outcome: examine(examined) });
     }

@@ -48,6 +48,42 @@ fn a_wrapper_that_disabled_thp_alone_is_the_only_finding() {
     assert_eq!(code, Some(expected), "--check exits 3 exactly when a finding is CRIT");
 }
 
+/// Two triage runs compare like two runs of one command: the wrapper's THP finding gone is
+/// "fixed" with its count (one metric per source, as pids change between runs); two runs of the
+/// same healthy machine are "no change".
+#[test]
+fn compare_says_fixed_once_the_wrappers_thp_finding_is_gone_and_no_change_between_two_idle_runs() {
+    require_root();
+    if !thp_here() {
+        return;
+    }
+    let dir = common::scratch_dir("triage-compare");
+    let save = |name: &str| {
+        let (_, t) = triage("2s", &[]);
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{t}\n")).unwrap();
+        (t, path.to_str().unwrap().to_string())
+    };
+    let huge = Huge::start(true);
+    let (before, before_file) = save("before.json");
+    drop(huge);
+    let (after, after_file) = save("after.json");
+    let (_, again_file) = save("again.json");
+    assert_eq!(findings(&before).len(), 1, "{}", before["findings"]);
+    assert!(findings(&after).is_empty(), "{}", after["findings"]);
+    let compare = |a: &str, b: &str| {
+        let out = run_tool(&["compare", a, b, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        json_lines(&out.stdout).remove(0)
+    };
+    let fixed = compare(&before_file, &after_file);
+    assert_eq!(fixed["outcome"], "fixed", "{fixed}");
+    let conclusion = fixed["conclusion"].as_str().unwrap();
+    assert!(conclusion.contains("thp-why findings 1 → 0"), "{conclusion}");
+    let same = compare(&after_file, &again_file);
+    assert_eq!(same["outcome"], "no_change", "{same}");
+}
+
 #[test]
 fn a_stop_signal_ends_every_watch_with_its_findings_and_leaves_nothing_loaded() {
     require_root();

@@ -72,8 +72,13 @@ pub fn from_lines(file: &str, lines: impl Iterator<Item = Result<String, String>
     let kept = keep_lines(file, lines)?;
     let command = kept.command.ok_or_else(|| UserError::new(format!("{file} is empty: {WANTED}")))?;
     let summary = kept.summary.ok_or_else(|| no_summary(file, &command))?;
-    let verdict: VerdictLine = serde_json::from_value(summary["verdict"].clone())
-        .map_err(|e| UserError::new(format!("{file}: its summary's verdict cannot be read ({e})")))?;
+    let verdict = if command == TRIAGE {
+        super::findings::verdict(&summary)
+            .map_err(|e| UserError::new(format!("{file}: its findings cannot be read: {e}")))?
+    } else {
+        serde_json::from_value(summary["verdict"].clone())
+            .map_err(|e| UserError::new(format!("{file}: its summary's verdict cannot be read ({e})")))?
+    };
     Ok(Run {
         file: file.to_string(),
         level: verdict.level,
@@ -89,7 +94,10 @@ pub fn from_lines(file: &str, lines: impl Iterator<Item = Result<String, String>
 }
 
 /// What compare reads, said in every refusal of a file that is not it.
-const WANTED: &str = "compare reads what retry-storm, invalidations, latency or thp-why print with --json";
+const WANTED: &str = "compare reads what retry-storm, invalidations, latency, thp-why or triage print with --json";
+
+/// The command whose one line, its findings, stands for a summary.
+const TRIAGE: &str = "triage";
 
 /// The lines of one run that compare needs: its command, its last summary and lost_events.
 #[derive(Default)]
@@ -119,6 +127,7 @@ fn keep_lines(file: &str, lines: impl Iterator<Item = Result<String, String>>) -
         }
         match value["type"].as_str() {
             Some("summary") => kept.summary = Some(value),
+            Some("findings") if value["command"] == TRIAGE => kept.summary = Some(value),
             Some("lost_events") => kept.lost = Some(value),
             Some("probe_plan") => kept.plan = Some(value),
             _ => {}
@@ -176,11 +185,12 @@ fn lost_of(line: &Value) -> Lost {
     lost
 }
 
+/// A summary's verdict (or triage's findings, read as one).
 #[derive(Deserialize)]
-struct VerdictLine {
-    level: Level,
-    headline: String,
-    metrics: Vec<JudgedMetric>,
+pub struct VerdictLine {
+    pub level: Level,
+    pub headline: String,
+    pub metrics: Vec<JudgedMetric>,
 }
 
 #[cfg(test)]

@@ -243,9 +243,14 @@ pub fn notes(before: &Run, after: &Run) -> Vec<String> {
                 run.lost.counted
             ));
         }
-        if run.lost.uncounted {
+        if run.lost.uncounted && run.command != "triage" {
             notes.push(format!("the {which} run could not count every kind of loss on its kernel"));
         }
+    }
+    if before.command == "triage" {
+        // Its line has no loss count: each watch's own verdict made what its losses touched
+        // UNKNOWN, which is how they reach the per-source counts compared here.
+        notes.push("triage prints no loss count: a watch's losses made its own figures UNKNOWN".into());
     }
     notes
 }

@@ -2,9 +2,11 @@
 //! `--json`, set side by side — each metric's move between its bands, whether the verdict
 //! improved, and one line that says so with the figures. Nothing is attached: it reads files.
 //!
-//! The data: `input` reads a run (and refuses what it cannot compare) → `judge` decides each
-//! metric's move and the outcome → `report` is the comparison → `render` prints it.
+//! The data: `input` reads a run (and refuses what it cannot compare; `findings` reads triage's
+//! line as a verdict) → `judge` decides each metric's move and the outcome → `report` is the
+//! comparison → `render` prints it.
 
+pub mod findings;
 pub mod input;
 pub mod judge;
 pub mod render;

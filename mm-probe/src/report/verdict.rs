@@ -138,6 +138,8 @@ named! {
         PerSecond => "per_second",
         /// A quotient of two like quantities.
         Ratio => "ratio",
+        /// How many (triage's findings of one source, as compare reads them).
+        Count => "count",
     }
 }
 
@@ -149,6 +151,7 @@ impl Unit {
             Unit::Ns => crate::units::format_nanos(value.max(0.0) as u64),
             Unit::PerSecond => format!("{value:.0}/s"),
             Unit::Ratio => format!("{value:.1}x"),
+            Unit::Count => format!("{value:.0}"),
         }
     }
 }

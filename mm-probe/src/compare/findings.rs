@@ -8,8 +8,20 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::input::{JudgedMetric, VerdictLine};
-use crate::report::verdict::{Level, Unit};
+use serde::Deserialize;
+
+use crate::report::verdict::{Level, MetricVerdict, Unit};
+
+type JudgedMetric = MetricVerdict<String>;
+
+/// A summary's verdict as compare reads it (a command's `verdict` object), or triage's findings
+/// read as one.
+#[derive(Deserialize)]
+pub struct VerdictLine {
+    pub level: Level,
+    pub headline: String,
+    pub metrics: Vec<JudgedMetric>,
+}
 
 /// What each per-source metric counts.
 const DEFINITION: &str = "triage's findings from this source, at the level of the worst";

@@ -5,9 +5,9 @@
 use std::io::{BufRead, BufReader, Read};
 
 use anyhow::Result;
-use serde::Deserialize;
 use serde_json::Value;
 
+use super::findings::VerdictLine;
 use crate::{
     capability::CapabilityId,
     error::UserError,
@@ -72,7 +72,7 @@ pub fn from_lines(file: &str, lines: impl Iterator<Item = Result<String, String>
     let kept = keep_lines(file, lines)?;
     let command = kept.command.ok_or_else(|| UserError::new(format!("{file} is empty: {WANTED}")))?;
     let summary = kept.summary.ok_or_else(|| no_summary(file, &command))?;
-    let verdict = if command == TRIAGE {
+    let verdict: VerdictLine = if command == TRIAGE {
         super::findings::verdict(&summary)
             .map_err(|e| UserError::new(format!("{file}: its findings cannot be read: {e}")))?
     } else {
@@ -183,14 +183,6 @@ fn lost_of(line: &Value) -> Lost {
         }
     }
     lost
-}
-
-/// A summary's verdict (or triage's findings, read as one).
-#[derive(Deserialize)]
-pub struct VerdictLine {
-    pub level: Level,
-    pub headline: String,
-    pub metrics: Vec<JudgedMetric>,
 }
 
 #[cfg(test)]

@@ -76,6 +76,15 @@ pub fn watch_all(duration: Duration) -> Result<Vec<Watch>> {
             last_started.push(start(capability, Some(duration))?);
         }
     }
+    for watch in &last_started {
+        let _ = watch.attached.recv_timeout(ATTACH_LIMIT);
+    }
+    // On stderr, as the other commands say what they watch: a user knows the wait has begun,
+    // and a benchmark knows when every capability is attached.
+    eprintln!(
+        "mm-probe: triage watching with every capability for {} (Ctrl-C to stop early)",
+        crate::units::format_nanos(duration.as_nanos() as u64)
+    );
     wait_then_stop(&mut first, &mut last_started, first_until);
     let mut watches = Vec::new();
     for mut watch in first.into_iter().chain(last_started) {

@@ -23,7 +23,8 @@ struct Scenario {
     /// How to tell mm-probe has attached: NDJSON commands print their `probe_plan` line then;
     /// thp-why says on stderr that it is watching.
     mm_probe_ready: Ready,
-    /// The equivalent bpftrace program; `{pid}` as above.
+    /// The equivalent bpftrace program; `{pid}` as above. Empty where no script does the same
+    /// (triage): the bpftrace run is left out.
     bpftrace: &'static str,
     /// The BTF tracepoints mm-probe's programs run on for this workload (the hooks-alone run);
     /// empty where its hooks are of other kinds.
@@ -143,6 +144,31 @@ const GUEST_SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// Measured in the guest only when `--scenario` names them: with them the instruction-counted
+/// run outlasted the guest's 10-minute limit for one program (2026-12-06).
+const GUEST_ON_REQUEST: &[Scenario] = &[
+    Scenario {
+        name: "hmm_range_fault walks in 2 MiB chunks beside an madvise(DONTNEED) storm (hmm_mirror, 32 MiB × 20) — triage, every capability at once",
+        workload: "hmm_storm",
+        workload_args: &["--size", "32M", "--chunk", "2M", "--iterations", "20", "--mode", "dontneed"],
+        ..TRIAGE
+    },
+    Scenario {
+        name: "pipe ping-pong (2k round trips) — triage, every capability at once",
+        workload: "pingpong",
+        workload_args: &["2000"],
+        ..TRIAGE
+    },
+];
+
+/// `triage`: every capability attached at once, ready when it says so on stderr. No bpftrace
+/// script does all of it.
+const TRIAGE: Scenario = Scenario {
+    mm_probe_args: &["triage", "--duration", "300s", "--json"],
+    mm_probe_ready: Ready::on("triage watching"),
+    ..NDJSON_WHOLE_RUN
+};
+
 /// The BTF tracepoints `latency` runs on at the host (its function probes need fentry).
 const SCHED_HOOKS: &[&str] = &["sched_wakeup", "sched_wakeup_new", "sched_switch"];
 
@@ -195,6 +221,19 @@ const HOST_SCENARIOS: &[Scenario] = &[
         hooks: SCHED_HOOKS,
         ..NDJSON_WHOLE_RUN
     },
+    Scenario {
+        name: "pipe ping-pong (100k round trips) — triage, every capability at once",
+        workload: "pingpong",
+        workload_args: &["100000"],
+        hooks: SCHED_HOOKS,
+        ..TRIAGE
+    },
+    Scenario {
+        name: "the VM's memslot storm (kvm_storm × 10, 2 pinned threads) — triage, every capability at once",
+        workload: "kvm_storm",
+        workload_args: &["--threads", "2", "--passes", "10", "--size", "32M", "--fifo"],
+        ..TRIAGE
+    },
 ];
 
 #[derive(Clone, Copy, PartialEq)]
@@ -219,7 +258,10 @@ impl Variant {
     /// The variants a scenario runs: the hooks-alone run only where it names its hooks.
     fn of(scenario: &Scenario) -> Vec<Variant> {
         let all = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace, Variant::Hooks];
-        all.into_iter().filter(|v| *v != Variant::Hooks || !scenario.hooks.is_empty()).collect()
+        all.into_iter()
+            .filter(|v| *v != Variant::Hooks || !scenario.hooks.is_empty())
+            .filter(|v| *v != Variant::Bpftrace || !scenario.bpftrace.is_empty())
+            .collect()
     }
 }
 
@@ -245,11 +287,13 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place, only: &[String]) -> Res
     };
     let mut out = title;
     out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) | mm-probe ÷ hooks alone |\n|---|---|---|---|---|---|\n";
-    let wanted = |s: &&Scenario| only.is_empty() || only.iter().any(|o| s.name.contains(o.as_str()) || s.workload == o);
+    let named = |s: &&Scenario| only.iter().any(|o| s.name.contains(o.as_str()) || s.workload == o);
+    let on_request = if place == Place::Guest { GUEST_ON_REQUEST } else { &[] };
+    let scenarios = scenarios.iter().filter(|s| only.is_empty() || named(s)).chain(on_request.iter().filter(named));
     // The VM workload needs /dev/kvm: the instruction-counted guest has no emulated SVM.
     let runnable = |s: &&Scenario| s.workload != "kvm_storm" || std::path::Path::new("/dev/kvm").exists();
     let mut left_out = Vec::new();
-    for scenario in scenarios.iter().filter(wanted) {
+    for scenario in scenarios {
         if !runnable(&scenario) {
             left_out.push(scenario.name);
             continue;
@@ -373,7 +417,8 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<se
         Variant::MmProbe => {
             let mut command = Command::new(&bins.mm_probe);
             command.args(scenario.mm_probe_args.iter().map(|a| a.replace("{pid}", &pid)));
-            Some(Tracer::start(command, scenario.mm_probe_ready, Duration::from_secs(60))?)
+            // triage attaches three commands' programs, one after the other, under emulation.
+            Some(Tracer::start(command, scenario.mm_probe_ready, Duration::from_secs(180))?)
         }
         Variant::Bpftrace => {
             let mut command = Command::new("bpftrace");

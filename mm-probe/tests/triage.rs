@@ -20,6 +20,11 @@ use triage_support::{assert_thp_finding, findings, sources, thp_here, triage};
 #[test]
 fn an_idle_machine_gets_no_invented_finding_and_says_what_it_cannot_see() {
     require_root();
+    // The test before ran a triage whose programs the kernel frees after it exits, in kworkers
+    // (deferred), and an idle machine is one where that is over: once a FIFO kthread of a
+    // one-CPU 6.1-rt guest waited 1.32 ms for a blocker that "ran outside the traced functions
+    // and syscalls (then slept)", a finding of latency's in this test.
+    std::thread::sleep(Duration::from_secs(3));
     let (code, t) = triage("3s", &[]);
     assert_eq!(code, Some(0));
     assert!(findings(&t).is_empty(), "nothing is wrong on an idle machine: {}", t["findings"]);

@@ -586,7 +586,7 @@ pub fn inv_kvm_age(ctx: TracePointContext) -> u32 {
 
 /// raw_tracepoint/kvm_unmap_hva_range(unsigned long start, unsigned long end[, …]): preferred
 /// because a raw tracepoint is not skipped while a map syscall holds the CPU's guard (see
-/// docs/kernel-facts.md, "Programs the kernel skips").
+/// docs/kernel-facts.md, "The recursion guard").
 #[raw_tracepoint(tracepoint = "kvm_unmap_hva_range")]
 pub fn inv_kvm_unmap_raw(ctx: RawTracePointContext) -> u32 {
     kvm_range(Source::KvmUnmap, Counter::KvmUnmaps, ctx.arg::<u64>(0), ctx.arg::<u64>(1))

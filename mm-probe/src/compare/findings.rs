@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::report::verdict::{Level, MetricVerdict, Unit};
 
@@ -22,6 +21,9 @@ pub struct VerdictLine {
     pub headline: String,
     pub metrics: Vec<JudgedMetric>,
 }
+
+/// The command whose one line, its findings, stands for a summary.
+pub const TRIAGE: &str = "triage";
 
 /// What each per-source metric counts.
 const DEFINITION: &str = "triage's findings from this source, at the level of the worst";

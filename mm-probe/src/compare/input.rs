@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read};
 use anyhow::Result;
 use serde_json::Value;
 
-use super::findings::VerdictLine;
+use super::findings::{TRIAGE, VerdictLine};
 use crate::{
     capability::CapabilityId,
     error::UserError,
@@ -95,9 +95,6 @@ pub fn from_lines(file: &str, lines: impl Iterator<Item = Result<String, String>
 
 /// What compare reads, said in every refusal of a file that is not it.
 const WANTED: &str = "compare reads what retry-storm, invalidations, latency, thp-why or triage print with --json";
-
-/// The command whose one line, its findings, stands for a summary.
-const TRIAGE: &str = "triage";
 
 /// The lines of one run that compare needs: its command, its last summary and lost_events.
 #[derive(Default)]

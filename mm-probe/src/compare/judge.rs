@@ -4,7 +4,10 @@
 
 use serde::Serialize;
 
-use super::input::{JudgedMetric, Run};
+use super::{
+    findings::TRIAGE,
+    input::{JudgedMetric, Run},
+};
 use crate::report::verdict::{Level, Unit, named};
 
 /// A metric that stays in its WARN or CRIT band moves only when its value at least halves or
@@ -243,11 +246,11 @@ pub fn notes(before: &Run, after: &Run) -> Vec<String> {
                 run.lost.counted
             ));
         }
-        if run.lost.uncounted && run.command != "triage" {
+        if run.lost.uncounted && run.command != TRIAGE {
             notes.push(format!("the {which} run could not count every kind of loss on its kernel"));
         }
     }
-    if before.command == "triage" {
+    if before.command == TRIAGE {
         // Its line has no loss count: each watch's own verdict made what its losses touched
         // UNKNOWN, which is how they reach the per-source counts compared here.
         notes.push("triage prints no loss count: a watch's losses made its own figures UNKNOWN".into());

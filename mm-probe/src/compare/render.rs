@@ -28,7 +28,7 @@ fn runs(c: &Comparison) -> Vec<Vec<String>> {
         rows.push(row("watched", &watched));
     }
     // triage's losses are its watches' own (see the note): no row rather than a false one.
-    if c.compared_command != "triage" {
+    if c.compared_command != super::findings::TRIAGE {
         rows.push(row("events lost", &|s| s.lost_events.map_or_else(|| "not all counted".into(), |n| n.to_string())));
     }
     rows

@@ -53,6 +53,11 @@ pub fn running_processes(pids: &[u32]) -> Result<Vec<Process>, UserError> {
     pids.iter().map(|&pid| running_process(pid)).collect()
 }
 
+/// Whether `pid` is a kernel thread (false when it is gone: nothing says it was one).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    read_stat(pid).is_some_and(|s| s.flags & PF_KTHREAD != 0)
+}
+
 /// Whether `pid` still exists and has not exited.
 pub fn is_alive(pid: u32) -> bool {
     read_stat(pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X'))

@@ -3,6 +3,8 @@
 //! run next), ranked; each OK verdict over real work healthy; a watch that saw no work nothing to
 //! judge; and everything a source could not see, or could not run, not observable.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
 use super::{
@@ -25,6 +27,8 @@ pub struct Seen<'a> {
     pub log: &'a Result<Window, String>,
     /// The kernel has a THP prctl mode that /proc/PID/status does not show (6.18+).
     pub except_advised_mode: bool,
+    /// The processes the watches named that are kernel threads.
+    pub kernel_threads: BTreeSet<u64>,
 }
 
 /// The four lists, filled source by source.
@@ -39,7 +43,7 @@ struct Lists {
 pub fn triage(seen: &Seen<'_>) -> Triage {
     let mut lists = Lists::default();
     for watch in seen.watches {
-        judge_watch(watch, &mut lists);
+        judge_watch(watch, &seen.kernel_threads, &mut lists);
     }
     judge_thp(seen.thp, seen.except_advised_mode, &mut lists);
     judge_log(seen.log, &mut lists);
@@ -55,7 +59,7 @@ pub fn triage(seen: &Seen<'_>) -> Triage {
     }
 }
 
-fn judge_watch(watch: &Watch, lists: &mut Lists) {
+fn judge_watch(watch: &Watch, kernel_threads: &BTreeSet<u64>, lists: &mut Lists) {
     let command = watch.capability.command();
     let run = match &watch.outcome {
         Outcome::Ran(run) => run,
@@ -67,12 +71,9 @@ fn judge_watch(watch: &Watch, lists: &mut Lists) {
     lists.not_observable.extend(unobservable(run).into_iter().map(|s| Statement::new(command, s)));
     let work = watch.capability.definition().summary_work.map(|w| (w.what, run.work.map(|seen| seen.count)));
     let saw_no_work = matches!(work, Some((_, Some(0))));
-    if let Some(own) = own_startup_only(run) {
-        let other = run.work.map_or(0, |w| w.count).saturating_sub(own);
-        let said = format!(
-            "the {own} wait(s) over the threshold were all mm-probe's own start-up (loading its programs \
-             delayed real-time tasks), not this machine's work; {other} other wakeup(s) seen"
-        );
+    if let Some((waits, whose)) = own_startup_only(run).or_else(|| kernel_threads_only(run, kernel_threads)) {
+        let other = run.work.map_or(0, |w| w.count).saturating_sub(waits);
+        let said = format!("the {waits} wait(s) over the threshold were all {whose}; {other} other wakeup(s) seen");
         let list = if other > 0 { &mut lists.healthy } else { &mut lists.nothing_to_judge };
         list.push(Statement::new(command, said));
         return;
@@ -90,8 +91,9 @@ fn judge_watch(watch: &Watch, lists: &mut Lists) {
 
 /// The spikes of a WARN or CRIT run when every one of them was mm-probe's own start-up (latency
 /// names that cause: the loading of the watch's own programs held the CPU): the tool's
-/// disturbance, which a triage must not report as the machine's. None otherwise.
-fn own_startup_only(run: &Run) -> Option<u64> {
+/// disturbance, which a triage must not report as the machine's: how many, and whose. None
+/// otherwise.
+fn own_startup_only(run: &Run) -> Option<(u64, String)> {
     if run.level < Level::Warn {
         return None;
     }
@@ -100,8 +102,45 @@ fn own_startup_only(run: &Run) -> Option<u64> {
     let count = |c: &Value| c[1].as_u64().unwrap_or(0);
     let own: u64 = causes.iter().filter(|c| c[0] == own_label.as_str()).map(count).sum();
     let all: u64 = causes.iter().map(count).sum();
-    (own > 0 && own == all).then_some(own)
+    let whose = "mm-probe's own start-up (loading its programs delayed real-time tasks), not this machine's work";
+    (own > 0 && own == all).then(|| (own, whose.to_string()))
 }
+
+/// The waits over the threshold of a WARN or CRIT run when every one of them was a kernel
+/// thread's (migration/N waiting for a kworker to reach a preemption point on a kernel without
+/// full preemption; ktimers, rcuc and irq_work queued behind each other at FIFO 1 on
+/// PREEMPT_RT): the kernel scheduling its own threads, not the wakeup of a real-time program,
+/// which is what a triage judges. Only when the per-task rows account for every such wait.
+fn kernel_threads_only(run: &Run, kernel_threads: &BTreeSet<u64>) -> Option<(u64, String)> {
+    if run.level < Level::Warn {
+        return None;
+    }
+    let over = run.summary.pointer("/wakeup/over_threshold")?.as_u64()?;
+    let (mut theirs, mut names) = (0, Vec::new());
+    for task in run.summary.pointer("/tasks")?.as_array()? {
+        let waits = task["over_threshold"].as_u64().unwrap_or(0);
+        if waits == 0 {
+            continue;
+        }
+        let pid = task["pid"].as_u64()?;
+        if !kernel_threads.contains(&pid) {
+            return None;
+        }
+        theirs += waits;
+        names.push(format!("{}-{pid}", task["comm"].as_str().unwrap_or("?")));
+    }
+    let shown = names.len().min(MAX_NAMED_THREADS);
+    let more = names.len() - shown;
+    let named = names[..shown].join(", ") + &if more > 0 { format!(" and {more} more") } else { String::new() };
+    let whose = format!(
+        "kernel threads' ({named}): the kernel scheduling its own threads, not a real-time program's wakeup \
+         (mm-probe latency shows them)"
+    );
+    (over > 0 && theirs == over).then_some((over, whose))
+}
+
+/// Kernel threads named in a statement; the rest are counted.
+const MAX_NAMED_THREADS: usize = 3;
 
 /// What the run's plan says it could not see: its own statements where it makes them, else each
 /// probe that did not attach, with the last reason tried.
@@ -146,7 +185,7 @@ fn finding(watch: &Watch, run: &Run) -> Finding {
 
 /// The distinct processes a summary's list names, in its order (0, a process it could not
 /// name, left out).
-fn focus_pids(summary: &Value, list: &str, pid: &str) -> Vec<u64> {
+pub fn focus_pids(summary: &Value, list: &str, pid: &str) -> Vec<u64> {
     let mut pids = Vec::new();
     for entry in summary.pointer(list).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default() {
         if let Some(p) = entry[pid].as_u64().filter(|&p| p != 0 && !pids.contains(&p)) {

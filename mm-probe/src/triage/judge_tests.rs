@@ -37,7 +37,15 @@ fn watch(capability: CapabilityId, run: Run) -> Watch {
 }
 
 fn seen<'a>(watches: &'a [Watch], thp: &'a Result<Scan, String>, log: &'a Result<Window, String>) -> Seen<'a> {
-    Seen { kernel: "6.12".into(), duration_ns: 1, watches, thp, log, except_advised_mode: false }
+    Seen {
+        kernel: "6.12".into(),
+        duration_ns: 1,
+        watches,
+        thp,
+        log,
+        except_advised_mode: false,
+        kernel_threads: [16, 19].into(),
+    }
 }
 
 #[test]
@@ -146,4 +154,31 @@ fn latency_spikes_that_were_all_its_own_start_up_are_no_finding() {
     let watches = [watch(CapabilityId::Latency, run("latency", Level::Crit, 9, mixed, None))];
     let judged = super::triage(&seen(&watches, &Ok(Scan::default()), &Ok(Window::default())));
     assert_eq!(judged.findings.len(), 1, "other causes stand: {judged:?}");
+}
+
+#[test]
+fn latency_spikes_that_were_all_kernel_threads_are_no_finding_but_a_programs_are() {
+    // pids 16 and 19 are kernel threads (`seen`); 700 is a program's thread.
+    let spikes = |over: u64, tasks: Value| json!({"wakeup": {"over_threshold": over}, "tasks": tasks});
+    let judged = |summary: Value| {
+        let watches = [watch(CapabilityId::Latency, run("latency", Level::Crit, 40, summary, None))];
+        super::triage(&seen(&watches, &Ok(Scan::default()), &Ok(Window::default())))
+    };
+    let kthreads = json!([
+        {"pid": 16, "comm": "migration/0", "over_threshold": 1},
+        {"pid": 19, "comm": "rcuc/0", "over_threshold": 2},
+        {"pid": 700, "comm": "waker", "over_threshold": 0}
+    ]);
+    let triage = judged(spikes(3, kthreads));
+    assert!(triage.findings.is_empty(), "{triage:?}");
+    assert_eq!(
+        triage.healthy[0].statement,
+        "the 3 wait(s) over the threshold were all kernel threads' (migration/0-16, rcuc/0-19): the kernel \
+         scheduling its own threads, not a real-time program's wakeup (mm-probe latency shows them); 37 other \
+         wakeup(s) seen"
+    );
+    let with_a_program = json!([{"pid": 16, "comm": "migration/0", "over_threshold": 1}, {"pid": 700, "comm": "waker", "over_threshold": 1}]);
+    assert_eq!(judged(spikes(2, with_a_program)).findings.len(), 1, "a program's wait stands");
+    let rows_lost = json!([{"pid": 16, "comm": "migration/0", "over_threshold": 1}]);
+    assert_eq!(judged(spikes(2, rows_lost)).findings.len(), 1, "a wait no row accounts for may be a program's");
 }

@@ -14,14 +14,14 @@ pub mod report;
 pub mod thp;
 pub mod watch;
 
-use std::time::Instant;
+use std::{collections::BTreeSet, time::Instant};
 
 use anyhow::Result;
 
 use crate::{
     cli::TriageArgs,
     error::EXIT_CRIT_FOUND,
-    kernel::{Kernel, layout::ThpDisableBits, privileges},
+    kernel::{Kernel, layout::ThpDisableBits, privileges, process},
     report::{json, text, verdict::Level},
 };
 
@@ -43,6 +43,7 @@ pub fn run(args: &TriageArgs) -> Result<()> {
         log: &log,
         // The kernel's own layout says whether a prctl may leave advised regions huge.
         except_advised_mode: matches!(crate::thp_why::disable_bits(&kernel), ThpDisableBits::Split { .. }),
+        kernel_threads: kernel_threads(&watches),
     };
     let triage = judge::triage(&seen);
     if args.json {
@@ -56,4 +57,14 @@ pub fn run(args: &TriageArgs) -> Result<()> {
         std::process::exit(EXIT_CRIT_FOUND);
     }
     Ok(())
+}
+
+/// Which processes the watches' focus lists name are kernel threads, asked of the kernel
+/// (PF_KTHREAD) right after the watch, while they still run.
+fn kernel_threads(watches: &[watch::Watch]) -> BTreeSet<u64> {
+    let named = watches.iter().filter_map(|w| match (&w.outcome, w.capability.definition().focus) {
+        (watch::Outcome::Ran(run), Some(focus)) => Some(judge::focus_pids(&run.summary, focus.list, focus.pid)),
+        _ => None,
+    });
+    named.flatten().filter(|&pid| u32::try_from(pid).is_ok_and(process::is_kernel_thread)).collect()
 }

@@ -14,7 +14,7 @@ pub use qemu::{Boot, Clock};
 
 use std::{
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Mutex, OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -152,15 +152,6 @@ fn run_lines(matrix: &Matrix<'_>, lines: &[&'static KernelLine], jobs: usize) ->
                 while let Some(&line) = lines.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let kernel_start = Instant::now();
                     let mut run = run_kernel_once(line, matrix);
-                    let mut notes = Vec::new();
-                    // Up to two more boots: the int3 race hit one kernel in two of three full
-                    // matrix runs on this host.
-                    for boot in 2..=EMULATOR_BOOTS {
-                        let Some(why) = emulator_failure(&run, &console(matrix, line)) else { break };
-                        notes.push(format!("boot {boot}: {why} ({})", earlier_failures(&run).join("; ")));
-                        run = run_kernel_once(line, matrix);
-                    }
-                    run.notes.extend(notes);
                     run.elapsed = kernel_start.elapsed();
                     eprint!("{}", report::render_kernel(&run));
                     done.lock().unwrap_or_else(|e| e.into_inner()).push(run);
@@ -184,18 +175,14 @@ fn run_kernel_once(line: &'static KernelLine, matrix: &Matrix<'_>) -> KernelRun 
     })
 }
 
-/// Boots of one kernel at most, when the earlier ones failed by the emulator's fault.
+/// Boots of one kind (free-running, two nodes, instruction-counted) of one kernel at most, when
+/// the earlier ones failed by the emulator's fault: the int3 race hit one kernel in two of three
+/// full matrix runs on this host.
 const EMULATOR_BOOTS: usize = 3;
 
-/// What every boot of `line` printed on its console, one log after the other.
-fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
-    Boot::ALL
-        .map(|boot| fs::read_to_string(matrix.work_root.join(line.name).join(boot.console_file())).unwrap_or_default())
-        .concat()
-}
-
-/// Why a failed run is the emulator's failure rather than mm-probe's, so that the kernel is
-/// booted once more (said in the report); `None` for every other failure.
+/// Why a failed boot is the emulator's failure rather than mm-probe's, so that it is booted
+/// once more (said in the report), and only it: the kernel's other boots, which passed, stand;
+/// `None` for every other failure.
 ///
 /// Two cases: the guest died before any test ran (seen: an int3 Oops in early jump-label
 /// patching), and the kernel took an int3 Oops while tests ran with no test failed in a binary
@@ -207,7 +194,7 @@ fn console(matrix: &Matrix<'_>, line: &KernelLine) -> String {
 /// failed test in a binary that finished stands: that run is never repeated. Nothing is hidden
 /// by a repeat: the last boot's results are the ones reported, and the notes name what the
 /// earlier boots failed.
-fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
+fn emulator_failure(run: &BootOutcome, console: &str) -> Option<&'static str> {
     if run.run_failures.is_empty() {
         return None;
     }
@@ -226,7 +213,7 @@ fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
     }
     if console.contains("Oops: int3") {
         return Some(
-            "the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed in a finished binary; every test runs again",
+            "the kernel before died of an int3 Oops at a text-patching site (TCG) with no test failed in a finished binary; every test of that boot runs again",
         );
     }
     // Seen once on 6.1-rt, two guests sharing the host's two cores: the guest went silent in
@@ -234,12 +221,12 @@ fn emulator_failure(run: &KernelRun, console: &str) -> Option<&'static str> {
     // kernel of that age prints from a thread, so a wedged kernel says nothing). Booted again;
     // a hang our programs cause would come back and fail the run.
     run.run_failures.iter().any(|f| f.starts_with(KILLED_AT_TIMEOUT)).then_some(
-        "the guest before went silent and was killed at the timeout with no test failed; every test runs again",
+        "the guest before went silent and was killed at the timeout with no test failed; every test of that boot runs again",
     )
 }
 
 /// What a boot that is repeated failed: its run failures and the tests that failed in it.
-fn earlier_failures(run: &KernelRun) -> Vec<String> {
+fn earlier_failures(run: &BootOutcome) -> Vec<String> {
     let tests = run.binaries.iter().flat_map(|b| {
         b.tests
             .iter()
@@ -382,19 +369,10 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
             label: &label,
             echo_markers: true,
         };
-        let booted = qemu::boot(&spec, matrix.timeout, GUEST_SILENCE)?;
-        binaries.extend(programs.iter().map(|p| {
-            let name = &p.name;
-            report::read_binary_run(
-                &results,
-                name,
-                &binaries::output_file(name),
-                &binaries::status_file(name),
-                &binaries::elapsed_file(name),
-            )
-        }));
-        boots.push(format!("{}, {} guest {}", accel.name(), boot.name(), format_duration(booted.elapsed)));
-        run_failures.extend(boot_failures(&booted, matrix.timeout));
+        let outcome = boot_until_not_the_emulator(&spec, &programs, &results, matrix.timeout, &mut notes)?;
+        boots.push(format!("{}, {} guest {}", accel.name(), boot.name(), format_duration(outcome.elapsed)));
+        binaries.extend(outcome.binaries);
+        run_failures.extend(outcome.run_failures);
     }
     Ok(KernelRun {
         line: line.name.to_owned(),
@@ -404,6 +382,61 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
         run_failures,
         elapsed: Duration::ZERO,
     })
+}
+
+/// What one boot gave: its test executables' runs and what went wrong with the guest itself.
+struct BootOutcome {
+    binaries: Vec<report::BinaryRun>,
+    run_failures: Vec<String>,
+    elapsed: Duration,
+}
+
+/// Boots `spec` to run `programs`, and boots it again (EMULATOR_BOOTS in all, at most) while it
+/// failed by the emulator's fault; each repeat is a note with what the boot before failed.
+fn boot_until_not_the_emulator(
+    spec: &BootSpec<'_>,
+    programs: &[&GuestProgram],
+    results: &Path,
+    timeout: Duration,
+    notes: &mut Vec<String>,
+) -> Result<BootOutcome> {
+    let mut boot = 1;
+    loop {
+        // A repeat must not read what the boot before left of an executable it never reached.
+        for program in programs {
+            for file in [
+                binaries::output_file(&program.name),
+                binaries::status_file(&program.name),
+                binaries::elapsed_file(&program.name),
+            ] {
+                let _ = fs::remove_file(results.join(file));
+            }
+        }
+        let booted = qemu::boot(spec, timeout, GUEST_SILENCE)?;
+        let outcome = BootOutcome {
+            binaries: programs.iter().map(|p| read_run(results, &p.name)).collect(),
+            run_failures: boot_failures(&booted, timeout),
+            elapsed: booted.elapsed,
+        };
+        let console = fs::read_to_string(spec.console_log).unwrap_or_default();
+        match emulator_failure(&outcome, &console) {
+            Some(why) if boot < EMULATOR_BOOTS => {
+                boot += 1;
+                notes.push(format!("{} boot {boot}: {why} ({})", spec.label, earlier_failures(&outcome).join("; ")));
+            }
+            _ => return Ok(outcome),
+        }
+    }
+}
+
+fn read_run(results: &Path, name: &str) -> report::BinaryRun {
+    report::read_binary_run(
+        results,
+        name,
+        &binaries::output_file(name),
+        &binaries::status_file(name),
+        &binaries::elapsed_file(name),
+    )
 }
 
 fn describe(kernel: &KernelBuild, boots: &[String]) -> String {
@@ -476,7 +509,7 @@ mod tests {
         assert!(select_lines(&["6.6".into()]).is_err());
     }
 
-    fn run_with(failures: &[&str], verdicts: &[report::Verdict]) -> KernelRun {
+    fn run_with(failures: &[&str], verdicts: &[report::Verdict]) -> BootOutcome {
         let tests = verdicts
             .iter()
             .enumerate()
@@ -489,10 +522,7 @@ mod tests {
             elapsed: None,
             failure_details: String::new(),
         };
-        KernelRun {
-            line: "6.12-rt".into(),
-            description: String::new(),
-            notes: Vec::new(),
+        BootOutcome {
             binaries: vec![binary],
             run_failures: failures.iter().map(|f| f.to_string()).collect(),
             elapsed: Duration::ZERO,

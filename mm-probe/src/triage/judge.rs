@@ -107,9 +107,9 @@ fn own_startup_only(run: &Run) -> Option<(u64, String)> {
 }
 
 /// The waits over the threshold of a WARN or CRIT run when every one of them was a kernel
-/// thread's (migration/N waiting for a kworker to reach a preemption point on a kernel without
-/// full preemption; ktimers, rcuc and irq_work queued behind each other at FIFO 1 on
-/// PREEMPT_RT): the kernel scheduling its own threads, not the wakeup of a real-time program,
+/// thread's (migration/N waiting for another kernel thread to reach a preemption point on a
+/// kernel without full preemption; ktimers, rcuc and irq_work queued behind each other at FIFO 1
+/// on PREEMPT_RT): the kernel scheduling its own threads, not the wakeup of a real-time program,
 /// which is what a triage judges. Only when the per-task rows account for every such wait.
 fn kernel_threads_only(run: &Run, kernel_threads: &BTreeSet<u64>) -> Option<(u64, String)> {
     if run.level < Level::Warn {

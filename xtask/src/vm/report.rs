@@ -263,6 +263,12 @@ pub fn render_summary(runs: &[KernelRun], total: Duration) -> String {
         for failure in run.failures() {
             let _ = writeln!(out, "   {:width$}    - {failure}", "");
         }
+        // A failed line's notes too: they say which of its boots failed before and how, the
+        // evidence for telling a repeated emulator failure from one of ours.
+        for note in run.notes.iter().filter(|_| run.failed()) {
+            let first_line: String = note.lines().next().unwrap_or_default().chars().take(240).collect();
+            let _ = writeln!(out, "   {:width$}    note: {first_line}", "");
+        }
     }
     let _ = writeln!(out, "   total {}", format_duration(total));
     out
@@ -380,7 +386,7 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         let run = KernelRun {
             line: "6.1-rt".into(),
             description: String::new(),
-            notes: Vec::new(),
+            notes: vec!["6.1-rt boot 2: the guest before went silent\nSeaBIOS".into()],
             binaries: vec![binary],
             run_failures: vec!["guest timed out\nconsole: ...".into()],
             elapsed: Duration::from_secs(60),
@@ -389,5 +395,7 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
         assert!(summary.contains("- latency b\n"), "{summary}");
         assert!(summary.contains("- guest timed out\n"), "{summary}");
         assert!(!summary.contains("latency a"), "{summary}");
+        assert!(summary.contains("note: 6.1-rt boot 2: the guest before went silent\n"), "{summary}");
+        assert!(!summary.contains("SeaBIOS"), "one line a note: {summary}");
     }
 }

@@ -36,7 +36,7 @@ pub struct OnCpu {
     pub prio: i32,
 }
 
-/// A syscall in progress.
+/// A syscall in progress, or one its task was preempted on its way out of.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Syscall {
     pub nr: i64,
@@ -48,6 +48,10 @@ pub struct Syscall {
     pub advice: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub length_bytes: Option<u64>,
+    /// Set when the call had returned (this value) and its task was preempted on the way back
+    /// to user space: the time it held the CPU was spent inside the call all the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub returned: Option<i64>,
 }
 
 /// A kernel stack, innermost frame first, or why it is missing.
@@ -204,6 +208,7 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn wakeup(&mut self, raw: &WakeupSpike) -> Wakeup {
+        let prev_stack = self.stack(raw.prev_stack_id);
         Wakeup {
             task: TaskRef { pid: raw.pid, comm: comm(&raw.comm) },
             prio: raw.prio,
@@ -217,9 +222,9 @@ impl Decoder {
             blocker_funcs: if raw.blocker_funcs_valid != 0 { raw.blocker_funcs } else { FuncState::default() },
             prev: on_cpu(&raw.prev),
             prev_state: raw.prev_state,
-            prev_stack: self.stack(raw.prev_stack_id),
+            prev_syscall: registers_syscall(&raw.prev_syscall, &prev_stack),
+            prev_stack,
             prev_funcs: raw.prev_funcs,
-            prev_syscall: registers_syscall(&raw.prev_syscall),
             slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
             long_stays: self.departures(&raw.long_stays),
@@ -239,7 +244,7 @@ impl Decoder {
             0 => Stack { frames: Vec::new(), error: Some("bpf_get_stack failed".into()) },
             _ => Stack { frames: self.frames(&raw.frames[..depth]), error: None },
         };
-        Departure { pid: raw.pid, end_ns: raw.end_ns, stack, syscall: registers_syscall(&raw.syscall) }
+        Departure { pid: raw.pid, end_ns: raw.end_ns, syscall: registers_syscall(&raw.syscall, &stack), stack }
     }
 
     pub fn function_call(&mut self, raw: &FuncSpike) -> FunctionCall {
@@ -355,9 +360,24 @@ fn slices_truncated(ring: &CpuSlices, wakeup_ns: u64) -> bool {
     oldest.end_ns > wakeup_ns && oldest.start_ns > wakeup_ns
 }
 
-/// As [`Wakeup::prev_syscall`]: `None` when the registers were not read, else [`decode_syscall`].
-fn registers_syscall(raw: &SyscallState) -> Option<Option<Syscall>> {
-    (raw.regs_read != 0).then(|| decode_syscall(raw))
+/// As [`Wakeup::prev_syscall`]: `None` when the registers were not read, else the syscall the
+/// task was in ([`decode_syscall`]) or leaving ([`leaving_syscall`]), with `stack` its stack then.
+fn registers_syscall(raw: &SyscallState, stack: &Stack) -> Option<Option<Syscall>> {
+    (raw.regs_read != 0).then(|| decode_syscall(raw).or_else(|| leaving_syscall(raw, stack)))
+}
+
+/// The syscall a task was preempted on its way out of: the call returned (`ax` holds its result,
+/// no longer -ENOSYS) and the task met the reschedule on the return path (exit_to_user_mode_prepare
+/// → schedule), its number and arguments still in the saved registers. A call with no reschedule
+/// point inside (madvise's walks on 6.1) holds the CPU until exactly there, so this is where its
+/// stay ends. Only the stack, entered through the syscall entry, tells this from an exception
+/// taken in user space, whose error code sits in `orig_ax` as a number would.
+pub fn leaving_syscall(raw: &SyscallState, stack: &Stack) -> Option<Syscall> {
+    if stack.entry() != Some(KernelEntry::Syscall) {
+        return None;
+    }
+    let call = decode_syscall(&SyscallState { ax: -i64::from(libc::ENOSYS), ..*raw })?;
+    Some(Syscall { returned: Some(raw.ax), ..call })
 }
 
 /// The syscall a task was in, from its saved user registers; `None` when it was not in one.
@@ -391,7 +411,7 @@ pub fn decode_syscall(raw: &SyscallState) -> Option<Syscall> {
         Some(call) => (format!("{call}()"), None, None),
         None => (format!("unknown syscall number {nr}"), None, None),
     };
-    Some(Syscall { nr, name, args: raw.args, summary, advice, length_bytes })
+    Some(Syscall { nr, name, args: raw.args, summary, advice, length_bytes, returned: None })
 }
 
 /// The name of syscall `nr` on x86-64.
@@ -495,9 +515,41 @@ mod tests {
         assert!(decode_syscall(&SyscallState { regs_read: 1, ..SyscallState::default() }).is_none());
     }
 
+    fn stack(frames: &[&str]) -> Stack {
+        Stack { frames: frames.iter().map(|f| f.to_string()).collect(), error: None }
+    }
+
+    /// A stress-ng vm stressor preempted at the end of a 34 ms madvise without a reschedule
+    /// point on 6.1 showed exit_to_user_mode_prepare → schedule: the return path of a task that
+    /// entered through the syscall entry (the frames between, and the offsets, as x86-64 has them).
+    #[test]
+    fn a_syscall_preempted_on_its_way_out_is_named_with_what_it_returned() {
+        let way_out = stack(&[
+            "__schedule+0x2f2",
+            "schedule+0x5a",
+            "exit_to_user_mode_prepare+0xb9",
+            "syscall_exit_to_user_mode+0x17",
+            "do_syscall_64+0x67",
+            "entry_SYSCALL_64_after_hwframe+0x64",
+        ]);
+        let returned =
+            SyscallState { orig_ax: libc::SYS_madvise, ax: 0, regs_read: 1, args: [0x7f00_0000, 512 << 20, 21, 0] };
+        let call = registers_syscall(&returned, &way_out).unwrap().unwrap();
+        assert_eq!((call.summary.as_str(), call.returned), ("madvise(MADV_PAGEOUT, 512 MiB)", Some(0)));
+        assert_eq!(serde_json::to_value(&call).unwrap()["returned"], 0);
+        let in_it = SyscallState { ax: -i64::from(libc::ENOSYS), ..returned };
+        assert_eq!(registers_syscall(&in_it, &way_out).unwrap().unwrap().returned, None, "still inside it");
+        // A page fault from user space keeps its error code in orig_ax (6: a write to a page
+        // not present); it is no syscall 6 (lstat), whatever the user's ax held.
+        let fault = stack(&["__schedule+0x2f2", "irqentry_exit_to_user_mode+0x9", "asm_exc_page_fault+0x26"]);
+        assert_eq!(registers_syscall(&SyscallState { orig_ax: 6, ..returned }, &fault), Some(None));
+        // sigreturn leaves -1 there so that nothing restarts: no syscall.
+        assert_eq!(registers_syscall(&SyscallState { orig_ax: -1, ..returned }, &way_out), Some(None));
+        assert_eq!(registers_syscall(&SyscallState { regs_read: 0, ..returned }, &way_out), None, "not read");
+    }
+
     #[test]
     fn the_outermost_frame_says_how_the_kernel_was_entered() {
-        let stack = |frames: &[&str]| Stack { frames: frames.iter().map(|f| f.to_string()).collect(), error: None };
         let fault = stack(&[
             "__schedule+0x50e",
             "preempt_schedule_irq+0x3f",

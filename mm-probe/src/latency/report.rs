@@ -338,6 +338,7 @@ mod tests {
             summary: "madvise(MADV_PAGEOUT, 1 GiB)".into(),
             advice: Some("MADV_PAGEOUT".into()),
             length_bytes: Some(1 << 30),
+            returned: None,
         };
         let stack = Stack { frames: vec![format!("{WALK}+0x1a")], error: None };
         let storm = OnCpu { task: TaskRef { pid: 7, comm: "storm".into() }, since_ns: Some(5), prio: 120 };

@@ -101,6 +101,7 @@ fn what_it_ran(syscall: &Option<Option<Syscall>>, stack: &Stack) -> String {
         (Some(call), _) if call.name.is_some_and(|name| syscalls::only_waits(name, &call.args)) => {
             format!("preempted around {}, a syscall that waits", call.summary)
         }
+        (Some(call), _) if call.returned.is_some() => format!("in {}, preempted as it returned", call.summary),
         (Some(call), _) => format!("in {}", call.summary),
         (None, Some(entry)) => entry.phrase().to_string(),
         (None, None) if syscall.is_some() => "in user space or an interrupt".to_string(),

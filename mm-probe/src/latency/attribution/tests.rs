@@ -17,7 +17,7 @@ fn assert_says(a: &Attribution, says: Says, part: &str) {
     assert!(holds, "{part:?} not where expected in: {text}");
 }
 use crate::latency::{
-    decoder::{OnCpu, Stack, decode_syscall},
+    decoder::{OnCpu, Stack, decode_syscall, leaving_syscall},
     fixtures::*,
 };
 use mm_probe_common::latency::SyscallState;
@@ -127,6 +127,32 @@ fn a_blocker_in_a_page_fault_is_named_from_its_stack() {
     let a = attribute(&w, &names(), MM_PROBE);
     assert_eq!(a.cause, Cause::PageFault);
     assert_says(&a, Says::Contains, "stress-ng-264 was in a page fault (outside the traced functions)");
+}
+
+/// 6.1's madvise(MADV_PAGEOUT) walk has no reschedule point: the vm stressor held the CPU
+/// through the whole call and was preempted only on its way back to user space, where the
+/// registers hold the call's result. The call is named all the same, and is the cause.
+#[test]
+fn a_holder_preempted_as_its_syscall_returned_is_blamed_on_that_syscall() {
+    let mut w = wakeup(34 * MS);
+    let returned =
+        SyscallState { orig_ax: libc::SYS_madvise, ax: 0, regs_read: 1, args: [0x7f00_0000, 512 << 20, 21, 0] };
+    w.prev_stack = Stack {
+        frames: ["__schedule+0x2f2", "schedule+0x5a", "exit_to_user_mode_prepare+0xb9", "do_syscall_64+0x67"]
+            .into_iter()
+            .chain(["entry_SYSCALL_64_after_hwframe+0x64"])
+            .map(String::from)
+            .collect(),
+        error: None,
+    };
+    w.prev_syscall = Some(leaving_syscall(&returned, &w.prev_stack));
+    let a = attribute(&w, &names(), MM_PROBE);
+    assert_eq!(a.cause, Cause::Syscall(libc::SYS_madvise));
+    assert_says(
+        &a,
+        Says::Contains,
+        "stress-ng-264 was in madvise(MADV_PAGEOUT, 512 MiB), preempted as it returned (outside the traced functions)",
+    );
 }
 
 #[test]

@@ -183,8 +183,8 @@ fn run_kernel_once(line: &'static KernelLine, matrix: &Matrix<'_>) -> KernelRun 
 const EMULATOR_BOOTS: usize = 4;
 
 /// Why a failed boot is the emulator's failure rather than mm-probe's, so that it is booted
-/// once more (said in the report) for what it had not finished, and only it: the kernel's other boots, which passed, stand;
-/// `None` for every other failure.
+/// once more (said in the report) for what it had not finished, and only it: the kernel's other
+/// boots, which passed, stand; `None` for every other failure.
 ///
 /// Two cases: the guest died before any test ran (seen: an int3 Oops in early jump-label
 /// patching), and the kernel took an int3 Oops while tests ran with no test failed in a binary
@@ -396,9 +396,7 @@ struct BootOutcome {
 /// Boots `spec` to run `programs`, and boots it again (EMULATOR_BOOTS in all, at most) while it
 /// failed by the emulator's fault; each repeat is a note with what the boot before failed. A
 /// repeat runs only the executables that had not finished, cleanly, before the kernel died:
-/// those that had ran whole on this kernel and stand, as the kernel's other boots do. On
-/// 2026-12-06 the project's CI booted 6.12 three times and all three died (the last at 158 s,
-/// in the invalidations executable); each repeat had run again the five executables before it.
+/// those that had ran whole on this kernel and stand, as the kernel's other boots do.
 fn boot_until_not_the_emulator(
     spec: &BootSpec<'_>,
     programs: &[&GuestProgram],

@@ -138,11 +138,15 @@ fn a_holder_preempted_as_its_syscall_returned_is_blamed_on_that_syscall() {
     let returned =
         SyscallState { orig_ax: libc::SYS_madvise, ax: 0, regs_read: 1, args: [0x7f00_0000, 512 << 20, 21, 0] };
     w.prev_stack = Stack {
-        frames: ["__schedule+0x2f2", "schedule+0x5a", "exit_to_user_mode_prepare+0xb9", "do_syscall_64+0x67"]
-            .into_iter()
-            .chain(["entry_SYSCALL_64_after_hwframe+0x64"])
-            .map(String::from)
-            .collect(),
+        frames: [
+            "__schedule+0x2f2",
+            "schedule+0x5a",
+            "exit_to_user_mode_prepare+0xb9",
+            "do_syscall_64+0x67",
+            "entry_SYSCALL_64_after_hwframe+0x64",
+        ]
+        .map(String::from)
+        .to_vec(),
         error: None,
     };
     w.prev_syscall = Some(leaving_syscall(&returned, &w.prev_stack));

@@ -415,8 +415,15 @@ fn boot_until_not_the_emulator(
         let console = fs::read_to_string(spec.console_log).unwrap_or_default();
         match emulator_failure(&outcome, &console) {
             Some(why) if boot < EMULATOR_BOOTS => {
+                // The repeat writes the same console file: the failed boot's is kept beside it,
+                // and the note points there (a silent guest's last lines are the only evidence).
+                let kept = kept_console(spec.console_log, boot);
+                let shown = spec.console_log.display().to_string();
+                let failures = match fs::rename(spec.console_log, &kept) {
+                    Ok(()) => earlier_failures(&outcome).join("; ").replace(&shown, &kept.display().to_string()),
+                    Err(_) => earlier_failures(&outcome).join("; "),
+                };
                 boot += 1;
-                let failures = earlier_failures(&outcome).join("; ");
                 let (done, again) = finished_cleanly(outcome.binaries);
                 let again: Vec<String> = again.into_iter().map(|b| b.binary).collect();
                 notes.push(format!("{} boot {boot}: {why}; {} run again ({failures})", spec.label, again.join(", ")));
@@ -431,6 +438,12 @@ fn boot_until_not_the_emulator(
             }
         }
     }
+}
+
+/// Where the console of failed boot `boot` is kept: `console.log` → `console-boot1.log`.
+fn kept_console(console: &Path, boot: usize) -> PathBuf {
+    let stem = console.file_stem().map_or_else(|| "console".into(), |s| s.to_string_lossy().into_owned());
+    console.with_file_name(format!("{stem}-boot{boot}.log"))
 }
 
 /// The executables of a boot the emulator failed that finished with every test passed (they
@@ -597,6 +610,12 @@ mod tests {
         let mut killed_after_failure = run_with(&[&killed], &[Failed, Unfinished]);
         killed_after_failure.binaries[0].status = Some(101);
         assert!(emulator_failure(&killed_after_failure, &tests_started).is_none());
+    }
+
+    #[test]
+    fn a_failed_boots_console_is_kept_beside_the_next() {
+        let kept = kept_console(Path::new("/t/vm-test/6.1-rt/console-two-nodes.log"), 2);
+        assert_eq!(kept, Path::new("/t/vm-test/6.1-rt/console-two-nodes-boot2.log"));
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub const COUNTERS_MAP: &str = "LAT_COUNTERS";
 pub const SLICES_MAP: &str = "LAT_SLICES";
 /// Per-CPU last long stays ([`LongStays`]).
 pub const LONG_STAYS_MAP: &str = "LAT_LONG_STAYS";
+/// The samples' stacks: apart from the spikes' own, so that sampling cannot crowd them out.
+pub const SAMPLE_STACKS_MAP: &str = "LAT_SAMPLE_STACKS";
+/// Per-CPU ring of samples taken while a watched task waited ([`CpuSamples`]).
+pub const SAMPLES_MAP: &str = "LAT_SAMPLES";
+/// The perf-event program that takes them.
+pub const SAMPLER_PROGRAM: &str = "lat_sample";
 /// Slot 0 set to 1 once a function probe is attached.
 pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
 
@@ -107,6 +113,9 @@ counter_slots! {
         TaskRowsCreated,
         /// A task's row could not be created: its wakeup is in the totals, in no task's row.
         LostTaskRows,
+        /// A sample's stack could not be stored (bucket collision or map full): the sample is
+        /// kept without its functions.
+        SampleStackErrors,
     }
 }
 
@@ -167,6 +176,43 @@ pub struct CpuCurrent {
     /// Its se.sum_exec_runtime at that switch-in; [`EXEC_UNKNOWN`] without BTF tracepoints.
     pub exec_at_switch_in: u64,
     pub comm: [u8; 16],
+    /// When a watched task woken onto this CPU began to wait behind whoever runs here; 0 when
+    /// none waits. Set by the waker (on any CPU), cleared by the switch that ends the wait or
+    /// idles the CPU: the sampler records only while it is set.
+    pub waited_since_ns: u64,
+    /// Samples this CPU's sampler has taken so far (its [`CpuSamples::written`]), readable from
+    /// other CPUs: a wakeup copies it, so a spike knows how many were taken during its wait.
+    pub samples_taken: u64,
+}
+
+/// Samples kept per CPU: at a sample every quarter threshold, the last 32 thresholds of a
+/// wait. A power of two (masked index).
+pub const MAX_SAMPLES: usize = 128;
+
+/// What a CPU was running at one tick of the sampler, while a watched task waited on it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sample {
+    pub ns: u64,
+    pub pid: u32,
+    /// Kernel stack of the interrupted code (id in [`SAMPLE_STACKS_MAP`]), negative on failure
+    /// (-EFAULT: the tick interrupted user space).
+    pub stack_id: i32,
+}
+
+/// The last [`MAX_SAMPLES`] samples of one CPU (value of the per-CPU [`SAMPLES_MAP`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSamples {
+    /// Samples written so far: sample `n` is at index `n % MAX_SAMPLES`.
+    pub written: u64,
+    pub samples: [Sample; MAX_SAMPLES],
+}
+
+impl Default for CpuSamples {
+    fn default() -> Self {
+        Self { written: 0, samples: [Sample::default(); MAX_SAMPLES] }
+    }
 }
 
 /// A run time (se.sum_exec_runtime) that was not read.
@@ -319,6 +365,8 @@ pub struct WakeupSpike {
     pub slices: CpuSlices,
     /// This CPU's last long stays at the switch (the holder's context when it was not `prev`).
     pub long_stays: LongStays,
+    /// The run CPU's last samples at the switch: user space keeps those taken during the wait.
+    pub samples: CpuSamples,
 }
 
 /// A traced function call over the threshold, sent at its return.
@@ -346,6 +394,8 @@ crate::user_pod!(
     TaskWakeups,
     RunSlice,
     CpuSlices,
+    Sample,
+    CpuSamples,
     WakeupSpike,
     FuncSpike
 );

@@ -31,17 +31,17 @@
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
-    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, tracepoint},
+    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
     programs::{
-        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RetProbeContext, TracePointContext,
-        tracing::StackIdContext,
+        BtfTracePointContext, FEntryContext, FExitContext, PerfEventContext, ProbeContext, RetProbeContext,
+        TracePointContext, tracing::StackIdContext,
     },
 };
 use mm_probe_common::latency::{
-    Counter, CpuCurrent, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState, LONG_STAYS,
-    LatencyHist, LongStays, MAX_CPUS, MAX_FUNCS, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups,
-    WakeupSpike, WakeupStart, hist_slot,
+    Counter, CpuCurrent, CpuSamples, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState,
+    LONG_STAYS, LatencyHist, LongStays, MAX_CPUS, MAX_FUNCS, MAX_SAMPLES, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP,
+    SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
 };
 
 use crate::kernel::{
@@ -120,6 +120,12 @@ static LAT_SLICES: PerCpuArray<CpuSlices> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static LAT_LONG_STAYS: PerCpuArray<LongStays> = PerCpuArray::with_max_entries(1, 0);
 /// About 2 KiB per spike: room for a burst of several hundred.
+#[map]
+static LAT_SAMPLE_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
+
+#[map]
+static LAT_SAMPLES: PerCpuArray<CpuSamples> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
 
@@ -209,6 +215,9 @@ fn stack_id<C: StackIdContext>(ctx: &C) -> i64 {
         }
     }
 }
+
+/// bpf_get_stackid's error for registers with no kernel frames (a tick in user space).
+const EFAULT: i32 = 14;
 
 /// bpf_map_update_elem's flag: create the key only if it is not there.
 const BPF_NOEXIST: u64 = 1;
@@ -315,8 +324,23 @@ fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
     let inserted = LAT_WAKEUPS.insert(pid, &*start, 0);
     if inserted.is_err() {
         count(Counter::LostWakeups);
+        return None;
     }
+    mark_waiting(target_cpu, pid, start.wakeup_ns);
     Some(())
+}
+
+/// Tells the sampler of `cpu` that a watched task waits there, unless it is the task running
+/// there (a wakeup of a running task ends without a wait). A plain store from the waker's CPU:
+/// racing the switch that clears it costs that wait its samples, or a stale mark keeps the
+/// sampler recording until that CPU's next idle or ended wait.
+#[inline(always)]
+fn mark_waiting(cpu: u32, pid: u32, now: u64) {
+    let Some(there) = LAT_CPU_CURRENT.get_ptr_mut(cpu) else { return };
+    let there = unsafe { &mut *there };
+    if there.pid != 0 && there.pid != pid && there.waited_since_ns == 0 {
+        there.waited_since_ns = now;
+    }
 }
 
 /// tp_btf/sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next,
@@ -400,6 +424,10 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     here.since_ns = now;
     here.exec_at_switch_in = switch.next_exec;
     here.comm = switch.next_comm;
+    if next_pid == 0 {
+        // An idle CPU has nobody waiting on its runqueue.
+        here.waited_since_ns = 0;
+    }
     close_slice(switch, prev_since_ns, run_time(prev_exec_since, switch.prev_exec), now);
     if prev_since_ns != 0 && prev_pid != 0 && now - prev_since_ns >= threshold_ns() / 2 && stream_spikes() {
         keep_long_stay(ctx, prev_pid, prev_since_ns, now);
@@ -424,6 +452,13 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
         emit_wakeup_spike(ctx, switch, start, now, cpu, prev_since_ns);
     }
     let _ = LAT_WAKEUPS.remove(next_pid);
+    // The wait is over: here, and on the CPU it was woken onto if it was pulled away.
+    here.waited_since_ns = 0;
+    if start.target_cpu != cpu {
+        if let Some(target) = LAT_CPU_CURRENT.get_ptr_mut(start.target_cpu) {
+            unsafe { (*target).waited_since_ns = 0 };
+        }
+    }
     Some(())
 }
 
@@ -572,7 +607,48 @@ fn emit_wakeup_spike<C: StackIdContext>(
         Some(ring) => copy_record(&mut spike.long_stays, ring),
         None => spike.long_stays.written = 0,
     }
+    match LAT_SAMPLES.get_ptr(0) {
+        Some(ring) => copy_record(&mut spike.samples, ring),
+        None => spike.samples.written = 0,
+    }
     entry.submit(0);
+}
+
+// Sampling.
+
+/// A perf event's tick on each CPU (cpu-clock, a period chosen from the threshold): while a
+/// watched task waits on this CPU, records what runs here and its kernel stack, taken from the
+/// interrupted registers, so a spike can say where the holder's time went even where no
+/// traced function covers it. Otherwise it returns at once.
+#[perf_event]
+pub fn lat_sample(ctx: PerfEventContext) -> u32 {
+    let _ = try_sample(&ctx);
+    0
+}
+
+fn try_sample(ctx: &PerfEventContext) -> Option<()> {
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let here = unsafe { &mut *LAT_CPU_CURRENT.get_ptr_mut(cpu)? };
+    let pid = current_pid();
+    if here.waited_since_ns == 0 || pid == 0 {
+        return None;
+    }
+    let ring = unsafe { &mut *LAT_SAMPLES.get_ptr_mut(0)? };
+    let sample = ring.samples.get_mut(ring.written as usize & (MAX_SAMPLES - 1))?;
+    sample.ns = unsafe { bpf_ktime_get_ns() };
+    sample.pid = pid;
+    sample.stack_id = match ctx.get_stackid(&LAT_SAMPLE_STACKS, 0) {
+        Ok(id) => id as i32,
+        // A tick in user space has no kernel stack: not a failure.
+        Err(error) if error == -EFAULT => error,
+        Err(error) => {
+            count(Counter::SampleStackErrors);
+            error
+        }
+    };
+    ring.written += 1;
+    here.samples_taken = ring.written;
+    Some(())
 }
 
 // Traced functions.

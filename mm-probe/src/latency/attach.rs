@@ -1,8 +1,15 @@
 //! Latency's settings, and attaching its probes (the hooks of `probes`) for what `options` asks;
 //! whether this kernel lets spikes be attributed to functions and syscalls.
 
-use anyhow::{Context as _, Result};
-use aya::{Ebpf, maps::HashMap as BpfHashMap};
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf,
+    maps::HashMap as BpfHashMap,
+    programs::{
+        PerfEvent,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
 use mm_probe_common::{
     latency::{self as names, FILTER_PIDS},
     layout,
@@ -12,6 +19,7 @@ use serde::Serialize;
 use super::{
     options::Options,
     probes::{SCHED_PROBES, classic_only, function_probe},
+    sampling,
 };
 use crate::{
     kernel::{Kernel, layout::Layout, tracefs},
@@ -155,6 +163,51 @@ fn mark_functions_traced(ebpf: &mut Ebpf) {
     if let Err(e) = written {
         eprintln!("mm-probe: warning: spikes will not be attributed to functions ({}: {e:#})", names::FUNCS_TRACED_MAP);
     }
+}
+
+/// The sampler as it attached: its period and how many CPUs it ticks on, or why it could not.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sampling {
+    pub available: bool,
+    pub period_ns: u64,
+    pub cpus: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Starts the sampler on every online CPU, a tick every quarter threshold. Without it spikes
+/// are still measured and explained from the switches; only where the holder's time went is
+/// lost, and the plan says why.
+pub fn attach_sampler(ebpf: &mut Ebpf, threshold_ns: u64) -> Sampling {
+    let period_ns = sampling::period_ns(threshold_ns);
+    match start_sampler(ebpf, period_ns) {
+        Ok(cpus) => Sampling { available: true, period_ns, cpus, reason: None },
+        Err(e) => {
+            // Unloading detaches the CPUs it had started on: all of them or none.
+            if let Some(Ok(program)) = ebpf.program_mut(names::SAMPLER_PROGRAM).map(<&mut PerfEvent>::try_from) {
+                let _ = program.unload();
+            }
+            Sampling { available: false, period_ns, cpus: 0, reason: Some(format!("{e:#}")) }
+        }
+    }
+}
+
+fn start_sampler(ebpf: &mut Ebpf, period_ns: u64) -> Result<usize> {
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+    let program: &mut PerfEvent =
+        ebpf.program_mut(names::SAMPLER_PROGRAM).context("the sampler is not in the object")?.try_into()?;
+    program.load().context("loading the sampler")?;
+    for &cpu in &cpus {
+        program
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(period_ns),
+                false,
+            )
+            .with_context(|| format!("a cpu-clock perf event on CPU {cpu}"))?;
+    }
+    Ok(cpus.len())
 }
 
 /// Tells the kernel side which threads `-p` selected.

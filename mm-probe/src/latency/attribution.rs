@@ -18,6 +18,7 @@ use mm_probe_common::latency::{FuncState, MAX_FUNCS};
 use serde::Serialize;
 
 use super::decoder::{Departure, KernelEntry, Slice, Stack, Syscall, TaskRef, Wakeup, prev_state_name};
+use super::sampling::{self, Sampled};
 use crate::kernel::syscalls;
 use crate::units::format_nanos;
 
@@ -59,6 +60,9 @@ pub struct Attribution {
     pub stack_of: TaskRef,
     pub stack: Stack,
     pub syscall: Option<Syscall>,
+    /// Where the sampled task's time went (the holder, else the busiest task, else the one
+    /// that switched away); `None` when no sampler ran.
+    pub samples: Option<Sampled>,
     #[serde(skip)]
     pub cause: Cause,
     pub explanation: String,
@@ -120,6 +124,11 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         explanation += &steal_text(&holders, stolen_ns.unwrap_or(0));
     }
     explanation += &budget::unaccounted_clause(&holders, wakeup.latency_ns, wakeup.slices_truncated);
+    let samples =
+        wakeup.samples.as_ref().map(|s| sampling::sampled(s, &sampled_task(wakeup, held_by, &holders), functions));
+    if let Some(phrase) = samples.as_ref().and_then(Sampled::phrase) {
+        explanation += &format!("; {phrase}");
+    }
     Attribution {
         blocker_ran_until_switch: same_task,
         without_rescheduling,
@@ -133,6 +142,7 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         stack_of,
         stack: departure.map_or(&wakeup.prev_stack, |d| &d.stack).clone(),
         syscall: departure.map_or(syscall, |d| d.syscall.as_ref().and_then(Option::as_ref)).cloned(),
+        samples,
         cause,
         explanation,
     }
@@ -144,6 +154,13 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
 fn departure_of<'a>(w: &'a Wakeup, holder: &Holder) -> Option<&'a Departure> {
     let own = |d: &&Departure| d.pid == holder.pid && d.end_ns > w.wakeup_ns && d.end_ns <= holder.left_at_ns;
     w.long_stays.iter().rev().find(own).filter(|_| !holder.is_prev)
+}
+
+/// Whose samples say where the time went: the holder's, else the busiest task's, else those of
+/// the task that switched away.
+fn sampled_task(w: &Wakeup, held_by: Option<&Holder>, holders: &[Holder]) -> TaskRef {
+    let busiest = holders.iter().find(|h| h.pid != 0);
+    held_by.or(busiest).map_or_else(|| w.prev.task.clone(), Holder::task)
 }
 
 /// The time mm-probe's own threads were on the CPU within the wait.

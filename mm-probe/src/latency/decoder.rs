@@ -8,6 +8,7 @@ use mm_probe_common::latency::{
 };
 use serde::Serialize;
 
+use super::sampling::{WaitSamples, wait_samples};
 use crate::kernel::syscalls;
 use crate::{kernel::Kallsyms, units::format_bytes};
 
@@ -167,6 +168,8 @@ pub struct Wakeup {
     pub slices_truncated: bool,
     /// The run CPU's last stays of at least half the threshold, up to the switch, oldest first.
     pub long_stays: Vec<Departure>,
+    /// What the run CPU's sampler saw during the wait; `None` when no sampler ran.
+    pub samples: Option<WaitSamples>,
 }
 
 /// What a task was doing when it left a CPU after a long stay.
@@ -200,10 +203,15 @@ pub struct Decoder {
     pub stacks: Option<StackTraceMap<MapData>>,
     /// Stacks already read, by id.
     pub symbolized: std::collections::HashMap<u32, Vec<String>>,
+    /// The samples' stack map, and its stacks already read.
+    pub sample_stacks: Option<StackTraceMap<MapData>>,
+    pub sample_symbolized: std::collections::HashMap<u32, Vec<String>>,
     /// Whether run time read from the kernel means anything beside time on the CPU: only when
     /// the kernel leaves steal or IRQ time out of it (`KernelConfig::charges_less_than_wall_time`);
     /// elsewhere it is dropped and shown as not read.
     pub run_time_is_charged: bool,
+    /// Whether the sampler is attached (without it the rings hold nothing, not an idle CPU).
+    pub sampling: bool,
 }
 
 impl Decoder {
@@ -228,7 +236,16 @@ impl Decoder {
             slices: overlapping_slices(&raw.slices, raw.wakeup_ns, self.run_time_is_charged),
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
             long_stays: self.departures(&raw.long_stays),
+            samples: self.sampling.then(|| self.samples(raw)),
         }
+    }
+
+    /// The run CPU's samples of the wait; how many it took is known when the wait stayed on
+    /// one CPU (the wakeup copied that CPU's count).
+    fn samples(&mut self, raw: &WakeupSpike) -> WaitSamples {
+        let before = (raw.target_cpu == raw.run_cpu && raw.blocker.since_ns != 0).then_some(raw.blocker.samples_taken);
+        let (kallsyms, map, cache) = (self.kallsyms.as_ref(), self.sample_stacks.as_ref(), &mut self.sample_symbolized);
+        wait_samples(&raw.samples, (raw.wakeup_ns, raw.run_ns), before, |id| read_stack(kallsyms, map, cache, id))
     }
 
     /// The long stays in the ring, oldest first.
@@ -260,41 +277,54 @@ impl Decoder {
         }
     }
 
-    /// Reads and symbolizes a stack, once per id: spikes with the same blocking path share an
-    /// id, so ids stay in the map (a full map or a hash collision shows as a stack error).
     fn stack(&mut self, id: i64) -> Stack {
-        if id < 0 {
-            let why = if id == -i64::from(libc::EEXIST) {
-                "hash bucket held another stack (EEXIST)".to_string()
-            } else {
-                format!("bpf_get_stackid failed ({})", std::io::Error::from_raw_os_error(-id as i32))
-            };
-            return Stack { frames: Vec::new(), error: Some(why) };
-        }
-        let id = id as u32;
-        if let Some(frames) = self.symbolized.get(&id) {
-            return Stack { frames: frames.clone(), error: None };
-        }
-        let Some(map) = self.stacks.as_ref() else {
-            return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
-        };
-        let trace = match map.get(&id, 0) {
-            Ok(trace) => trace,
-            Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
-        };
-        let ips: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
-        let frames = self.frames(&ips);
-        self.symbolized.insert(id, frames.clone());
-        Stack { frames, error: None }
+        read_stack(self.kallsyms.as_ref(), self.stacks.as_ref(), &mut self.symbolized, id)
     }
 
-    /// Return addresses, innermost first, as symbols, without the tracing machinery's frames.
     fn frames(&self, ips: &[u64]) -> Vec<String> {
-        let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(self.kallsyms.as_ref(), ip)).collect();
-        let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
-        frames.drain(..machinery);
-        frames
+        frames(self.kallsyms.as_ref(), ips)
     }
+}
+
+/// Reads and symbolizes a stack of `map`, once per id: spikes with the same blocking path share
+/// an id, so ids stay in the map (a full map or a hash collision shows as a stack error).
+fn read_stack(
+    kallsyms: Option<&Kallsyms>,
+    map: Option<&StackTraceMap<MapData>>,
+    symbolized: &mut std::collections::HashMap<u32, Vec<String>>,
+    id: i64,
+) -> Stack {
+    if id < 0 {
+        let why = if id == -i64::from(libc::EEXIST) {
+            "hash bucket held another stack (EEXIST)".to_string()
+        } else {
+            format!("bpf_get_stackid failed ({})", std::io::Error::from_raw_os_error(-id as i32))
+        };
+        return Stack { frames: Vec::new(), error: Some(why) };
+    }
+    let id = id as u32;
+    if let Some(frames) = symbolized.get(&id) {
+        return Stack { frames: frames.clone(), error: None };
+    }
+    let Some(map) = map else {
+        return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
+    };
+    let trace = match map.get(&id, 0) {
+        Ok(trace) => trace,
+        Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
+    };
+    let ips: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+    let frames = frames(kallsyms, &ips);
+    symbolized.insert(id, frames.clone());
+    Stack { frames, error: None }
+}
+
+/// Return addresses, innermost first, as symbols, without the tracing machinery's frames.
+fn frames(kallsyms: Option<&Kallsyms>, ips: &[u64]) -> Vec<String> {
+    let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(kallsyms, ip)).collect();
+    let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
+    frames.drain(..machinery);
+    frames
 }
 
 /// The innermost frames of a stack taken from a tracepoint program are the tracing machinery

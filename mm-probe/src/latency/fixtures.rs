@@ -52,6 +52,7 @@ pub fn wakeup(latency_ns: u64) -> Wakeup {
         slices: Vec::new(),
         slices_truncated: false,
         long_stays: Vec::new(),
+        samples: None,
     }
 }
 

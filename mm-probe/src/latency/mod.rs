@@ -26,6 +26,7 @@ pub mod probes;
 pub mod render;
 pub mod report;
 pub mod run;
+pub mod sampling;
 pub mod steal;
 
 pub use self::{

@@ -64,6 +64,19 @@ pub fn header_text(h: &Header) -> String {
     if let Some(reason) = &h.syscall_attribution.reason {
         let _ = writeln!(out, "syscall attribution unavailable: {reason}");
     }
+    match &h.sampling.reason {
+        Some(reason) => {
+            let _ = writeln!(out, "sampling unavailable ({reason}): spikes will not say where the holder's time went");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "sampling every {} on {} CPUs while a watched task waits",
+                format_nanos(h.sampling.period_ns),
+                h.sampling.cpus
+            );
+        }
+    }
     out
 }
 

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{
     aggregator::{Distribution, TaskSummary},
-    attach::{Availability, FunctionPlan},
+    attach::{Availability, FunctionPlan, Sampling},
     attribution::Attribution,
     decoder::{FunctionCall, TaskRef, Wakeup, prev_state_name},
     judge::Judgement,
@@ -30,6 +30,7 @@ pub struct Header {
     pub functions: Vec<FunctionPlan>,
     pub function_attribution: Availability,
     pub syscall_attribution: Availability,
+    pub sampling: Sampling,
     pub plan: Plan,
 }
 
@@ -106,6 +107,7 @@ loss_kinds! {
         Wakeups => "wakeups", "wakeups (pending-wakeup map full)",
         FunctionEntries => "function_entries", "function entries (per-task map full)",
         StackErrors => "stack_errors", "stacks (stack map collision or full)",
+        SampleStacks => "sample_stacks", "sampled stacks (stack map collision or full; the sample is kept)",
         MalformedRecords => "malformed_records", "malformed records",
         /// Program runs the kernel skipped because another tracing program was running on that
         /// CPU (its recursion guard); a skipped sched_wakeup or function entry is a lost
@@ -238,6 +240,7 @@ mod tests {
             latency::{
                 attribution::{Cause, FunctionShare, Holder},
                 decoder::OnCpu,
+                sampling::{HotFunction, Sampled, TracedShare},
             },
             probes::{Outcome, ProbePlan},
             report::{
@@ -268,6 +271,7 @@ mod tests {
         };
         let available = Availability { available: true, reason: None };
         let header = Header {
+            sampling: Sampling { available: true, period_ns: 125_000, cpus: 2, reason: None },
             kernel: "6.12.57".into(),
             threshold_ns,
             selection: "pids",
@@ -361,6 +365,7 @@ mod tests {
             slices: Vec::new(),
             slices_truncated: false,
             long_stays: Vec::new(),
+            samples: None,
         };
         let storm_holder = Holder {
             pid: 7,
@@ -393,6 +398,21 @@ mod tests {
             stack_of: storm.task.clone(),
             stack: stack.clone(),
             syscall: Some(syscall.clone()),
+            samples: Some(Sampled {
+                taken: Some(9),
+                kept: 9,
+                task: storm.task.clone(),
+                of_task: 8,
+                in_user_space: 0,
+                unreadable: 0,
+                hottest: Some(HotFunction {
+                    function: "shrink_folio_list".into(),
+                    samples: 7,
+                    of: 8,
+                    callers: vec!["reclaim_pages".into(), WALK.into()],
+                }),
+                in_traced: vec![TracedShare { function: WALK.into(), samples: 8 }],
+            }),
             cause: Cause::Function(0),
             explanation: "storm-7 held CPU 1".into(),
         };

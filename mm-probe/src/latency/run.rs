@@ -10,7 +10,10 @@ use mm_probe_common::latency::{self as names, COUNTERS_MAP, Counter, FuncSpike, 
 
 use super::{
     aggregator::{self, Distribution, HistReader, Worst},
-    attach::{attach, check_functions_exist, function_availability, select_pids, settings, syscall_attribution},
+    attach::{
+        attach, attach_sampler, check_functions_exist, function_availability, select_pids, settings,
+        syscall_attribution,
+    },
     attribution::{Attribution, Cause, attribute},
     decoder::{Decoder, FunctionCall, Wakeup},
     judge,
@@ -65,6 +68,7 @@ impl Capability for Latency {
     fn attach(&self, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Watch> {
         select_pids(ebpf, &self.options)?;
         let (plan, functions) = attach(kernel, ebpf, &self.options)?;
+        let sampling = attach_sampler(ebpf, self.options.threshold_ns);
         // Read the symbols again now that the programs are attached (stacks through fentry pass
         // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on),
         // and before the plan is out, so that the reading does not compete with what is
@@ -79,9 +83,18 @@ impl Capability for Latency {
             RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
         let hists = HistReader::new(ebpf)?;
         let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
+        let sample_stacks = ebpf.take_map(names::SAMPLE_STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
         let run_time_is_charged =
             KernelConfig::running(&kernel.release.text).is_some_and(|config| config.charges_less_than_wall_time());
-        let decoder = Decoder { kallsyms, stacks, symbolized: Default::default(), run_time_is_charged };
+        let decoder = Decoder {
+            kallsyms,
+            stacks,
+            symbolized: Default::default(),
+            sample_stacks,
+            sample_symbolized: Default::default(),
+            run_time_is_charged,
+            sampling: sampling.available,
+        };
         let header = Header {
             kernel: kernel.release.to_string(),
             threshold_ns: self.options.threshold_ns,
@@ -89,6 +102,7 @@ impl Capability for Latency {
             pids: self.options.requested_pids.clone(),
             function_attribution: function_availability(&functions),
             syscall_attribution: syscall_attribution(kernel),
+            sampling,
             functions,
             plan,
         };
@@ -221,6 +235,7 @@ impl Session for Watch {
                 Loss::Wakeups => counter(&counters, Counter::LostWakeups),
                 Loss::FunctionEntries => counter(&counters, Counter::LostFuncEntries),
                 Loss::StackErrors => counter(&counters, Counter::StackErrors),
+                Loss::SampleStacks => counter(&counters, Counter::SampleStackErrors),
                 Loss::MalformedRecords => self.wakeup_ring.malformed + self.call_ring.malformed,
                 Loss::TaskRows => evicted + counter(&counters, Counter::LostTaskRows),
                 Loss::SkippedByRecursionGuard => return self.skipped,

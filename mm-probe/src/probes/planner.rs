@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf,
-    programs::{BtfTracePoint, FEntry, FExit, KProbe, Program, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, KProbe, PerfEvent, Program, RawTracePoint, TracePoint},
 };
 use serde::Serialize;
 
@@ -332,7 +332,7 @@ fn unload_program(program: &mut Program) {
             $( if let Ok(p) = <&mut $ty>::try_from(&mut *program) { let _ = p.unload(); return; } )*
         };
     }
-    unload_as!(FEntry, FExit, KProbe, TracePoint, RawTracePoint, BtfTracePoint);
+    unload_as!(FEntry, FExit, KProbe, TracePoint, RawTracePoint, BtfTracePoint, PerfEvent);
 }
 
 #[cfg(test)]

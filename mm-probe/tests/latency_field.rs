@@ -188,6 +188,7 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
                 assert!(blockers.len() * 10 >= blamed.len() * 9, "nearly every stack is the blocker's: {others:?}");
                 for spike in &blockers {
                     assert!(has_frame(&spike["stack"], WALK), "the walk is in the blocker's stack: {spike}");
+                    sampled_in_walk(spike);
                 }
                 for spike in &blockers {
                     let says = spike["explanation"].as_str().unwrap();
@@ -235,6 +236,34 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
     }
 }
 
+/// The samples of the blocker during a wait the walk caused agree with its exact timing: most of
+/// those with a kernel stack have the walk on it.
+fn sampled_in_walk(spike: &Value) {
+    let samples = &spike["samples"];
+    let n = |key: &str| samples[key].as_u64().unwrap_or(0);
+    let in_kernel = n("of_task") - n("in_user_space") - n("unreadable");
+    assert!(in_kernel > 0, "the sampler ticked in the blocker's kernel time during the wait: {spike}");
+    let in_walk = samples["in_traced"].as_array().unwrap().iter().find(|t| t["function"] == WALK);
+    let in_walk = in_walk.and_then(|t| t["samples"].as_u64()).unwrap_or(0);
+    assert!(in_walk * 2 > in_kernel, "most samples fell in the walk ({in_walk} of {in_kernel}): {samples}");
+}
+
+/// The worst wait's samples, where the sampler ran: it ticked during the wait, and named the
+/// function most of the holder's kernel samples fell in.
+fn sampled_worst(plan: &Value, worst: &Value) {
+    let sampling = &plan["sampling"];
+    let period_ns = sampling["period_ns"].as_u64().unwrap();
+    let latency_ns = worst["latency_ns"].as_u64().unwrap();
+    if sampling["available"] != true || worst["target_cpu"] != worst["run_cpu"] || latency_ns < 4 * period_ns {
+        return;
+    }
+    let samples = &worst["samples"];
+    let n = |key: &str| samples[key].as_u64().unwrap_or(0);
+    assert!(n("taken") > 0, "the sampler ticked during a wait of {latency_ns} ns: {samples}");
+    let in_kernel = n("of_task") - n("in_user_space") - n("unreadable");
+    assert!(in_kernel == 0 || samples["hottest"].is_object(), "a function is named from the samples: {samples}");
+}
+
 /// The field report's own reproduction, with the distributions' tools: cyclictest measuring
 /// itself on CPU 0 beside stress-ng's vm stressor there (its madvise calls with random advice
 /// and its munmaps walk 512 MiB), while mm-probe watches every real-time task. cyclictest's wait
@@ -269,6 +298,7 @@ fn cyclictest_beside_stress_ngs_vm_stressor_bounds_mm_probes_worst_wait() {
         .expect("stress-ng (which cargo xtask setup installs)");
     assert!(stress.success(), "stress-ng --vm failed: {stress}");
     let cyclictest = cyclictest.wait_with_output().expect("waiting for cyclictest");
+    let plan = tracing.plan.clone();
     let lines = tracing.interrupt();
     let (tid, max_us) = cyclictest_result(&String::from_utf8_lossy(&cyclictest.stdout));
     let tasks = only(&lines, "summary")["tasks"].as_array().unwrap();
@@ -287,7 +317,11 @@ fn cyclictest_beside_stress_ngs_vm_stressor_bounds_mm_probes_worst_wait() {
     for spike in waits.iter().take(3) {
         eprintln!("  {}", spike["explanation"]);
     }
+    eprintln!("  worst's samples: {}", worst.map_or(Value::Null, |s| s["samples"].clone()));
     eprintln!("  lost: {}", only(&lines, "lost_events"));
+    if let Some(worst) = worst {
+        sampled_worst(&plan, worst);
+    }
     // cyclictest prints whole microseconds.
     assert!(ours_ns <= (max_us + 1) * 1000, "mm-probe's {ours_ns} ns over cyclictest's Max of {max_us} µs");
 }

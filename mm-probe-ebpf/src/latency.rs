@@ -454,10 +454,10 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
     let _ = LAT_WAKEUPS.remove(next_pid);
     // The wait is over: here, and on the CPU it was woken onto if it was pulled away.
     here.waited_since_ns = 0;
-    if start.target_cpu != cpu {
-        if let Some(target) = LAT_CPU_CURRENT.get_ptr_mut(start.target_cpu) {
-            unsafe { (*target).waited_since_ns = 0 };
-        }
+    if start.target_cpu != cpu
+        && let Some(target) = LAT_CPU_CURRENT.get_ptr_mut(start.target_cpu)
+    {
+        unsafe { (*target).waited_since_ns = 0 };
     }
     Some(())
 }

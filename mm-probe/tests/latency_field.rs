@@ -318,6 +318,18 @@ fn cyclictest_beside_stress_ngs_vm_stressor_bounds_mm_probes_worst_wait() {
         eprintln!("  {}", spike["explanation"]);
     }
     eprintln!("  worst's samples: {}", worst.map_or(Value::Null, |s| s["samples"].clone()));
+    let summary = only(&lines, "summary");
+    eprintln!("  verdict: {}", summary["verdict"]["headline"]);
+    // A spike no traced function explains whose samples name a place puts a place in the verdict.
+    let placed = spikes(&lines, "wakeup")
+        .into_iter()
+        .any(|s| s["functions"].as_array().is_some_and(Vec::is_empty) && s["samples"]["hottest"].is_object());
+    if placed {
+        assert!(
+            !summary["sampled_places"].as_array().unwrap().is_empty(),
+            "the verdict names where samples fell: {summary}"
+        );
+    }
     eprintln!("  lost: {}", only(&lines, "lost_events"));
     if let Some(worst) = worst {
         sampled_worst(&plan, worst);

@@ -25,6 +25,7 @@ named! {
     /// What a piece of advice blames.
     pub enum Advised {
         OneCallBoundsTheWait => "one call bounds the wait",
+        SampledFunction => "sampled function",
     }
 }
 
@@ -40,6 +41,33 @@ pub struct Judgement {
     /// The worst wait against one call of a traced function that takes longer than the
     /// threshold: whether the kernel lets a woken task in only between calls, or within one.
     pub call_bound: Option<CallBound>,
+    /// Where the sampled holders' time went in the spikes no traced function explains: each
+    /// place (a function and its callers, "a ← b ← c") with its spikes, most first (up to 5).
+    pub sampled_places: Vec<(String, u64)>,
+}
+
+/// Places listed in the verdict's `sampled_places`.
+const SAMPLED_PLACES: usize = 5;
+
+/// Adds where the holders' time went, from samples, to a judgement whose common cause is not a
+/// traced function: the place most spikes' samples name, and the advice to time it exactly.
+/// `places` counts, per place, the spikes no traced function explains whose samples name it.
+pub fn with_sampled_places(judgement: &mut Judgement, places: &BTreeMap<String, u64>) {
+    let mut ranked: Vec<(String, u64)> = places.iter().map(|(p, n)| (p.clone(), *n)).collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.truncate(SAMPLED_PLACES);
+    judgement.sampled_places = ranked;
+    let Some((place, n)) = judgement.sampled_places.first() else { return };
+    let function = place.split(" ← ").next().unwrap_or(place);
+    let evidence = format!("the holders' samples fell mostly in {place} in {n} spikes outside the traced functions");
+    judgement.verdict.headline += &format!("; {evidence}");
+    judgement.verdict.advice.push(Advice {
+        cause: Advised::SampledFunction,
+        evidence,
+        action: format!(
+            "time it exactly with `mm-probe latency --func {function}`, and keep the task that runs it off the real-time task's CPU"
+        ),
+    });
 }
 
 /// How a traced function bounds the waits: a function that does not reschedule inside a call
@@ -222,6 +250,7 @@ pub fn judge(
         verdict: Verdict { level, headline: text, metrics, advice },
         spike_causes: ranked.into_iter().map(|(cause, n)| (cause.label(names), n)).collect(),
         call_bound,
+        sampled_places: Vec::new(),
     }
 }
 
@@ -261,6 +290,31 @@ mod tests {
             judge(&dist(10_000, 10, 900_000), 500_000, &none, &[], &[], &BTreeMap::new()).verdict.level,
             Level::Crit
         );
+    }
+
+    #[test]
+    fn the_place_most_samples_name_is_said_and_advised_with_func() {
+        let causes = BTreeMap::from([(Cause::KernelThread, 3)]);
+        let mut v = judge(&dist(1000, 3, 4_860_000), 500_000, &causes, &[], &[], &BTreeMap::new());
+        let places = BTreeMap::from([
+            ("collapse_huge_page ← hpage_collapse_scan_pmd ← khugepaged".to_string(), 2),
+            ("unmap_page_range ← unmap_vmas ← exit_mmap".to_string(), 1),
+        ]);
+        with_sampled_places(&mut v, &places);
+        assert!(
+            v.verdict.headline.ends_with(
+                "; the holders' samples fell mostly in collapse_huge_page ← hpage_collapse_scan_pmd ← khugepaged in 2 spikes outside the traced functions"
+            ),
+            "{}",
+            v.verdict.headline
+        );
+        assert_eq!(v.sampled_places.len(), 2);
+        assert!(
+            v.verdict.advice[0].action.starts_with("time it exactly with `mm-probe latency --func collapse_huge_page`")
+        );
+        let mut quiet = judge(&dist(1000, 0, 100_000), 500_000, &BTreeMap::new(), &[], &[], &BTreeMap::new());
+        with_sampled_places(&mut quiet, &BTreeMap::new());
+        assert!(quiet.verdict.advice.is_empty() && quiet.sampled_places.is_empty());
     }
 
     #[test]

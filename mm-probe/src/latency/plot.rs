@@ -104,7 +104,12 @@ mod tests {
             wakeup_spikes: 0,
             function_spikes: 0,
             function_attribution: super::super::attach::Availability { available: true, reason: None },
-            judgement: Judgement { verdict: Verdict::default(), spike_causes: Vec::new(), call_bound: None },
+            judgement: Judgement {
+                verdict: Verdict::default(),
+                spike_causes: Vec::new(),
+                call_bound: None,
+                sampled_places: Vec::new(),
+            },
         }
     }
 

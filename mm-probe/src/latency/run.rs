@@ -20,6 +20,7 @@ use super::{
     options::Options,
     plot, render,
     report::{FunctionSpikeJson, Header, Interval, Loss, LostEvents, Quantity, Summary, WakeupSpikeJson},
+    sampling::Sampled,
     steal,
 };
 use crate::{
@@ -121,6 +122,7 @@ impl Capability for Latency {
                 wakeups: Worst::new(self.options.top),
                 calls: Worst::new(self.options.top),
                 causes: BTreeMap::new(),
+                sampled_places: BTreeMap::new(),
                 steal_at_start_ns: steal::read(),
                 interval_wakeup_spikes: 0,
                 interval_function_spikes: 0,
@@ -141,11 +143,18 @@ struct Collected {
     calls: Worst<FunctionCall>,
     /// Every wakeup spike's cause, counted (not only the kept top N).
     causes: BTreeMap<Cause, u64>,
+    /// Spikes no traced function explains, by the place their holder's samples named (at most
+    /// `MAX_PLACES` places; the spikes of further places are counted under `OTHER_PLACES`).
+    sampled_places: BTreeMap<String, u64>,
     /// Each CPU's steal time when tracing began (`None`: /proc/stat unreadable).
     steal_at_start_ns: Option<BTreeMap<u32, u64>>,
     interval_wakeup_spikes: u64,
     interval_function_spikes: u64,
 }
+
+/// Distinct sampled places remembered; the rest are counted together.
+const MAX_PLACES: usize = 256;
+const OTHER_PLACES: &str = "(other places)";
 
 /// latency while it watches.
 pub struct Watch {
@@ -261,6 +270,14 @@ impl Watch {
             let wakeup = self.decoder.wakeup(&raw);
             let attribution = attribute(&wakeup, &self.names, std::process::id());
             *self.collected.causes.entry(attribution.cause).or_default() += 1;
+            if !matches!(attribution.cause, Cause::Function(_))
+                && let Some(place) = attribution.samples.as_ref().and_then(Sampled::place)
+            {
+                let places = &mut self.collected.sampled_places;
+                let key =
+                    if places.len() < MAX_PLACES || places.contains_key(&place) { place } else { OTHER_PLACES.into() };
+                *places.entry(key).or_default() += 1;
+            }
             self.collected.interval_wakeup_spikes += 1;
             if self.spikes_as_text {
                 crate::report::text::println(&format!(
@@ -298,8 +315,9 @@ impl Watch {
             .zip(steal::read())
             .map(|(before, now)| steal::since(&now, before))
             .unwrap_or_default();
-        let judgement =
+        let mut judgement =
             judge::judge(&totals[0], threshold_ns, &self.collected.causes, &self.names, &functions, &steal_ns);
+        judge::with_sampled_places(&mut judgement, &self.collected.sampled_places);
         Summary {
             duration_ns: end.end_ns.saturating_sub(self.start_ns),
             stopped_by: end.stopped_by.name(),

@@ -87,12 +87,18 @@ pub struct HotFunction {
 }
 
 impl Sampled {
-    /// "31 of 34 samples in shrink_folio_list ← reclaim_pages ← madvise_pageout".
-    pub fn phrase(&self) -> Option<String> {
+    /// "shrink_folio_list ← reclaim_pages ← madvise_pageout": the place, without the counts.
+    pub fn place(&self) -> Option<String> {
         let hot = self.hottest.as_ref()?;
         let path: Vec<&str> =
             std::iter::once(hot.function.as_str()).chain(hot.callers.iter().map(String::as_str)).collect();
-        Some(format!("{} of {} samples in {}", hot.samples, hot.of, path.join(" ← ")))
+        Some(path.join(" ← "))
+    }
+
+    /// "31 of 34 samples in shrink_folio_list ← reclaim_pages ← madvise_pageout".
+    pub fn phrase(&self) -> Option<String> {
+        let hot = self.hottest.as_ref()?;
+        Some(format!("{} of {} samples in {}", hot.samples, hot.of, self.place()?))
     }
 }
 

@@ -246,6 +246,10 @@ pub struct LatencyArgs {
     /// How many spikes to list, worst first (0: none).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+    /// Take no samples: spikes then say who held the CPU but not where its time went. The
+    /// sampler's timer ticks on idle CPUs too, which can let them choose shallower idle states.
+    #[arg(long)]
+    pub no_samples: bool,
 }
 
 #[derive(Debug, Args)]

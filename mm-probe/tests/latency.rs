@@ -117,6 +117,20 @@ fn the_classic_tracepoint_fallback_counts_wakeups_or_says_what_it_skipped() {
     assert!(measured <= waker.blocked + slack, "{summary}");
 }
 
+/// `--no-samples`: the plan says sampling is off and why; spikes carry no samples.
+#[test]
+fn no_samples_turns_the_sampler_off_and_says_so() {
+    require_root();
+    let tracing = Tracing::start(&["--no-samples", "--all-tasks", "--threshold", "100us", "--duration", "2s"]);
+    let sampling = tracing.plan["sampling"].clone();
+    let lines = tracing.finish();
+    assert_eq!(sampling["available"], false, "{sampling}");
+    assert!(sampling["reason"].as_str().unwrap().contains("--no-samples"), "{sampling}");
+    for spike in spikes(&lines, "wakeup") {
+        assert!(spike["samples"].is_null(), "{spike}");
+    }
+}
+
 #[test]
 fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable() {
     require_root();
@@ -143,6 +157,8 @@ fn text_output_states_the_threshold_histogram_and_why_functions_are_unavailable(
     eprintln!("{out}");
     assert!(out.contains("threshold 500µs"), "{out}");
     assert!(out.contains(&format!("tasks [{}]", waker.pid)), "{out}");
+    // The sampler's period follows the threshold (a quarter of it), or the plan says why none.
+    assert!(out.contains("sampling every 125µs on ") || out.contains("no sampling ("), "{out}");
     let intervals = out.lines().filter(|l| l.contains("s  wakeups ")).count();
     assert!(intervals >= 3, "--interval 500ms over 3s prints a line per interval: {out}");
     assert!(out.contains("=== ") && out.contains("(duration) ==="), "{out}");

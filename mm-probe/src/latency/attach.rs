@@ -178,8 +178,11 @@ pub struct Sampling {
 /// Starts the sampler on every online CPU, a tick every quarter threshold. Without it spikes
 /// are still measured and explained from the switches; only where the holder's time went is
 /// lost, and the plan says why.
-pub fn attach_sampler(ebpf: &mut Ebpf, threshold_ns: u64) -> Sampling {
-    let period_ns = sampling::period_ns(threshold_ns);
+pub fn attach_sampler(ebpf: &mut Ebpf, options: &Options) -> Sampling {
+    let period_ns = sampling::period_ns(options.threshold_ns);
+    if !options.samples {
+        return Sampling { available: false, period_ns, cpus: 0, reason: Some("turned off with --no-samples".into()) };
+    }
     match start_sampler(ebpf, period_ns) {
         Ok(cpus) => Sampling { available: true, period_ns, cpus, reason: None },
         Err(e) => {

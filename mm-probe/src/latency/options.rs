@@ -22,11 +22,13 @@ pub struct Options {
     pub functions: Vec<String>,
     /// How many spikes to list, worst first.
     pub top: usize,
+    /// Whether to sample the CPUs watched tasks wait on.
+    pub samples: bool,
 }
 
 impl Options {
     pub fn from_args(args: &LatencyArgs) -> Result<Self> {
-        Ok(Self { top: args.top, ..Self::from_selection(&args.selection, &args.run.pids)? })
+        Ok(Self { top: args.top, samples: !args.no_samples, ..Self::from_selection(&args.selection, &args.run.pids)? })
     }
 
     /// What to measure, checked, without a run length or output choices (the exporter's case).
@@ -67,6 +69,7 @@ impl Options {
             requested_pids: requested_pids.to_vec(),
             functions,
             top: 0,
+            samples: false,
         })
     }
 

@@ -66,7 +66,7 @@ pub fn header_text(h: &Header) -> String {
     }
     match &h.sampling.reason {
         Some(reason) => {
-            let _ = writeln!(out, "sampling unavailable ({reason}): spikes will not say where the holder's time went");
+            let _ = writeln!(out, "no sampling ({reason}): spikes will not say where the holder's time went");
         }
         None => {
             let _ = writeln!(

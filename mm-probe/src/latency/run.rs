@@ -69,7 +69,7 @@ impl Capability for Latency {
     fn attach(&self, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Watch> {
         select_pids(ebpf, &self.options)?;
         let (plan, functions) = attach(kernel, ebpf, &self.options)?;
-        let sampling = attach_sampler(ebpf, self.options.threshold_ns);
+        let sampling = attach_sampler(ebpf, &self.options);
         // Read the symbols again now that the programs are attached (stacks through fentry pass
         // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on),
         // and before the plan is out, so that the reading does not compete with what is

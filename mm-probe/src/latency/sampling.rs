@@ -1,52 +1,15 @@
-//! Where a holder's time went, from the samples the kernel took while the woken task waited:
-//! the samples of the wait out of the run CPU's ring, and the kernel function most of the
-//! holder's samples fell in, with the two callers above it.
+//! Where a holder's time went, from the samples the kernel took while the woken task waited
+//! (decoded by `decoder`): the kernel function most of the holder's samples fell in, with the two
+//! callers above it, and the sampler's period.
 //!
 //! A sample is one tick of a per-CPU perf event (cpu-clock) whose program records only while a
 //! watched task waits on that CPU: the task running and the kernel stack of the interrupted
 //! code. A tick that interrupted user space has no kernel stack (bpf_get_stackid gives -EFAULT
 //! for user registers): those count as user time, not as failures.
 
-use mm_probe_common::latency::{CpuSamples, MAX_SAMPLES};
 use serde::Serialize;
 
-use super::decoder::{Stack, TaskRef};
-
-/// bpf_get_stackid's answer for a tick that interrupted user space: no kernel frames.
-const IN_USER_SPACE: i32 = -libc::EFAULT;
-
-/// The samples of one wait.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WaitSamples {
-    /// Samples the CPU took during the wait; `None` when the task was woken for another CPU
-    /// than it ran on (that CPU's ring is not carried).
-    pub taken: Option<u64>,
-    /// Those still in the ring at the switch, oldest first.
-    pub kept: Vec<TakenSample>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TakenSample {
-    pub pid: u32,
-    /// `None` when the tick interrupted user space.
-    pub stack: Option<Stack>,
-}
-
-/// The samples of `raw` taken within `[wakeup_ns, run_ns]`; `taken_before` is the CPU's count
-/// at the wakeup when the wait stayed on one CPU. `stack` reads a stack id.
-pub fn wait_samples(
-    raw: &CpuSamples,
-    (wakeup_ns, run_ns): (u64, u64),
-    taken_before: Option<u64>,
-    mut stack: impl FnMut(i64) -> Stack,
-) -> WaitSamples {
-    let kept = (raw.written.saturating_sub(MAX_SAMPLES as u64)..raw.written)
-        .map(|n| &raw.samples[n as usize % MAX_SAMPLES])
-        .filter(|s| s.ns >= wakeup_ns && s.ns <= run_ns)
-        .map(|s| TakenSample { pid: s.pid, stack: (s.stack_id != IN_USER_SPACE).then(|| stack(i64::from(s.stack_id))) })
-        .collect();
-    WaitSamples { taken: taken_before.map(|before| raw.written.saturating_sub(before)), kept }
-}
+use super::decoder::{TakenSample, TaskRef, WaitSamples};
 
 /// What the samples say about one task's time in the wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -195,9 +158,10 @@ pub fn period_ns(threshold_ns: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use mm_probe_common::latency::Sample;
+    use mm_probe_common::latency::{CpuSamples, MAX_SAMPLES, Sample};
 
     use super::*;
+    use crate::latency::decoder::{IN_USER_SPACE, Stack, wait_samples};
 
     fn stack(frames: &[&str]) -> Stack {
         Stack { frames: frames.iter().map(|f| f.to_string()).collect(), error: None }

@@ -119,13 +119,15 @@ static LAT_SLICES: PerCpuArray<CpuSlices> = PerCpuArray::with_max_entries(1, 0);
 /// Each CPU's last long stays: the stack and syscall of a holder that did not switch away last.
 #[map]
 static LAT_LONG_STAYS: PerCpuArray<LongStays> = PerCpuArray::with_max_entries(1, 0);
-/// About 2 KiB per spike: room for a burst of several hundred.
+/// The samples' stacks, apart from the spikes' own (LAT_STACKS) so that sampling cannot crowd
+/// them out; full buckets are counted (SampleStackErrors).
 #[map]
 static LAT_SAMPLE_STACKS: StackTrace = StackTrace::with_max_entries(4096, 0);
 
 #[map]
 static LAT_SAMPLES: PerCpuArray<CpuSamples> = PerCpuArray::with_max_entries(1, 0);
 
+/// 4,008 bytes per spike, half of them the samples: room for a burst of about 260.
 #[map]
 static LAT_WAKEUP_SPIKES: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
 

@@ -48,6 +48,10 @@ pub struct Judgement {
 
 /// Places listed in the verdict's `sampled_places`.
 const SAMPLED_PLACES: usize = 5;
+/// Distinct places a run counts one by one; the spikes of further places are counted together
+/// under [`OTHER_PLACES`], which is listed but never named as a place or advised.
+pub const MAX_PLACES: usize = 256;
+pub const OTHER_PLACES: &str = "(other places)";
 
 /// Adds where the holders' time went, from samples, to a judgement whose common cause is not a
 /// traced function: the place most spikes' samples name, and the advice to time it exactly.
@@ -57,7 +61,7 @@ pub fn with_sampled_places(judgement: &mut Judgement, places: &BTreeMap<String, 
     ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     ranked.truncate(SAMPLED_PLACES);
     judgement.sampled_places = ranked;
-    let Some((place, n)) = judgement.sampled_places.first() else { return };
+    let Some((place, n)) = judgement.sampled_places.iter().find(|(place, _)| place != OTHER_PLACES) else { return };
     let function = place.split(" ← ").next().unwrap_or(place);
     let evidence = format!("the holders' samples fell mostly in {place} in {n} spikes outside the traced functions");
     judgement.verdict.headline += &format!("; {evidence}");
@@ -292,6 +296,10 @@ mod tests {
         );
     }
 
+    fn places_first() -> String {
+        "collapse_huge_page ← hpage_collapse_scan_pmd ← khugepaged".to_string()
+    }
+
     #[test]
     fn the_place_most_samples_name_is_said_and_advised_with_func() {
         let causes = BTreeMap::from([(Cause::KernelThread, 3)]);
@@ -312,6 +320,11 @@ mod tests {
         assert!(
             v.verdict.advice[0].action.starts_with("time it exactly with `mm-probe latency --func collapse_huge_page`")
         );
+        // Places beyond those counted one by one are listed, never advised.
+        let mut crowded = judge(&dist(1000, 3, 4_860_000), 500_000, &causes, &[], &[], &BTreeMap::new());
+        with_sampled_places(&mut crowded, &BTreeMap::from([(OTHER_PLACES.to_string(), 9), (places_first(), 2)]));
+        assert_eq!(crowded.sampled_places[0].0, OTHER_PLACES);
+        assert!(crowded.verdict.advice[0].action.contains("--func collapse_huge_page`"), "{:?}", crowded.verdict);
         let mut quiet = judge(&dist(1000, 0, 100_000), 500_000, &BTreeMap::new(), &[], &[], &BTreeMap::new());
         with_sampled_places(&mut quiet, &BTreeMap::new());
         assert!(quiet.verdict.advice.is_empty() && quiet.sampled_places.is_empty());

@@ -144,17 +144,13 @@ struct Collected {
     /// Every wakeup spike's cause, counted (not only the kept top N).
     causes: BTreeMap<Cause, u64>,
     /// Spikes no traced function explains, by the place their holder's samples named (at most
-    /// `MAX_PLACES` places; the spikes of further places are counted under `OTHER_PLACES`).
+    /// `judge::MAX_PLACES` places; the spikes of further places under `judge::OTHER_PLACES`).
     sampled_places: BTreeMap<String, u64>,
     /// Each CPU's steal time when tracing began (`None`: /proc/stat unreadable).
     steal_at_start_ns: Option<BTreeMap<u32, u64>>,
     interval_wakeup_spikes: u64,
     interval_function_spikes: u64,
 }
-
-/// Distinct sampled places remembered; the rest are counted together.
-const MAX_PLACES: usize = 256;
-const OTHER_PLACES: &str = "(other places)";
 
 /// latency while it watches.
 pub struct Watch {
@@ -274,8 +270,8 @@ impl Watch {
                 && let Some(place) = attribution.samples.as_ref().and_then(Sampled::place)
             {
                 let places = &mut self.collected.sampled_places;
-                let key =
-                    if places.len() < MAX_PLACES || places.contains_key(&place) { place } else { OTHER_PLACES.into() };
+                let counted = places.len() < judge::MAX_PLACES || places.contains_key(&place);
+                let key = if counted { place } else { judge::OTHER_PLACES.into() };
                 *places.entry(key).or_default() += 1;
             }
             self.collected.interval_wakeup_spikes += 1;

@@ -235,12 +235,9 @@ pub fn wait_samples(
 /// What decoding needs besides the record.
 pub struct Decoder {
     pub kallsyms: Option<Kallsyms>,
-    pub stacks: Option<StackTraceMap<MapData>>,
-    /// Stacks already read, by id.
-    pub symbolized: std::collections::HashMap<u32, Vec<String>>,
-    /// The samples' stack map, and its stacks already read.
-    pub sample_stacks: Option<StackTraceMap<MapData>>,
-    pub sample_symbolized: std::collections::HashMap<u32, Vec<String>>,
+    /// The spikes' stacks, and the samples' (a map of their own).
+    pub stacks: StackMap,
+    pub sample_stacks: StackMap,
     /// Whether run time read from the kernel means anything beside time on the CPU: only when
     /// the kernel leaves steal or IRQ time out of it (`KernelConfig::charges_less_than_wall_time`);
     /// elsewhere it is dropped and shown as not read.
@@ -279,8 +276,8 @@ impl Decoder {
     /// one CPU (the wakeup copied that CPU's count).
     fn samples(&mut self, raw: &WakeupSpike) -> WaitSamples {
         let before = (raw.target_cpu == raw.run_cpu && raw.blocker.since_ns != 0).then_some(raw.blocker.samples_taken);
-        let (kallsyms, map, cache) = (self.kallsyms.as_ref(), self.sample_stacks.as_ref(), &mut self.sample_symbolized);
-        wait_samples(&raw.samples, (raw.wakeup_ns, raw.run_ns), before, |id| read_stack(kallsyms, map, cache, id))
+        let (kallsyms, stacks) = (self.kallsyms.as_ref(), &mut self.sample_stacks);
+        wait_samples(&raw.samples, (raw.wakeup_ns, raw.run_ns), before, |id| stacks.read(kallsyms, id))
     }
 
     /// The long stays in the ring, oldest first.
@@ -313,7 +310,7 @@ impl Decoder {
     }
 
     fn stack(&mut self, id: i64) -> Stack {
-        read_stack(self.kallsyms.as_ref(), self.stacks.as_ref(), &mut self.symbolized, id)
+        self.stacks.read(self.kallsyms.as_ref(), id)
     }
 
     fn frames(&self, ips: &[u64]) -> Vec<String> {
@@ -321,37 +318,44 @@ impl Decoder {
     }
 }
 
-/// Reads and symbolizes a stack of `map`, once per id: spikes with the same blocking path share
-/// an id, so ids stay in the map (a full map or a hash collision shows as a stack error).
-fn read_stack(
-    kallsyms: Option<&Kallsyms>,
-    map: Option<&StackTraceMap<MapData>>,
-    symbolized: &mut std::collections::HashMap<u32, Vec<String>>,
-    id: i64,
-) -> Stack {
-    if id < 0 {
-        let why = if id == -i64::from(libc::EEXIST) {
-            "hash bucket held another stack (EEXIST)".to_string()
-        } else {
-            format!("bpf_get_stackid failed ({})", std::io::Error::from_raw_os_error(-id as i32))
+/// A stack map (`None`: not in the object) and the stacks already read from it, by id.
+pub struct StackMap {
+    map: Option<StackTraceMap<MapData>>,
+    symbolized: std::collections::HashMap<u32, Vec<String>>,
+}
+
+impl StackMap {
+    pub fn new(map: Option<StackTraceMap<MapData>>) -> Self {
+        Self { map, symbolized: Default::default() }
+    }
+
+    /// Reads and symbolizes a stack, once per id: spikes with the same blocking path share an
+    /// id, so ids stay in the map (a full map or a hash collision shows as a stack error).
+    fn read(&mut self, kallsyms: Option<&Kallsyms>, id: i64) -> Stack {
+        if id < 0 {
+            let why = if id == -i64::from(libc::EEXIST) {
+                "hash bucket held another stack (EEXIST)".to_string()
+            } else {
+                format!("bpf_get_stackid failed ({})", std::io::Error::from_raw_os_error(-id as i32))
+            };
+            return Stack { frames: Vec::new(), error: Some(why) };
+        }
+        let id = id as u32;
+        if let Some(frames) = self.symbolized.get(&id) {
+            return Stack { frames: frames.clone(), error: None };
+        }
+        let Some(map) = self.map.as_ref() else {
+            return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
         };
-        return Stack { frames: Vec::new(), error: Some(why) };
+        let trace = match map.get(&id, 0) {
+            Ok(trace) => trace,
+            Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
+        };
+        let ips: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
+        let frames = frames(kallsyms, &ips);
+        self.symbolized.insert(id, frames.clone());
+        Stack { frames, error: None }
     }
-    let id = id as u32;
-    if let Some(frames) = symbolized.get(&id) {
-        return Stack { frames: frames.clone(), error: None };
-    }
-    let Some(map) = map else {
-        return Stack { frames: Vec::new(), error: Some("stack map unavailable".into()) };
-    };
-    let trace = match map.get(&id, 0) {
-        Ok(trace) => trace,
-        Err(e) => return Stack { frames: Vec::new(), error: Some(format!("stack {id} not readable: {e}")) },
-    };
-    let ips: Vec<u64> = trace.frames().iter().map(|f| f.ip).collect();
-    let frames = frames(kallsyms, &ips);
-    symbolized.insert(id, frames.clone());
-    Stack { frames, error: None }
 }
 
 /// Return addresses, innermost first, as symbols, without the tracing machinery's frames.

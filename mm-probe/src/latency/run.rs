@@ -15,7 +15,7 @@ use super::{
         syscall_attribution,
     },
     attribution::{Attribution, Cause, attribute},
-    decoder::{Decoder, FunctionCall, Wakeup},
+    decoder::{Decoder, FunctionCall, StackMap, Wakeup},
     judge,
     options::Options,
     plot, render,
@@ -83,19 +83,11 @@ impl Capability for Latency {
         let call_ring =
             RingReader::new(ebpf.take_map(names::FUNC_SPIKES_RING).context("function spike ring missing")?)?;
         let hists = HistReader::new(ebpf)?;
-        let stacks = ebpf.take_map(names::STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
-        let sample_stacks = ebpf.take_map(names::SAMPLE_STACKS_MAP).map(StackTraceMap::try_from).transpose()?;
+        let mut stack_map = |name| ebpf.take_map(name).map(StackTraceMap::try_from).transpose().map(StackMap::new);
+        let (stacks, sample_stacks) = (stack_map(names::STACKS_MAP)?, stack_map(names::SAMPLE_STACKS_MAP)?);
         let run_time_is_charged =
             KernelConfig::running(&kernel.release.text).is_some_and(|config| config.charges_less_than_wall_time());
-        let decoder = Decoder {
-            kallsyms,
-            stacks,
-            symbolized: Default::default(),
-            sample_stacks,
-            sample_symbolized: Default::default(),
-            run_time_is_charged,
-            sampling: sampling.available,
-        };
+        let decoder = Decoder { kallsyms, stacks, sample_stacks, run_time_is_charged, sampling: sampling.available };
         let header = Header {
             kernel: kernel.release.to_string(),
             threshold_ns: self.options.threshold_ns,

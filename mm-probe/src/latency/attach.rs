@@ -168,11 +168,10 @@ fn mark_functions_traced(ebpf: &mut Ebpf) {
 /// The sampler as it attached: its period and how many CPUs it ticks on, or why it could not.
 #[derive(Clone, Debug, Serialize)]
 pub struct Sampling {
-    pub available: bool,
+    #[serde(flatten)]
+    pub availability: Availability,
     pub period_ns: u64,
     pub cpus: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 /// Starts the sampler on every online CPU, a tick every quarter threshold. Without it spikes
@@ -180,17 +179,22 @@ pub struct Sampling {
 /// lost, and the plan says why.
 pub fn attach_sampler(ebpf: &mut Ebpf, options: &Options) -> Sampling {
     let period_ns = sampling::period_ns(options.threshold_ns);
+    let unavailable = |reason: String| Sampling {
+        availability: Availability { available: false, reason: Some(reason) },
+        period_ns,
+        cpus: 0,
+    };
     if !options.samples {
-        return Sampling { available: false, period_ns, cpus: 0, reason: Some("turned off with --no-samples".into()) };
+        return unavailable("turned off with --no-samples".into());
     }
     match start_sampler(ebpf, period_ns) {
-        Ok(cpus) => Sampling { available: true, period_ns, cpus, reason: None },
+        Ok(cpus) => Sampling { availability: Availability { available: true, reason: None }, period_ns, cpus },
         Err(e) => {
             // Unloading detaches the CPUs it had started on: all of them or none.
             if let Some(Ok(program)) = ebpf.program_mut(names::SAMPLER_PROGRAM).map(<&mut PerfEvent>::try_from) {
                 let _ = program.unload();
             }
-            Sampling { available: false, period_ns, cpus: 0, reason: Some(format!("{e:#}")) }
+            unavailable(format!("{e:#}"))
         }
     }
 }

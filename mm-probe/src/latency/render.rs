@@ -64,7 +64,7 @@ pub fn header_text(h: &Header) -> String {
     if let Some(reason) = &h.syscall_attribution.reason {
         let _ = writeln!(out, "syscall attribution unavailable: {reason}");
     }
-    match &h.sampling.reason {
+    match &h.sampling.availability.reason {
         Some(reason) => {
             let _ = writeln!(out, "no sampling ({reason}): spikes will not say where the holder's time went");
         }

@@ -271,7 +271,7 @@ mod tests {
         };
         let available = Availability { available: true, reason: None };
         let header = Header {
-            sampling: Sampling { available: true, period_ns: 125_000, cpus: 2, reason: None },
+            sampling: Sampling { availability: available.clone(), period_ns: 125_000, cpus: 2 },
             kernel: "6.12.57".into(),
             threshold_ns,
             selection: "pids",

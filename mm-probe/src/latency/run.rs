@@ -87,7 +87,8 @@ impl Capability for Latency {
         let (stacks, sample_stacks) = (stack_map(names::STACKS_MAP)?, stack_map(names::SAMPLE_STACKS_MAP)?);
         let run_time_is_charged =
             KernelConfig::running(&kernel.release.text).is_some_and(|config| config.charges_less_than_wall_time());
-        let decoder = Decoder { kallsyms, stacks, sample_stacks, run_time_is_charged, sampling: sampling.available };
+        let decoder =
+            Decoder { kallsyms, stacks, sample_stacks, run_time_is_charged, sampling: sampling.availability.available };
         let header = Header {
             kernel: kernel.release.to_string(),
             threshold_ns: self.options.threshold_ns,

@@ -331,6 +331,10 @@ pub struct ExporterArgs {
     /// exporter's own metrics); without it that is an error.
     #[arg(long)]
     pub allow_empty: bool,
+    /// Judge each capability over windows this long, as its command would over such a run;
+    /// mm_probe_verdict and mm_probe_finding show the last one.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_watch_duration)]
+    pub window: Duration,
     /// Wakeups and function calls slower than this are counted apart, and the histograms get an
     /// exact bucket edge here (units: ns, us/µs, ms, s) [default: 500us].
     #[arg(long, value_name = "DURATION", value_parser = parse_limit_duration, help_heading = "Latency")]
@@ -353,6 +357,13 @@ pub struct ExporterArgs {
 /// `$COLUMNS`, else 100.
 pub fn parse_or_exit() -> Cli {
     parse_from(std::env::args_os(), text::width()).unwrap_or_else(|e| exit_on_bad_command_line(&e))
+}
+
+/// `mm-probe SUBCOMMAND` with no option given: the command with its own defaults. The exporter
+/// judges with its commands' default limits, read here so that the two cannot differ.
+pub fn defaults<A>(subcommand: &str, its_args: impl FnOnce(Command) -> Option<A>) -> anyhow::Result<A> {
+    let command = parse_from(["mm-probe", subcommand], 100)?.command;
+    its_args(command).ok_or_else(|| anyhow::anyhow!("`mm-probe {subcommand}` parsed as another command"))
 }
 
 /// Parses `args` (the program name first) with help wrapped to `width` columns, then refuses a

@@ -70,6 +70,88 @@ fn prometheus_scrapes_exactly_what_the_kernel_counted_for_a_fifo_waker() {
     held.exit();
 }
 
+/// Each window is judged as `mm-probe latency` would judge a run of it: the waker's loops, every
+/// wakeup slower than 1 µs, are a CRIT finding; a window in which no watched task woke is
+/// UNKNOWN, not OK, and no finding; with a limit nothing reaches, the same loops are OK.
+#[test]
+fn each_window_is_judged_a_finding_while_wakeups_are_slow_and_unknown_when_none_happen() {
+    if !root_with_loopback() {
+        return;
+    }
+    let before = our_programs();
+    for (threshold, judged) in [("1us", "CRIT"), ("10s", "OK")] {
+        let mut held = HeldWaker::spawn(&["--prio", "80", "--period-us", "2000", "--loops", "500"]);
+        let pid = held.pid.to_string();
+        let args = ["--only", "latency", "--window", "2s", "--threshold", threshold, "-p", &pid];
+        let exporter = Exporter::start(&args);
+        let found = exporter.metrics_when("no verdict yet", |s| verdict(s, "latency").is_some());
+        assert_eq!(verdict(&found, "latency").as_deref(), Some("UNKNOWN"), "a window before the loops");
+        held.run();
+        let served = exporter.metrics_when(judged, |s| verdict(s, "latency").as_deref() == Some(judged));
+        let finding = served.iter().filter(|s| s.name == "mm_probe_finding").collect::<Vec<_>>();
+        if judged == "CRIT" {
+            promtool_accepts(&exporter.get_metrics(false));
+            let labels: Vec<_> = finding.iter().map(|s| (&s.labels["level"], &s.labels["metric"], s.value)).collect();
+            assert_eq!(labels, [(&"CRIT".to_string(), &"over_threshold".to_string(), 1.0)]);
+        } else {
+            assert!(finding.is_empty(), "an OK window is no finding");
+        }
+        // The waker now waits on stdin: the next whole window saw no wakeup.
+        let quiet = exporter.metrics_when("UNKNOWN", |s| verdict(s, "latency").as_deref() == Some("UNKNOWN"));
+        assert!(!quiet.iter().any(|s| s.name == "mm_probe_finding"), "a window with nothing to judge is no finding");
+        exporter.stop_and_check_nothing_left(&before);
+        held.exit();
+    }
+}
+
+/// In the guests, with the mirror driver: a retry loop that reuses a stale sequence cannot
+/// succeed, and its window is a CRIT finding on stale_retries; whole-range walks under a madvise
+/// storm are a finding on what the counters measure, never called stale. The -EBUSY returns
+/// served are the driver's own count.
+#[test]
+fn a_retry_storms_window_is_a_finding_and_a_loop_that_cannot_succeed_is_named() {
+    if !root_with_loopback() {
+        return;
+    }
+    if vm_kernel().is_none() {
+        eprintln!("skipped on the host: the mirror driver's storms run in the guests");
+        return;
+    }
+    let _module = common::MirrorModule::load();
+    let before = our_programs();
+    let exporter = Exporter::start(&["--only", "retry-storm", "--window", "2s"]);
+    exporter.metrics_when("a first window", |s| verdict(s, "retry-storm").is_some());
+    let storms: [(&str, &[&str]); 2] = [
+        ("stale sequence", &["--timeout-ms", "20", "--chunk", "2M", "--stale-seq", "--duration-ms", "1500"]),
+        ("whole-range walks", &["--timeout-ms", "1000", "--duration-ms", "2000"]),
+    ];
+    for (label, args) in storms {
+        let ebusy = |s: &[Sample]| value_of(s, "mm_probe_hmm_range_fault_returns_total", &[("result", "ebusy")]);
+        let start = ebusy(&samples(&exporter.get_metrics(false)));
+        let out = Command::new(common::workload("hmm_storm"))
+            .args(["--size", "64M", "--interval-us", "50"])
+            .args(args)
+            .output()
+            .expect("running hmm_storm");
+        assert!(out.status.success(), "hmm_storm {label}: {}", String::from_utf8_lossy(&out.stderr));
+        let driver: Value = serde_json::from_slice(&out.stdout).expect("hmm_storm's counts");
+        let bad = |s: &[Sample]| verdict(s, "retry-storm").is_some_and(|level| level == "WARN" || level == "CRIT");
+        let judged = exporter.metrics_when(&format!("a finding for the {label} storm"), bad);
+        assert_eq!(ebusy(&judged) - start, driver["busy_returns"].as_f64().unwrap(), "{label}: {driver}");
+        let finding = judged.iter().find(|s| s.name == "mm_probe_finding").expect("a finding");
+        let (level, metric) = (finding.labels["level"].as_str(), finding.labels["metric"].as_str());
+        eprintln!("{label}: {level} on {metric}; driver {driver}");
+        if label == "stale sequence" {
+            assert_eq!((level, metric), ("CRIT", "stale_retries"), "{finding:?}");
+        } else {
+            assert!(["retry_rate", "invalidate_freq"].contains(&metric), "{finding:?}");
+        }
+        // The storm is over: a window without walks judges nothing.
+        exporter.metrics_when("a window without walks", |s| verdict(s, "retry-storm").as_deref() == Some("UNKNOWN"));
+    }
+    exporter.stop_and_check_nothing_left(&before);
+}
+
 #[test]
 fn every_capability_reports_its_plan_and_promtool_accepts_the_output() {
     if !root_with_loopback() {
@@ -130,6 +212,8 @@ fn bad_listen_addresses_and_taken_ports_are_one_line_usage_errors() {
     assert_one_line_usage_error(&out, "--listen \"localhost\" has no :PORT");
     let out = run_tool(&["exporter", "--listen", "no-such-host.invalid:9479"]);
     assert_one_line_usage_error(&out, "does not resolve");
+    let out = run_tool(&["exporter", "--window", "0s"]);
+    assert_one_line_usage_error(&out, "give a duration above zero");
     match loopback() {
         Ok(()) => {
             let taken = TcpListener::bind("127.0.0.1:0").expect("binding a port to take");
@@ -315,7 +399,7 @@ fn a_vms_invalidations_and_the_lock_they_contend_on_are_counted() {
         return;
     }
     let before = our_programs();
-    let exporter = Exporter::start(&["--only", "retry-storm,invalidations"]);
+    let exporter = Exporter::start(&["--only", "retry-storm,invalidations", "--window", "2s"]);
     let served = samples(&exporter.get_metrics(false));
     let attached = |capability: &str, probe: &str| {
         value_of(&served, "mm_probe_probe_attached", &[("capability", capability), ("probe", probe)]) == 1.0
@@ -399,6 +483,18 @@ fn a_vms_invalidations_and_the_lock_they_contend_on_are_counted() {
         }
         assert!(storm < STORMS, "the two threads contended on the VM's mmu_lock in none of {STORMS} storms");
     }
+    // The storm's window is judged as `mm-probe invalidations` judges a run: thousands of unmaps
+    // of one VM's memory in its busiest second are a finding; a window without any is UNKNOWN.
+    let bad = |s: &[Sample]| verdict(s, "invalidations").is_some_and(|level| level == "WARN" || level == "CRIT");
+    let judged = exporter.metrics_when("a WARN or CRIT window", bad);
+    let finding = judged.iter().find(|s| s.name == "mm_probe_finding" && s.labels["capability"] == "invalidations");
+    let finding = finding.expect("the storm's window is a finding");
+    assert_eq!(Some(&finding.labels["level"]), verdict(&judged, "invalidations").as_ref());
+    let metrics = ["invalidate_freq", "wait_per_invalidation", "callback_mean", "amplification"];
+    assert!(metrics.contains(&finding.labels["metric"].as_str()), "{finding:?}");
+    let quiet = exporter
+        .metrics_when("a window without invalidations", |s| verdict(s, "invalidations").as_deref() == Some("UNKNOWN"));
+    assert!(!quiet.iter().any(|s| s.name == "mm_probe_finding"), "nothing invalidated: no finding");
     exporter.stop_and_check_nothing_left(&before);
 }
 
@@ -442,6 +538,20 @@ impl Exporter {
         let (status, body) = http_get(self.port, "/metrics", accept);
         assert_eq!(status, 200, "{body}");
         body
+    }
+
+    /// The samples served once `done` holds of them, polled for up to 20 s (windows of 2 s).
+    fn metrics_when(&self, what: &str, done: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let served = samples(&self.get_metrics(false));
+            if done(&served) {
+                return served;
+            }
+            let verdicts: Vec<_> = served.iter().filter(|s| s.name == "mm_probe_verdict" && s.value == 1.0).collect();
+            assert!(Instant::now() < deadline, "no {what} within 20 s: {verdicts:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Ctrl-C: a clean exit, and every program it loaded gone.
@@ -643,6 +753,19 @@ fn parse_sample(line: &str) -> Sample {
         })
         .collect();
     Sample { name: name.to_string(), labels, value: value.parse().unwrap_or_else(|_| panic!("bad value in {line}")) }
+}
+
+/// The level of `capability`'s last window (the one `mm_probe_verdict` series at 1), if judged.
+fn verdict(samples: &[Sample], capability: &str) -> Option<String> {
+    let levels = samples.iter().filter(|s| s.name == "mm_probe_verdict" && s.labels["capability"] == capability);
+    let mut set: Vec<&Sample> = levels.collect();
+    if set.is_empty() {
+        return None;
+    }
+    assert_eq!(set.len(), 4, "one series per level");
+    set.retain(|s| s.value == 1.0);
+    assert_eq!(set.len(), 1, "exactly one level set");
+    Some(set[0].labels["level"].clone())
 }
 
 fn value_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {

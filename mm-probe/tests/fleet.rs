@@ -41,6 +41,8 @@ const fn histogram(name: &'static str, labels: &'static [&'static str]) -> Metri
 
 const CONTRACT: &[Metric] = &[
     metric("mm_probe_probe_attached", &["capability", "probe"]),
+    metric("mm_probe_verdict", &["capability", "level"]),
+    metric("mm_probe_finding", &["capability", "level", "metric"]),
     metric("mm_probe_lost_events_total", &["capability", "kind"]),
     metric("mm_probe_map_update_failures_total", &["capability", "map"]),
     metric("mm_probe_build_info", &["version", "kernel"]),

@@ -33,6 +33,18 @@ impl Collector for Families {
             "1 when the logical probe attached, 0 when this kernel does not allow it (mm-probe doctor says why).",
             &s.probe_attached,
         )?;
+        gauges(
+            &mut encoder,
+            "mm_probe_verdict",
+            "Each capability's verdict over the last --window, judged as its command judges with the command's default limits: 1 for its level (UNKNOWN: nothing to judge, or not observable), 0 for the others. From the first window's end.",
+            &s.verdicts,
+        )?;
+        gauges(
+            &mut encoder,
+            "mm_probe_finding",
+            "1 while a capability's verdict over the last --window is WARN or CRIT (a finding, as mm-probe triage reports it), with the metric that decided it.",
+            &s.findings,
+        )?;
         counters(
             &mut encoder,
             "mm_probe_lost_events",

@@ -19,14 +19,19 @@ pub mod negotiate;
 pub mod scrape;
 pub mod startup;
 
-use std::{cell::RefCell, net::SocketAddr, rc::Rc};
+use std::{
+    cell::{Cell, RefCell},
+    net::SocketAddr,
+    rc::Rc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result};
 use aya::Ebpf;
 
 use self::{
     http::{Exposition, Format},
-    scrape::{Choice, Slice, Snapshot, Source, probe_series, recursion_guard},
+    scrape::{Choice, Slice, Snapshot, Source, WindowVerdict, probe_series, recursion_guard},
 };
 use crate::{
     cause,
@@ -69,7 +74,7 @@ pub fn run(args: &ExporterArgs) -> Result<()> {
     // The HTTP connections are served on the skeleton's one thread, next to the maps they read.
     let limits = Limits { duration: None, targets: vec![] };
     crate::collect::run::run(limits, async |stopper: &mut Stopper| {
-        export(&kernel, &listen, &capabilities, slices, args.allow_empty, stopper).await
+        export(&kernel, &listen, &capabilities, slices, args, stopper).await
     })
 }
 
@@ -121,7 +126,7 @@ async fn export(
     listen: &[SocketAddr],
     capabilities: &[CapabilityId],
     slices: Vec<Box<dyn Slice>>,
-    allow_empty: bool,
+    args: &ExporterArgs,
     stopper: &mut Stopper,
 ) -> Result<()> {
     let listener = http::bind(listen).await?;
@@ -132,7 +137,7 @@ async fn export(
     let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;
     cause::probes::arm(&mut ebpf)?;
     let plans: Vec<_> = sources.iter().map(|source| (source.attached.capability, &source.attached.plan)).collect();
-    if let Some(error) = startup::nothing_attached(&plans).filter(|_| !allow_empty) {
+    if let Some(error) = startup::nothing_attached(&plans).filter(|_| !args.allow_empty) {
         detach_all(&mut ebpf).await;
         return Err(error.into());
     }
@@ -140,10 +145,21 @@ async fn export(
         println!("{line}");
     }
     let object = Rc::new(RefCell::new(Some(ebpf)));
-    let exporter = Rc::new(Exporter { release: kernel.release.clone(), sources, object: object.clone() });
+    let exporter = Rc::new(Exporter {
+        release: kernel.release.clone(),
+        sources,
+        object: object.clone(),
+        verdicts: RefCell::default(),
+        window_start: Cell::new(Instant::now()),
+    });
+    // The first window begins once every capability has attached, so that none judges the
+    // others' loading.
+    exporter.judge().map_err(anyhow::Error::msg)?;
+    exporter.verdicts.borrow_mut().clear();
     let served = tokio::select! {
         _ = stopper.wait() => Ok(()),
         drained = drain_every_period(&exporter) => drained,
+        judged = judge_every_window(&exporter, args.window) => judged,
         served = http::serve(listener, exporter.clone()) => served,
     };
     // Taken out, so that a connection still served during the detach's grace period answers
@@ -156,12 +172,14 @@ async fn export(
     served
 }
 
-/// What answers the scrapes: the attached sources and the object whose maps they read (`None`
-/// once shutting down).
+/// What answers the scrapes: the attached sources, the object whose maps they read (`None`
+/// once shutting down), and the last window's verdicts.
 struct Exporter {
     release: Release,
     sources: Vec<Source>,
     object: Rc<RefCell<Option<Ebpf>>>,
+    verdicts: RefCell<Vec<(CapabilityId, WindowVerdict)>>,
+    window_start: Cell<Instant>,
 }
 
 /// Drains the kernel's tables once a period whether or not anyone scrapes: a table must never
@@ -176,7 +194,32 @@ async fn drain_every_period(exporter: &Exporter) -> Result<()> {
     }
 }
 
+/// Judges every capability that has a verdict once a window. Returns only on an error.
+async fn judge_every_window(exporter: &Exporter, window: Duration) -> Result<()> {
+    let mut tick = Ticker::every(Some(window));
+    loop {
+        tick.tick().await;
+        exporter.judge().map_err(anyhow::Error::msg)?;
+    }
+}
+
 impl Exporter {
+    /// Each capability's verdict over the window since the last judgement, kept for the
+    /// scrapes until the next (nothing once shutting down).
+    fn judge(&self) -> Result<(), String> {
+        self.drain()?;
+        let object = self.object.borrow();
+        let Some(ebpf) = object.as_ref() else { return Ok(()) };
+        let window_ns = self.window_start.replace(Instant::now()).elapsed().as_nanos() as u64;
+        let mut verdicts = Vec::new();
+        for source in &self.sources {
+            let judged = source.reader.judge(ebpf, window_ns).map_err(|e| format!("judging the window: {e:#}"))?;
+            verdicts.extend(judged.map(|verdict| (source.attached.capability, verdict)));
+        }
+        *self.verdicts.borrow_mut() = verdicts;
+        Ok(())
+    }
+
     /// Moves the kernel's drained tables into the totals (nothing once shutting down).
     fn drain(&self) -> Result<(), String> {
         let mut object = self.object.borrow_mut();
@@ -196,6 +239,10 @@ impl Exporter {
             let skipped = program_runs_skipped(&self.release, ebpf, |program| attached.programs.contains(program));
             snapshot.lost_events.extend(recursion_guard(attached.capability, skipped));
             source.reader.read(ebpf, &mut snapshot)?;
+        }
+        for (capability, verdict) in self.verdicts.borrow().iter() {
+            snapshot.verdicts.extend(verdict.levels(*capability));
+            snapshot.findings.extend(verdict.finding(*capability));
         }
         Ok(snapshot)
     }

@@ -21,6 +21,7 @@ use crate::{
     cli::ExporterArgs,
     kernel::{Kernel, release::Release},
     probes::{GlobalValue, LogicalProbe, Plan},
+    report::verdict::{Level, Verdict},
 };
 
 /// What the exporter was asked for, as each chosen capability's slice reads it.
@@ -98,6 +99,51 @@ pub trait Reader {
 
     /// Adds this capability's series to the scrape.
     fn read(&self, ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()>;
+
+    /// Its verdict over the window since the previous call (since the attach for the first),
+    /// `window_ns` long, judged as its command judges with the command's default limits. The
+    /// tables are drained just before. Default: it has no verdict in the exporter.
+    fn judge(&self, _ebpf: &Ebpf, _window_ns: u64) -> Result<Option<WindowVerdict>> {
+        Ok(None)
+    }
+}
+
+/// A capability's verdict over one window as the exporter serves it: its level and the metric
+/// that decided it (the one its command's headline names).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowVerdict {
+    pub level: Level,
+    pub metric: Option<String>,
+}
+
+impl WindowVerdict {
+    /// `verdict` of a window in which the capability saw `work` of what it judges (walks,
+    /// wakeups, invalidations). With none, a verdict below WARN is UNKNOWN, as triage says
+    /// "nothing to judge": no walk at all is not a healthy retry rate.
+    pub fn of<M: std::fmt::Display, C>(verdict: &Verdict<M, C>, work: u64) -> Self {
+        if work == 0 && verdict.level < Level::Warn {
+            return Self { level: Level::Unknown, metric: None };
+        }
+        Self { level: verdict.level, metric: verdict.deciding().map(|m| m.metric.to_string()) }
+    }
+
+    /// `mm_probe_verdict`: one series per level, 1 for this verdict's (a state set, so that a
+    /// window judged OK and one that could judge nothing stay apart).
+    pub fn levels(&self, capability: CapabilityId) -> impl Iterator<Item = Series> + '_ {
+        let levels = [Level::Unknown, Level::Ok, Level::Warn, Level::Crit];
+        levels.into_iter().map(move |level| {
+            Series::new(&[("capability", capability.name()), ("level", level.name())], u64::from(level == self.level))
+        })
+    }
+
+    /// `mm_probe_finding`: present while the verdict is WARN or CRIT, as `triage` reports it,
+    /// labelled with the deciding metric (bounded: a capability's metrics are a fixed list).
+    pub fn finding(&self, capability: CapabilityId) -> Option<Series> {
+        let metric = self.metric.as_deref().unwrap_or("none");
+        (self.level >= Level::Warn).then(|| {
+            Series::new(&[("capability", capability.name()), ("level", self.level.name()), ("metric", metric)], 1)
+        })
+    }
 }
 
 /// One labelled value of a counter or gauge family (labels in the family's order).
@@ -144,6 +190,9 @@ pub struct Snapshot {
     pub lock_wait_seconds: Vec<FloatSeries>,
     pub callback_calls: Vec<Series>,
     pub callback_seconds: Vec<FloatSeries>,
+    /// The last judged window's verdict of each capability that judges one, and its finding.
+    pub verdicts: Vec<Series>,
+    pub findings: Vec<Series>,
 }
 
 impl Snapshot {
@@ -181,4 +230,33 @@ pub fn kvm_events(unmaps: Option<u64>, ages: Option<u64>) -> Vec<Series> {
 /// Every program a catalog may attach (for the recursion-guard count of its capability).
 pub fn catalog_programs(probes: &[LogicalProbe]) -> Programs {
     Programs::Catalog(probes.iter().flat_map(|p| p.candidates).flat_map(|c| c.hooks).map(|h| h.program).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(series: impl Iterator<Item = Series>) -> Vec<(String, u64)> {
+        series
+            .map(|s| (s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","), s.value))
+            .collect()
+    }
+
+    #[test]
+    fn a_verdict_is_one_level_of_four_and_a_finding_only_at_warn_or_crit() {
+        let crit = WindowVerdict { level: Level::Crit, metric: Some("retry_rate".into()) };
+        let levels = values(crit.levels(CapabilityId::RetryStorm));
+        assert_eq!(levels.len(), 4);
+        assert_eq!(levels.iter().filter(|(_, v)| *v == 1).count(), 1);
+        assert!(levels.contains(&("capability=retry-storm,level=CRIT".into(), 1)), "{levels:?}");
+        let finding = values(crit.finding(CapabilityId::RetryStorm).into_iter());
+        assert_eq!(finding, [("capability=retry-storm,level=CRIT,metric=retry_rate".to_string(), 1)]);
+        let verdict: Verdict<&str, ()> = Verdict { level: Level::Ok, ..Verdict::default() };
+        assert_eq!(WindowVerdict::of(&verdict, 0).level, Level::Unknown, "OK over no work is nothing judged");
+        assert_eq!(WindowVerdict::of(&verdict, 1).level, Level::Ok);
+        for level in [Level::Ok, Level::Unknown] {
+            let quiet = WindowVerdict { level, metric: None };
+            assert_eq!(quiet.finding(CapabilityId::Latency), None, "{level:?} is no finding");
+        }
+    }
 }

@@ -203,7 +203,9 @@ impl PeakRate {
             .iter()
             .map(|(owner, count)| (*owner, count.saturating_sub(then.get(owner).copied().unwrap_or(0))))
             .max_by_key(|(_, delta)| *delta)
+            .filter(|(_, delta)| *delta > 0)
         else {
+            // A period in which nothing was invalidated has no busiest mm: not a rate of 0/s.
             return;
         };
         let rate = delta as f64 / seconds;
@@ -495,9 +497,42 @@ pub fn interval(before: &Tables, now: &Tables, interval_ns: u64, seen_waits: boo
 
 #[cfg(test)]
 mod tests {
-    use mm_probe_common::invalidations::{FIT_CLASSES, TIME_BUCKETS};
+    use mm_probe_common::invalidations::{FIT_CLASSES, InvalidationKey, InvalidationStats, SIZE_BUCKETS, TIME_BUCKETS};
 
     use super::*;
+
+    /// Totals holding `count` invalidations of process 7's memory.
+    fn invalidated(count: u64) -> Tables {
+        let key = InvalidationKey {
+            tgid: 9,
+            owner_tgid: 7,
+            source: Source::KvmUnmap as u32,
+            event: u32::MAX,
+            comm: [b'a'; 16],
+            cause: Default::default(),
+        };
+        let stats = InvalidationStats {
+            count,
+            bytes: 0,
+            whole_mm: 0,
+            sizes: [0; SIZE_BUCKETS],
+            durations: [0; TIME_BUCKETS],
+            duration_ns: 0,
+            ended: 0,
+        };
+        Tables { invalidations: [(key, stats)].into(), ..Tables::default() }
+    }
+
+    #[test]
+    fn the_peak_is_the_busiest_period_and_a_period_of_nothing_is_none_not_zero() {
+        let mut peak = PeakRate::default();
+        peak.observe(&invalidated(5), &invalidated(5), 1.0, 1);
+        assert_eq!(peak.peak, None, "nothing new: no busiest mm");
+        peak.observe(&invalidated(5), &invalidated(2005), 2.0, 2);
+        peak.observe(&invalidated(2005), &invalidated(2505), 1.0, 3);
+        let p = peak.peak.unwrap();
+        assert_eq!((p.per_second, p.owner_tgid, p.end_ns), (1000.0, Some(7), 2));
+    }
 
     /// Callback stats from groups of `(size class, calls, ns each)`; a class may have several.
     fn stats(groups: &[(usize, u64, u64)]) -> CallbackStats {

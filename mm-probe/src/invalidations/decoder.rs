@@ -64,6 +64,25 @@ impl Tables {
         usize::try_from(stack_id).ok().and_then(|i| self.stacks.get(i)).map_or(&[], Vec::as_slice)
     }
 
+    /// What was counted since `earlier`, a reading of the same totals: each row less its
+    /// earlier counts, rows with nothing new left out. Maxima do not subtract: a row's `max_ns`
+    /// stays the largest since the probes attached. Stacks and VMs are kept whole (rows index
+    /// them).
+    pub fn since(&self, earlier: &Tables) -> Tables {
+        let counters = self.counters.iter().enumerate();
+        Tables {
+            invalidations: rows_since(&self.invalidations, &earlier.invalidations, sub_invalidation, |s| s.count),
+            waits: rows_since(&self.waits, &earlier.waits, sub_wait, |s| s.count),
+            stacks: self.stacks.clone(),
+            kvm_locks: self.kvm_locks.clone(),
+            callbacks: rows_since(&self.callbacks, &earlier.callbacks, sub_callback, |s| s.calls),
+            counters: counters.map(|(i, n)| n.saturating_sub(earlier.counters.get(i).copied().unwrap_or(0))).collect(),
+            folded_waits: self.folded_waits.saturating_sub(earlier.folded_waits),
+            cause_brackets_missed: self.cause_brackets_missed.saturating_sub(earlier.cause_brackets_missed),
+            cause_begins_refused: self.cause_begins_refused.saturating_sub(earlier.cause_begins_refused),
+        }
+    }
+
     fn add_waits(&mut self, drained: Vec<(WaitKey, WaitStats)>) {
         for (key, stats) in drained {
             let key = if self.waits.len() >= MAX_WAIT_GROUPS && !self.waits.contains_key(&key) {
@@ -75,6 +94,23 @@ impl Tables {
             merge(&mut self.waits, key, stats, add_wait);
         }
     }
+}
+
+/// `now`'s rows less `earlier`'s, keeping those with a count left.
+fn rows_since<K: Copy + Eq + Hash, V: Copy>(
+    now: &HashMap<K, V>,
+    earlier: &HashMap<K, V>,
+    sub: fn(&mut V, &V),
+    count: fn(&V) -> u64,
+) -> HashMap<K, V> {
+    let since = |(key, stats): (&K, &V)| {
+        let mut row = *stats;
+        if let Some(before) = earlier.get(key) {
+            sub(&mut row, before);
+        }
+        (count(&row) > 0).then_some((*key, row))
+    };
+    now.iter().filter_map(since).collect()
 }
 
 fn merge<K: Eq + Hash, V>(into: &mut HashMap<K, V>, key: K, value: V, add: fn(&mut V, &V)) {
@@ -270,6 +306,41 @@ fn add_callback(into: &mut CallbackStats, from: &CallbackStats) {
     }
 }
 
+fn sub_invalidation(from: &mut InvalidationStats, earlier: &InvalidationStats) {
+    from.count = from.count.saturating_sub(earlier.count);
+    from.bytes = from.bytes.saturating_sub(earlier.bytes);
+    from.whole_mm = from.whole_mm.saturating_sub(earlier.whole_mm);
+    sub_all(&mut from.sizes, &earlier.sizes);
+    sub_all(&mut from.durations, &earlier.durations);
+    from.duration_ns = from.duration_ns.saturating_sub(earlier.duration_ns);
+    from.ended = from.ended.saturating_sub(earlier.ended);
+}
+
+fn sub_wait(from: &mut WaitStats, earlier: &WaitStats) {
+    from.count = from.count.saturating_sub(earlier.count);
+    from.wait_ns = from.wait_ns.saturating_sub(earlier.wait_ns);
+    sub_all(&mut from.buckets, &earlier.buckets);
+}
+
+fn sub_callback(from: &mut CallbackStats, earlier: &CallbackStats) {
+    from.calls = from.calls.saturating_sub(earlier.calls);
+    from.total_ns = from.total_ns.saturating_sub(earlier.total_ns);
+    from.bytes = from.bytes.saturating_sub(earlier.bytes);
+    from.refused = from.refused.saturating_sub(earlier.refused);
+    from.nonblocking = from.nonblocking.saturating_sub(earlier.nonblocking);
+    from.wait_ns = from.wait_ns.saturating_sub(earlier.wait_ns);
+    sub_all(&mut from.buckets, &earlier.buckets);
+    for (from, earlier) in from.fit_buckets.iter_mut().zip(&earlier.fit_buckets) {
+        sub_all(from, earlier);
+    }
+}
+
+fn sub_all(from: &mut [u64], earlier: &[u64]) {
+    for (a, b) in from.iter_mut().zip(earlier) {
+        *a = a.saturating_sub(*b);
+    }
+}
+
 /// A wait's relation to invalidations, from its key.
 pub fn relation_of(key: &WaitKey) -> Relation {
     match key.relation {
@@ -283,6 +354,8 @@ pub fn relation_of(key: &WaitKey) -> Relation {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use mm_probe_common::invalidations::TIME_BUCKETS;
 
     use super::*;
@@ -324,6 +397,23 @@ mod tests {
         // A group already known keeps its own row.
         tables.add_waits(vec![wait(1, 5, 1)]);
         assert_eq!(tables.folded_waits, 2000);
+    }
+
+    #[test]
+    fn a_window_is_what_was_counted_since_its_start() {
+        let mut earlier = Tables { counters: vec![4, 1], folded_waits: 1, ..Tables::default() };
+        earlier.add_waits(vec![wait(1, 7, 2), wait(2, 7, 5)]);
+        let mut now = earlier.clone();
+        now.add_waits(vec![wait(1, 7, 3), wait(3, 8, 1)]);
+        now.counters = vec![10, 1, 2];
+        now.folded_waits = 3;
+        let window = now.since(&earlier);
+        let counts: BTreeMap<u64, u64> = window.waits.iter().map(|(k, s)| (k.lock, s.count)).collect();
+        // Lock 2 counted nothing new: left out, not a row of zeros.
+        assert_eq!(counts, BTreeMap::from([(1, 3), (3, 1)]));
+        assert_eq!(window.waits.values().map(|s| s.wait_ns).sum::<u64>(), 40);
+        assert_eq!((window.counters, window.folded_waits), (vec![6, 0, 2], 2));
+        assert!(now.since(&now).waits.is_empty());
     }
 
     #[test]

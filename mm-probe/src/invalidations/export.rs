@@ -1,7 +1,8 @@
 //! Invalidations' slice of `mm-probe exporter`: its probes and the known subscribers' callbacks
 //! attached, its tables drained every period into totals kept since attach, and on every scrape
 //! the notifier's invalidations by event, KVM's tracepoints, contended locks by class and waiting
-//! path, and the subscribers' callbacks.
+//! path, and the subscribers' callbacks. Each window is judged from the change in the totals, as
+//! the command judges a run of that length.
 
 use std::{cell::RefCell, collections::BTreeMap, time::Duration};
 
@@ -10,27 +11,34 @@ use aya::Ebpf;
 use mm_probe_common::invalidations::{self as names, Counter};
 
 use super::{
-    aggregator::{self, Scope},
+    aggregator::{self, PeakRate, RunFacts, Scope},
     decoder::{DRAIN_PERIOD, Drain, Tables},
     globals::{kvm_locks_nameable, kvm_members, settings},
+    judge::Thresholds,
     locks::{self, KvmMembers},
     probes::{Observability, PROBES, attach_callbacks, observability},
     report::{Invalidations, Loss},
+    run::default_thresholds,
 };
 use crate::{
     capability::CapabilityId,
     cause::Namer,
-    exporter::scrape::{Attached, Choice, FloatSeries, Programs, Reader, Series, Slice, Snapshot, Source, kvm_events},
+    collect::monotonic_ns,
+    exporter::scrape::{
+        Attached, Choice, FloatSeries, Programs, Reader, Series, Slice, Snapshot, Source, WindowVerdict, kvm_events,
+    },
     kernel::{Kallsyms, Kernel},
     probes::{GlobalValue, Planner},
 };
 
 /// Invalidations as the exporter was asked for it.
 pub fn slice(_choice: &Choice) -> Result<Box<dyn Slice>> {
-    Ok(Box::new(InvalidationsSlice))
+    Ok(Box::new(InvalidationsSlice { thresholds: default_thresholds()? }))
 }
 
-struct InvalidationsSlice;
+struct InvalidationsSlice {
+    thresholds: Thresholds,
+}
 
 impl Slice for InvalidationsSlice {
     fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
@@ -48,6 +56,8 @@ impl Slice for InvalidationsSlice {
             namer: Namer::from_tracefs(),
             kvm_members: kvm_members(kernel),
             drain: RefCell::default(),
+            thresholds: self.thresholds,
+            window: RefCell::new(Window::starting(monotonic_ns())),
         };
         // Every program is named inv_*, each subscriber's callback probe too.
         let attached = Attached { capability: CapabilityId::Invalidations, plan, programs: Programs::Prefix("inv_") };
@@ -65,6 +75,35 @@ struct InvalidationsReader {
     /// The totals since attach: the kernel's tables are drained into them every period and at
     /// each scrape, so that weeks of a busy node never fill a table.
     drain: RefCell<Drain>,
+    thresholds: Thresholds,
+    window: RefCell<Window>,
+}
+
+/// The window being judged: the totals when it began, and its busiest second so far.
+struct Window {
+    start: Tables,
+    peak: PeakRate,
+    /// The totals at the last reading the peak rate took in, and when (monotonic ns).
+    last: Tables,
+    last_ns: u64,
+}
+
+impl Window {
+    fn starting(now_ns: u64) -> Self {
+        Self { start: Tables::default(), peak: PeakRate::default(), last: Tables::default(), last_ns: now_ns }
+    }
+
+    /// Takes the totals in for the peak rate, once at least half a drain period has passed since
+    /// the last reading it took: a scrape drains too, and a rate over a few milliseconds is noise.
+    fn observe(&mut self, totals: &Tables, now_ns: u64) {
+        let seconds = now_ns.saturating_sub(self.last_ns) as f64 / 1e9;
+        if seconds < DRAIN_PERIOD.as_secs_f64() / 2.0 {
+            return;
+        }
+        self.peak.observe(&self.last, totals, seconds, now_ns);
+        self.last = totals.clone();
+        self.last_ns = now_ns;
+    }
 }
 
 impl Reader for InvalidationsReader {
@@ -73,7 +112,29 @@ impl Reader for InvalidationsReader {
     }
 
     fn drain(&self, ebpf: &mut Ebpf) -> Result<()> {
-        self.drain.borrow_mut().drain(ebpf, self.kallsyms.as_ref())
+        let mut drain = self.drain.borrow_mut();
+        drain.drain(ebpf, self.kallsyms.as_ref())?;
+        self.window.borrow_mut().observe(&drain.totals, monotonic_ns());
+        Ok(())
+    }
+
+    /// The change in the totals over the window, summarized and judged as the command judges
+    /// a run of that length (its busiest second from the drains in between).
+    fn judge(&self, _ebpf: &Ebpf, window_ns: u64) -> Result<Option<WindowVerdict>> {
+        let drain = self.drain.borrow();
+        let mut window = self.window.borrow_mut();
+        let run = RunFacts {
+            seen: &self.seen,
+            pids: &[],
+            peak: window.peak.peak.take(),
+            kvm_members: &self.kvm_members,
+            kallsyms: self.kallsyms.as_ref(),
+            skipped: None,
+            namer: &self.namer,
+        };
+        let summary = aggregator::summary(&drain.totals.since(&window.start), window_ns, &run, &self.thresholds);
+        window.start = drain.totals.clone();
+        Ok(Some(WindowVerdict::of(&summary.verdict, summary.invalidations.count.unwrap_or(0))))
     }
 
     fn read(&self, _ebpf: &Ebpf, snapshot: &mut Snapshot) -> Result<()> {

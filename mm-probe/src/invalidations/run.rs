@@ -20,7 +20,7 @@ use super::{
 use crate::{
     capability::CapabilityId as Id,
     cause::Namer,
-    cli::{InvalidationsArgs, RunArgs},
+    cli::{Command, InvalidationsArgs, RunArgs},
     collect::{
         Ticker,
         driver::{Capability, End, Printout, Session},
@@ -42,6 +42,15 @@ impl Invalidations {
     pub fn from_args(args: &InvalidationsArgs) -> Result<Self, UserError> {
         Ok(Self { run: args.run.clone(), thresholds: thresholds_from(args)? })
     }
+}
+
+/// The limits `mm-probe invalidations` judges with when none is given (the exporter's).
+pub fn default_thresholds() -> Result<Thresholds> {
+    let args = crate::cli::defaults(Id::Invalidations.command(), |c| match c {
+        Command::Invalidations(args) => Some(args),
+        _ => None,
+    })?;
+    Ok(thresholds_from(&args)?)
 }
 
 fn thresholds_from(args: &InvalidationsArgs) -> Result<Thresholds, UserError> {

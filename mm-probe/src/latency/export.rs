@@ -9,7 +9,7 @@
 //! 4000 ns lies in the next row). The threshold is an edge too: the kernel counts
 //! `latency_ns > threshold_ns` apart, so count(≤ threshold) = count − over_threshold.
 
-use std::time::Duration;
+use std::{cell::RefCell, collections::BTreeMap, time::Duration};
 
 use anyhow::Result;
 use aya::Ebpf;
@@ -20,6 +20,7 @@ use super::{
     attach::{
         FunctionPlan, REQUIRED_PROBES, attach_probes, check_functions_exist, select_pids, settings, syscall_attribution,
     },
+    judge,
     options::Options,
     run::{counter, read_totals},
 };
@@ -28,7 +29,7 @@ use crate::{
     cli::{ExporterArgs, LatencySelection},
     exporter::{
         buckets::{Bucket, Histogram},
-        scrape::{Attached, Choice, Programs, Reader, Series, Slice, Snapshot, Source},
+        scrape::{Attached, Choice, Programs, Reader, Series, Slice, Snapshot, Source, WindowVerdict},
     },
     kernel::Kernel,
     probes::GlobalValue,
@@ -77,7 +78,8 @@ impl Slice for LatencySlice {
         // Every latency program is named lat_*; a skipped run of the wakeup or switch program is a
         // wakeup the histogram never saw.
         let wakeups_seen = REQUIRED_PROBES.iter().all(|p| plan.is_attached(p));
-        let reader = LatencyReader { wakeups_seen, functions, threshold_ns: self.options.threshold_ns };
+        let threshold_ns = self.options.threshold_ns;
+        let reader = LatencyReader { wakeups_seen, functions, threshold_ns, window_start: RefCell::default() };
         let attached = Attached { capability: CapabilityId::Latency, plan, programs: Programs::Prefix("lat_") };
         Ok(Source { attached, reader: Box::new(reader) })
     }
@@ -89,6 +91,8 @@ struct LatencyReader {
     wakeups_seen: bool,
     functions: Vec<FunctionPlan>,
     threshold_ns: u64,
+    /// The wakeup distribution when the window being judged began.
+    window_start: RefCell<Distribution>,
 }
 
 impl Reader for LatencyReader {
@@ -113,6 +117,16 @@ impl Reader for LatencyReader {
             ));
         }
         Ok(())
+    }
+
+    /// The window's wakeups against the threshold, as `mm-probe latency` judges them; the spikes'
+    /// causes come from the ring, which is off here, so the verdict names none.
+    fn judge(&self, ebpf: &Ebpf, _window_ns: u64) -> Result<Option<WindowVerdict>> {
+        let now = read_totals(ebpf, 0)?.wakeup;
+        let start = self.window_start.replace(now.clone());
+        let wakeups = if self.wakeups_seen { now.since(&start) } else { Distribution::default() };
+        let judged = judge::judge(&wakeups, self.threshold_ns, &BTreeMap::new(), &[], &[], &BTreeMap::new());
+        Ok(Some(WindowVerdict::of(&judged.verdict, wakeups.count)))
     }
 }
 

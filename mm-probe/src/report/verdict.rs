@@ -234,6 +234,18 @@ impl<M: Copy + PartialEq + std::fmt::Display, C> Verdict<M, C> {
     }
 }
 
+impl<M, C> Verdict<M, C> {
+    /// The metric the headline names: the first of the worst judged (none when nothing was).
+    pub fn deciding(&self) -> Option<&MetricVerdict<M>> {
+        deciding(&self.metrics)
+    }
+}
+
+/// The first of the worst judged: metrics come in the order of their importance.
+fn deciding<M>(metrics: &[MetricVerdict<M>]) -> Option<&MetricVerdict<M>> {
+    metrics.iter().rev().filter(|m| m.value.is_some()).max_by_key(|m| m.level)
+}
+
 /// `metric`'s level among `metrics` (UNKNOWN when it is not judged there).
 pub fn level_of<M: PartialEq>(metrics: &[MetricVerdict<M>], metric: M) -> Level {
     metrics.iter().find(|m| m.metric == metric).map_or(Level::Unknown, |m| m.level)
@@ -241,8 +253,7 @@ pub fn level_of<M: PartialEq>(metrics: &[MetricVerdict<M>], metric: M) -> Level 
 
 /// "retry_rate 85.00 % (CRIT above 15.00 %)", or why nothing could be judged.
 fn headline<M: std::fmt::Display>(metrics: &[MetricVerdict<M>]) -> String {
-    // The first of the worst: metrics come in the order of their importance.
-    let Some(worst) = metrics.iter().rev().filter(|m| m.value.is_some()).max_by_key(|m| m.level) else {
+    let Some(worst) = deciding(metrics) else {
         let why = metrics.iter().find_map(|m| m.unknown_because.as_deref()).unwrap_or(NOTHING_SEEN);
         return why.to_string();
     };
@@ -305,6 +316,7 @@ mod tests {
         assert_eq!(verdict.level, Level::Crit);
         assert_eq!(verdict.headline, "rate 50.00 % (CRIT above 15.00 %)");
         assert_eq!(level_of(&verdict.metrics, Metric::Latency), Level::Crit);
+        assert_eq!(verdict.deciding().map(|m| m.metric), Some(Metric::Rate));
     }
 
     #[test]

@@ -1,37 +1,49 @@
 //! Retry-storm's slice of `mm-probe exporter`: its probes attached with the event ring off, and
 //! on every scrape the kernel's counters: hmm_range_fault's returns, the invalidations of
 //! mirrored memory by event, the time in their callbacks, and KVM's tracepoints unless
-//! invalidations has them.
+//! invalidations has them. Each window is judged from the same counters.
+
+use std::cell::RefCell;
 
 use anyhow::Result;
 use aya::Ebpf;
-use mm_probe_common::hmm::{self as names, NotifierEvent};
+use mm_probe_common::hmm::{self as names, Counter, NotifierEvent};
 
 use super::{
-    counters::KernelTotals,
+    counters::{KernelCounters, KernelTotals, bucket_delta},
+    judge::{Evidence, Thresholds, judge},
     probes::{KVM_AGE_PROBE, KVM_UNMAP_PROBE, PROBES, observability, settings},
+    rates::{per_second, ratio},
     report::Observability,
+    run::default_thresholds,
 };
 use crate::{
     capability::CapabilityId,
     cause::probes as cause,
     exporter::{
         buckets::log2_ns_histogram,
-        scrape::{Attached, Choice, Reader, Series, Slice, Snapshot, Source, catalog_programs, kvm_events},
+        scrape::{
+            Attached, Choice, Reader, Series, Slice, Snapshot, Source, WindowVerdict, catalog_programs, kvm_events,
+        },
     },
     kernel::Kernel,
     probes::{GlobalValue, LogicalProbe, Planner},
+    report::Log2Histogram,
 };
 
 /// Retry-storm as the exporter was asked for it.
 pub fn slice(choice: &Choice) -> Result<Box<dyn Slice>> {
-    Ok(Box::new(RetryStormSlice { kvm_left_to_invalidations: choice.includes(CapabilityId::Invalidations) }))
+    Ok(Box::new(RetryStormSlice {
+        kvm_left_to_invalidations: choice.includes(CapabilityId::Invalidations),
+        thresholds: default_thresholds()?,
+    }))
 }
 
 struct RetryStormSlice {
     /// One attach per tracepoint: with invalidations chosen, KVM's tracepoints are its own (it
     /// learns each VM's lock there) and serve the one KVM family.
     kvm_left_to_invalidations: bool,
+    thresholds: Thresholds,
 }
 
 impl Slice for RetryStormSlice {
@@ -53,13 +65,17 @@ impl Slice for RetryStormSlice {
         let plan = Planner::new(kernel).attach_all(ebpf, &attached);
         let seen = observability(kernel, &plan);
         let attached = Attached { capability: CapabilityId::RetryStorm, plan, programs: catalog_programs(PROBES) };
-        Ok(Source { attached, reader: Box::new(RetryStormReader { seen }) })
+        let reader = RetryStormReader { seen, thresholds: self.thresholds, window_start: RefCell::default() };
+        Ok(Source { attached, reader: Box::new(reader) })
     }
 }
 
 /// Reads retry-storm as attached, knowing what its plan lets it see.
 struct RetryStormReader {
     seen: Observability,
+    thresholds: Thresholds,
+    /// The kernel's totals when the window being judged began.
+    window_start: RefCell<KernelTotals>,
 }
 
 impl Reader for RetryStormReader {
@@ -106,5 +122,82 @@ impl Reader for RetryStormReader {
             self.seen.kvm_age.then(|| c.get(names::Counter::KvmAge)),
         ));
         Ok(())
+    }
+
+    fn judge(&self, ebpf: &Ebpf, window_ns: u64) -> Result<Option<WindowVerdict>> {
+        let now = KernelTotals::read(ebpf)?;
+        let start = self.window_start.replace(now.clone());
+        let counted = now.counters.since(&start.counters);
+        let callback_ns = bucket_delta(&now.callback_ns, &start.callback_ns);
+        let evidence = counted_evidence(&counted, &callback_ns, window_ns, &self.seen);
+        Ok(Some(WindowVerdict::of(&judge(&evidence, &self.thresholds), evidence.walks)))
+    }
+}
+
+/// What the kernel's counters tell of one window. The walks' durations, the retry loops and
+/// what each failed walk collided with come from the event ring, which is off in the exporter:
+/// avg_latency and timeout_rate stay UNKNOWN, never 0.
+fn counted_evidence(c: &KernelCounters, callback_ns: &[u64], window_ns: u64, seen: &Observability) -> Evidence {
+    let walks = if seen.walks { c.get(Counter::Walks) } else { 0 };
+    let busy_walks = if seen.walks { c.get(Counter::WalkBusy) } else { 0 };
+    let invalidations = if seen.invalidations { c.get(Counter::Invalidations) } else { 0 };
+    Evidence {
+        walks,
+        busy_walks,
+        invalidations,
+        retry_rate: if seen.walks && seen.invalidations { ratio(busy_walks, invalidations) } else { None },
+        busy_per_walk: ratio(busy_walks, walks),
+        invalidate_freq: if seen.invalidations { per_second(invalidations, window_ns) } else { None },
+        callback_p99_ns: Log2Histogram::quantile_bound(callback_ns, 0.99),
+        stale_retries: (seen.walks && seen.sequences).then(|| c.get(Counter::StaleRetries)),
+        ..Evidence::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        report::verdict::Level,
+        retry_storm::{counters::tests::counters, judge::Metric},
+    };
+
+    fn seen() -> Observability {
+        Observability { walks: true, invalidations: true, sequences: true, ..Observability::default() }
+    }
+
+    fn judged(evidence: &Evidence) -> Vec<(Metric, Level)> {
+        judge(evidence, &Thresholds::default()).metrics.iter().map(|m| (m.metric, m.level)).collect()
+    }
+
+    #[test]
+    fn a_window_of_counters_judges_what_they_measure_and_leaves_the_rest_unknown() {
+        // 400 of 1000 walks failed against 1000 invalidations in 2 s: CRIT on retry_rate.
+        let evidence = counted_evidence(&counters(1000, 400, 1000), &[], 2_000_000_000, &seen());
+        assert_eq!((evidence.retry_rate, evidence.invalidate_freq), (Some(0.4), Some(500.0)));
+        let verdict = judge(&evidence, &Thresholds::default());
+        assert_eq!(
+            WindowVerdict::of(&verdict, evidence.walks),
+            WindowVerdict { level: Level::Crit, metric: Some("retry_rate".into()) }
+        );
+        let levels = judged(&evidence);
+        // Walk durations and retry loops come from the ring: unknown here, never 0.
+        assert!(levels.contains(&(Metric::AvgLatency, Level::Unknown)), "{levels:?}");
+        assert!(levels.contains(&(Metric::TimeoutRate, Level::Unknown)), "{levels:?}");
+        assert!(levels.contains(&(Metric::StaleRetries, Level::Ok)), "{levels:?}");
+    }
+
+    #[test]
+    fn what_the_plan_could_not_attach_is_not_judged() {
+        let unseen = Observability { walks: true, ..Observability::default() };
+        let evidence = counted_evidence(&counters(1000, 400, 1000), &[], 1_000_000_000, &unseen);
+        assert_eq!((evidence.retry_rate, evidence.invalidate_freq, evidence.invalidations), (None, None, 0));
+        let nothing = counted_evidence(&counters(0, 0, 0), &[], 1_000_000_000, &Observability::default());
+        assert_eq!(judge(&nothing, &Thresholds::default()).level, Level::Unknown);
+    }
+
+    #[test]
+    fn the_exporter_judges_with_the_commands_own_default_limits() {
+        assert_eq!(default_thresholds().unwrap(), Thresholds::default());
     }
 }

@@ -17,7 +17,7 @@ use super::{
 use crate::{
     capability::CapabilityId as Id,
     cause::Namer,
-    cli::{RetryStormArgs, RunArgs},
+    cli::{Command, RetryStormArgs, RunArgs},
     collect::{
         RingReader, Ticker,
         driver::{Capability, End, Printout, Session},
@@ -52,6 +52,15 @@ impl RetryStorm {
             timeout_ns: args.timeout.as_nanos() as u64,
         })
     }
+}
+
+/// The limits `mm-probe retry-storm` judges with when none is given (the exporter's).
+pub fn default_thresholds() -> Result<Thresholds> {
+    let args = crate::cli::defaults(Id::RetryStorm.command(), |c| match c {
+        Command::RetryStorm(args) => Some(args),
+        _ => None,
+    })?;
+    Ok(thresholds_from(&args)?)
 }
 
 fn thresholds_from(args: &RetryStormArgs) -> Result<Thresholds, UserError> {

@@ -284,6 +284,7 @@ fn load_and_attach<'k, C: Capability>(capability: &C, kernel: &'k Kernel) -> Res
     let mut ebpf = load_object(kernel, capability.definition().map_families, &capability.settings(kernel))?;
     let session = capability.attach(kernel, &mut ebpf)?;
     cause::probes::arm(&mut ebpf)?;
+    super::memory::release_startup(kernel);
     Ok((ebpf, session))
 }
 

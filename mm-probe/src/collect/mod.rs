@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod counters;
 pub mod driver;
+pub mod memory;
 pub mod ringbuf;
 pub mod run;
 pub mod shutdown;

@@ -136,6 +136,7 @@ async fn export(
     let mut ebpf = load_object(kernel, &families, &settings)?;
     let sources = slices.into_iter().map(|slice| slice.attach(kernel, &mut ebpf)).collect::<Result<Vec<_>>>()?;
     cause::probes::arm(&mut ebpf)?;
+    crate::collect::memory::release_startup(kernel);
     let plans: Vec<_> = sources.iter().map(|source| (source.attached.capability, &source.attached.plan)).collect();
     if let Some(error) = startup::nothing_attached(&plans).filter(|_| !args.allow_empty) {
         detach_all(&mut ebpf).await;

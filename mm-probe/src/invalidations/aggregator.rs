@@ -245,8 +245,8 @@ pub fn subscribers(tables: &Tables, kallsyms: Option<&Kallsyms>, seen_waits: boo
         .filter(|(_, stats)| stats.calls > 0)
         .map(|(ip, stats)| {
             let symbol = kallsyms.and_then(|k| k.symbolize(*ip));
-            let callback = symbol.as_ref().map_or_else(|| format!("{ip:#x}"), |s| s.symbol.name.clone());
-            let module = symbol.as_ref().and_then(|s| s.symbol.module.clone());
+            let callback = symbol.as_ref().map_or_else(|| format!("{ip:#x}"), |s| s.symbol.name.to_string());
+            let module = symbol.as_ref().and_then(|s| s.symbol.module.as_deref().map(str::to_string));
             SubscriberRow {
                 subscriber: subscriber_name(&callback, module.as_deref()),
                 module,

@@ -177,7 +177,9 @@ impl CallbackTimer {
     /// address is not a known function's start (a module loaded since it was read).
     fn symbol(&mut self, kernel: &Kernel, address: u64) -> Option<(String, Option<String>)> {
         let at_start = |k: &Kallsyms| {
-            k.symbolize(address).filter(|r| r.offset == 0).map(|r| (r.symbol.name.clone(), r.symbol.module.clone()))
+            k.symbolize(address)
+                .filter(|r| r.offset == 0)
+                .map(|r| (r.symbol.name.to_string(), r.symbol.module.as_deref().map(str::to_string)))
         };
         let current = self.kallsyms.as_ref().or_else(|| kernel.kallsyms().ok());
         if let Some(found) = current.and_then(at_start) {

@@ -193,7 +193,7 @@ impl Drain {
                     .map(|f| {
                         kallsyms
                             .and_then(|k| k.symbolize(f.ip))
-                            .map_or_else(|| format!("{:#x}", f.ip), |s| s.symbol.name.clone())
+                            .map_or_else(|| format!("{:#x}", f.ip), |s| s.symbol.name.to_string())
                     })
                     .collect();
                 let index = self.intern(functions);

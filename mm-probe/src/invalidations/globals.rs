@@ -18,8 +18,8 @@ pub fn kvm_locks_nameable(kernel: &Kernel) -> bool {
         return false;
     }
     let Ok(btf) = kernel.btf() else { return false };
-    Layout::offset_in(btf, offsets::KVM_MMU_LOCK).is_some()
-        && Layout::offset_in(btf, offsets::KVM_MMU_NOTIFIER).is_some()
+    Layout::offset_in(&btf, offsets::KVM_MMU_LOCK).is_some()
+        && Layout::offset_in(&btf, offsets::KVM_MMU_NOTIFIER).is_some()
 }
 
 /// `struct kvm`'s members, to name the locks inside a VM (empty without KVM's BTF).

@@ -4,18 +4,29 @@
 //! `foo.constprop.0`, `foo.part.0`, `foo.llvm.123`), and a kprobe must use the exact name. The
 //! `.cold` halves are not entry points and are never chosen.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    sync::Arc,
+};
 
 use anyhow::{Context as _, Result};
 
 /// Suffixes GCC and Clang append to function symbols they cloned or split.
 const CLONE_SUFFIXES: [&str; 4] = [".isra.", ".constprop.", ".part.", ".llvm."];
 
+/// The kernel's function symbols, held for the whole run (stacks are named with them): some
+/// 120,000 on a distribution kernel, so each name is stored once and each module's name is
+/// shared by its symbols.
 #[derive(Debug, Default)]
 pub struct Kallsyms {
-    names: BTreeSet<String>,
-    /// Function symbols by address, for turning stack frames into names.
-    by_address: Vec<Symbol>,
+    /// Every function symbol, by address; those whose address reads as zero (no privileges,
+    /// kptr_restrict) first, and left out of the address index.
+    symbols: Vec<Symbol>,
+    /// Where the symbols with a readable address begin.
+    addressed: usize,
+    /// Indices into `symbols`, in the order of their names (for finding a name and its clones).
+    by_name: Vec<u32>,
 }
 
 /// Room left for vmlinux's data and bss after its last function, where `_end` is not listed.
@@ -25,8 +36,8 @@ const IMAGE_DATA_ROOM: u64 = 256 << 20;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Symbol {
     pub address: u64,
-    pub name: String,
-    pub module: Option<String>,
+    pub name: Box<str>,
+    pub module: Option<Arc<str>>,
 }
 
 /// A code address resolved to the function holding it.
@@ -64,52 +75,78 @@ impl SymbolMatch {
     }
 }
 
+/// Kallsyms as it is read, line by line.
+#[derive(Default)]
+struct Builder {
+    symbols: Vec<Symbol>,
+    modules: BTreeMap<String, Arc<str>>,
+}
+
+impl Builder {
+    /// One line, `address type name [module]`: only text (function) symbols count.
+    fn add(&mut self, line: &str) {
+        let mut fields = line.split_whitespace();
+        let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
+            return;
+        };
+        if !matches!(kind, "t" | "T" | "w" | "W") {
+            return;
+        }
+        let module = fields.next().map(|m| m.trim_matches(|c| c == '[' || c == ']')).map(|m| self.module(m));
+        let address = u64::from_str_radix(address, 16).unwrap_or(0);
+        self.symbols.push(Symbol { address, name: name.into(), module });
+    }
+
+    fn module(&mut self, name: &str) -> Arc<str> {
+        self.modules.entry(name.to_string()).or_insert_with(|| name.into()).clone()
+    }
+
+    fn build(mut self) -> Kallsyms {
+        // Nearly sorted already (vmlinux, then modules and BPF images); in place, with no scratch
+        // buffer as large as the table.
+        self.symbols.sort_unstable_by_key(|s| s.address);
+        self.symbols.shrink_to_fit();
+        let addressed = self.symbols.partition_point(|s| s.address == 0);
+        let mut by_name: Vec<u32> = (0..self.symbols.len() as u32).collect();
+        by_name.sort_unstable_by(|&a, &b| self.symbols[a as usize].name.cmp(&self.symbols[b as usize].name));
+        Kallsyms { symbols: self.symbols, addressed, by_name }
+    }
+}
+
 impl Kallsyms {
+    /// Reads /proc/kallsyms a line at a time (the text is larger than what is kept of it).
     pub fn read() -> Result<Self> {
-        let text = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
-        Ok(Self::parse(&text))
+        let file = std::fs::File::open("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        let mut reader = BufReader::with_capacity(64 << 10, file);
+        let (mut builder, mut line) = (Builder::default(), String::new());
+        while reader.read_line(&mut line).context("reading /proc/kallsyms")? > 0 {
+            builder.add(&line);
+            line.clear();
+        }
+        Ok(builder.build())
     }
 
     /// Parses kallsyms text: `address type name [module]`; only text (function) symbols count.
     /// Addresses read as zero (no privileges, kptr_restrict) are kept out of the address index.
     pub fn parse(text: &str) -> Self {
-        let mut by_address = Vec::new();
-        let mut names = Vec::new();
-        for line in text.lines() {
-            let mut fields = line.split_whitespace();
-            let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next()) else {
-                continue;
-            };
-            if !matches!(kind, "t" | "T" | "w" | "W") {
-                continue;
-            }
-            names.push(name.to_string());
-            let address = u64::from_str_radix(address, 16).unwrap_or(0);
-            if address != 0 {
-                let module = fields.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
-                by_address.push(Symbol { address, name: name.to_string(), module });
-            }
-        }
-        // Bulk-built from a vector (sorted once) rather than inserted line by line: this runs at
-        // every start, in emulated guests too.
-        let names = BTreeSet::from_iter(names);
-        // Nearly sorted already (vmlinux, then modules and BPF images), which the sort exploits.
-        by_address.sort_by_key(|s| s.address);
-        Self { names, by_address }
+        let mut builder = Builder::default();
+        text.lines().for_each(|line| builder.add(line));
+        builder.build()
     }
 
     /// The function holding `address` (the nearest symbol at or below it), or `None` below the
     /// first symbol or when addresses were unreadable.
     pub fn symbolize(&self, address: u64) -> Option<Resolved<'_>> {
-        let index = self.by_address.partition_point(|s| s.address <= address).checked_sub(1)?;
-        let symbol = &self.by_address[index];
+        let by_address = &self.symbols[self.addressed..];
+        let index = by_address.partition_point(|s| s.address <= address).checked_sub(1)?;
+        let symbol = &by_address[index];
         Some(Resolved { symbol, offset: address - symbol.address })
     }
 
     /// The address of a function symbol; the first when several share the name (static
     /// functions of different files). `None` when absent or addresses are unreadable.
     pub fn address_of(&self, function: &str) -> Option<u64> {
-        self.by_address.iter().find(|s| s.name == function).map(|s| s.address)
+        self.symbols[self.addressed..].iter().find(|s| &*s.name == function).map(|s| s.address)
     }
 
     /// Where the kernel image (vmlinux's text, data and bss) lies: [_text, _end). Without data
@@ -118,31 +155,37 @@ impl Kallsyms {
     pub fn kernel_image(&self) -> Option<(u64, u64)> {
         let text = self.address_of("_text")?;
         let end = self.address_of("_end").or_else(|| {
-            let last = self.by_address.iter().filter(|s| s.module.is_none()).map(|s| s.address).max()?;
+            let last = self.symbols[self.addressed..].iter().filter(|s| s.module.is_none()).map(|s| s.address).max()?;
             Some(last.saturating_add(IMAGE_DATA_ROOM))
         })?;
         (end > text).then_some((text, end))
     }
 
     pub fn len(&self) -> usize {
-        self.names.len()
+        self.symbols.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
+        self.symbols.is_empty()
+    }
+
+    /// The names from the first at or after `from`, in order.
+    fn names_from<'a>(&'a self, from: &str) -> impl Iterator<Item = &'a str> {
+        let name = |i: &u32| &*self.symbols[*i as usize].name;
+        let start = self.by_name.partition_point(|i| name(i) < from);
+        self.by_name[start..].iter().map(name)
     }
 
     /// Finds `function`, exactly or as a compiler clone; never a `.cold` split.
     pub fn resolve(&self, function: &str) -> Option<SymbolMatch> {
-        if self.names.contains(function) {
+        if self.names_from(function).next() == Some(function) {
             return Some(SymbolMatch::Exact(function.to_string()));
         }
         let prefix = format!("{function}.");
-        self.names
-            .range(prefix.clone()..)
+        self.names_from(&prefix)
             .take_while(|name| name.starts_with(&prefix))
             .find(|name| is_clone_of(name, function))
-            .map(|name| SymbolMatch::Clone(name.clone()))
+            .map(|name| SymbolMatch::Clone(name.to_string()))
     }
 }
 
@@ -213,6 +256,15 @@ ffffffff81008000 t foo_bar
         let hidden = Kallsyms::parse("0000000000000000 T hmm_range_fault\n");
         assert!(hidden.symbolize(0xffffffff81001000).is_none(), "zeroed addresses are not an index");
         assert!(hidden.resolve("hmm_range_fault").is_some(), "names still resolve");
+    }
+
+    #[test]
+    fn a_modules_name_is_stored_once_for_all_its_symbols() {
+        let k = Kallsyms::parse("ffffffffc0001000 t a_fn\t[kvm]\nffffffffc0002000 t b_fn\t[kvm]\n");
+        let module = |address| k.symbolize(address).unwrap().symbol.module.clone().unwrap();
+        assert_eq!(&*module(0xffffffffc0001000), "kvm");
+        assert!(Arc::ptr_eq(&module(0xffffffffc0001000), &module(0xffffffffc0002000)));
+        assert_eq!(k.len(), 2);
     }
 
     #[test]

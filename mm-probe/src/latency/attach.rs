@@ -240,7 +240,7 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
     let forced_classic = std::env::var(SCHED_HOOKS_ENV).is_ok_and(|v| v == "tracepoint");
     let members =
         [layout::TASK_STRUCT_PID, layout::TASK_STRUCT_PRIO, layout::TASK_STRUCT_COMM, layout::TASK_STRUCT_CPU];
-    let btf_usable = kernel.btf().is_ok_and(|btf| members.iter().all(|m| Layout::offset_in(btf, m).is_some()));
+    let btf_usable = kernel.btf().is_ok_and(|btf| members.iter().all(|m| Layout::offset_in(&btf, m).is_some()));
     SCHED_PROBES
         .iter()
         .map(|p| if (btf_usable && !forced_classic) || p.candidates.len() == 1 { *p } else { classic_only(p) })

@@ -62,7 +62,7 @@ pub fn load_object(kernel: &Kernel, families: &[MapFamily], settings: &[(&'stati
     // host) run side by side.
     let (mut loader, layout) = std::thread::scope(|scope| {
         let loader = scope.spawn(EbpfLoader::new);
-        let layout = kernel.btf().map(Layout::resolve).unwrap_or_else(|_| Layout::unknown());
+        let layout = kernel.btf().map(|btf| Layout::resolve(&btf)).unwrap_or_else(|_| Layout::unknown());
         (loader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), layout)
     });
     let offsets = layout.values();

@@ -180,7 +180,7 @@ impl<'k> Planner<'k> {
     fn preflight(&self, mechanism: Mechanism, target: &str) -> Result<(String, Option<String>), AttachFailure> {
         match mechanism {
             Mechanism::Fentry | Mechanism::Fexit => {
-                let btf = self.kernel.btf().map_err(|e| AttachFailure::NoBtf(e.to_string()))?;
+                let btf = self.kernel.btf().map_err(AttachFailure::NoBtf)?;
                 btf.function_params(target)
                     .ok_or_else(|| AttachFailure::FunctionNotInBtf { function: target.to_string() })?;
                 Ok((target.to_string(), None))
@@ -209,7 +209,7 @@ impl<'k> Planner<'k> {
             }
             Mechanism::RawTracepoint => Ok((target.to_string(), None)),
             Mechanism::BtfTracepoint => {
-                let btf = self.kernel.btf().map_err(|e| AttachFailure::NoBtf(e.to_string()))?;
+                let btf = self.kernel.btf().map_err(AttachFailure::NoBtf)?;
                 if !btf.has_type(&format!("btf_trace_{target}")) {
                     return Err(AttachFailure::BtfTracepointAbsent { event: target.to_string() });
                 }
@@ -229,15 +229,15 @@ fn load_and_attach(
     mechanism: Mechanism,
     target: &str,
 ) -> Result<(), AttachFailure> {
-    let btf = || kernel.btf().map(|b| &b.aya).map_err(|e| AttachFailure::NoBtf(e.to_string()));
+    let btf = || kernel.btf().map_err(AttachFailure::NoBtf);
     let result = match mechanism {
         Mechanism::Fentry => {
             let p: &mut FEntry = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
-            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+            p.load(target, &btf()?.aya).and_then(|()| p.attach().map(drop))
         }
         Mechanism::Fexit => {
             let p: &mut FExit = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
-            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+            p.load(target, &btf()?.aya).and_then(|()| p.attach().map(drop))
         }
         Mechanism::Kprobe | Mechanism::Kretprobe => {
             let p: &mut KProbe = program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
@@ -259,7 +259,7 @@ fn load_and_attach(
         Mechanism::BtfTracepoint => {
             let p: &mut BtfTracePoint =
                 program.try_into().map_err(|e| AttachFailure::ProgramTypeMismatch(describe(&e)))?;
-            p.load(target, btf()?).and_then(|()| p.attach().map(drop))
+            p.load(target, &btf()?.aya).and_then(|()| p.attach().map(drop))
         }
     };
     result.map_err(|e| explain(mechanism, &e))

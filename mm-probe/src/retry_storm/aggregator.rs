@@ -268,12 +268,13 @@ pub fn read_begins_by_caller(ebpf: &Ebpf, kallsyms: Option<&Kallsyms>) -> Result
     for entry in map.iter() {
         let (key, per_cpu) = entry?;
         let symbol = callbacks.get(&key.notifier, 0).ok().and_then(|ip| kallsyms?.symbolize(ip));
-        let callback = symbol.as_ref().map(|s| s.symbol.name.clone());
+        let callback = symbol.as_ref().map(|s| s.symbol.name.to_string());
         let subscriber = callback.as_deref().and_then(crate::invalidations::probes::subscriber_of).map(str::to_string);
         callers.push(ReadBeginCaller {
             tgid: key.tgid,
             notifier: format!("{:#x}", key.notifier),
-            subscriber: subscriber.or_else(|| symbol.as_ref().and_then(|s| s.symbol.module.clone())),
+            subscriber: subscriber
+                .or_else(|| symbol.as_ref().and_then(|s| s.symbol.module.as_deref().map(str::to_string))),
             callback,
             calls: per_cpu.iter().sum(),
         });

@@ -93,7 +93,7 @@ fn reads_sequences(kernel: &Kernel) -> bool {
     let Ok(btf) = kernel.btf() else { return false };
     [layout_names::HMM_RANGE_NOTIFIER_SEQ, layout_names::INTERVAL_NOTIFIER_INVALIDATE_SEQ]
         .iter()
-        .all(|global| Layout::offset_in(btf, global).is_some())
+        .all(|global| Layout::offset_in(&btf, global).is_some())
 }
 
 /// Reads the plan into what can be observed, with a plain sentence for each gap.

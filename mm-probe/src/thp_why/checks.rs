@@ -285,14 +285,14 @@ impl AllowCheck {
 impl AllowCheck {
     /// The running kernel's allow-check: from BTF, else from the release number.
     pub fn of(kernel: &Kernel) -> Self {
-        kernel.btf().ok().and_then(Self::from_btf).unwrap_or_else(|| Self::from_release(&kernel.release))
+        kernel.btf().ok().and_then(|btf| Self::from_btf(&btf)).unwrap_or_else(|| Self::from_release(&kernel.release))
     }
 }
 
 /// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).
 pub fn disable_bits(kernel: &Kernel) -> ThpDisableBits {
     match kernel.btf() {
-        Ok(btf) => ThpDisableBits::from_btf(btf),
+        Ok(btf) => ThpDisableBits::from_btf(&btf),
         Err(_) if kernel.release.at_least(6, 18) => ThpDisableBits::Split { completely: 24, except_advised: 23 },
         Err(_) => ThpDisableBits::Single { disable: 24 },
     }

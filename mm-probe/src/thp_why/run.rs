@@ -364,7 +364,7 @@ fn stopped_by_name(stop: Stop) -> StoppedBy {
 
 /// This kernel's names of khugepaged's scan results: BTF, else the tracepoint's own table.
 fn scan_results(kernel: &Kernel) -> ScanResults {
-    if let Some(names) = kernel.btf().ok().and_then(ScanResults::from_btf) {
+    if let Some(names) = kernel.btf().ok().and_then(|btf| ScanResults::from_btf(&btf)) {
         return names;
     }
     let printed = tracefs::root()

@@ -64,7 +64,7 @@ fn scan_result_names_from_btf_and_tracefs_agree() {
         return;
     }
     let kernel = Kernel::running().unwrap();
-    let from_btf = ScanResults::from_btf(kernel.btf().unwrap()).expect("enum scan_result in BTF");
+    let from_btf = ScanResults::from_btf(&kernel.btf().unwrap()).expect("enum scan_result in BTF");
     let root = mm_probe::kernel::tracefs::root().unwrap();
     let printed = tracefs::print_symbols(&root, "huge_memory", "mm_khugepaged_scan_pmd", "status").unwrap();
     let from_tracefs = ScanResults::from_tracefs(&printed);

@@ -290,7 +290,7 @@ fn guest_kprobe_fallback_counts_like_the_fexit() {
     let (mut w, _) = Workload::regions(&[]);
     let kernel = Kernel::running().unwrap();
     let check = kernel_allow_check();
-    let bits = ThpDisableBits::from_btf(kernel.btf().unwrap());
+    let bits = ThpDisableBits::from_btf(&kernel.btf().unwrap());
     // Only the allow-check's second candidate: kprobe at entry, kretprobe at return.
     let kprobe_only = LogicalProbe { candidates: &probes::ALLOW_CHECK.candidates[1..], ..probes::ALLOW_CHECK };
     let catalog = [kprobe_only, probes::PAGE_FAULTS, probes::MMAP_LOCK];

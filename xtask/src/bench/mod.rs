@@ -4,6 +4,7 @@
 
 mod binaries;
 mod capacity;
+mod memory;
 mod overhead;
 mod process;
 mod startup;
@@ -24,7 +25,7 @@ pub struct BenchArgs {
     /// Repetitions of each measurement (the median and the spread are reported).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
-    /// Run only these parts (overhead, capacity, startup, guest); default: all.
+    /// Run only these parts (overhead, capacity, memory, startup, guest); default: all.
     #[arg(long = "only")]
     pub only: Vec<String>,
     /// Of the overhead tables, only the workloads whose row names contain this text (repeatable),
@@ -78,6 +79,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if wanted("capacity") {
         report += &capacity::run(&bins)?;
+    }
+    if wanted("memory") {
+        report += &memory::run(&bins)?;
     }
     if wanted("startup") {
         report += &startup::run(&bins, args.rounds)?;

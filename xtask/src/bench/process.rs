@@ -138,6 +138,10 @@ impl Tracer {
         Ok(())
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Freezes it (SIGSTOP), as a reader starved of CPU would be: the kernel side keeps running.
     pub fn freeze(&self) {
         // SAFETY: kill with a valid pid and signal number.

@@ -3,6 +3,11 @@ use mm_probe::{
     compare, doctor, error, exporter, generate, invalidations, latency, retry_storm, selftest, thp_why, triage,
 };
 
+/// The static build's allocator (see Cargo.toml); the glibc build keeps glibc's.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     end_quietly_on_a_closed_pipe();
     report_panics_as_internal_errors();

@@ -258,7 +258,8 @@ fn kernel_facts() -> &'static KernelFacts {
         let from_btf = btf.as_deref().and_then(AllowCheck::from_btf);
         let allow_check_in_btf = from_btf.is_some();
         let allow_check = from_btf.unwrap_or_else(|| AllowCheck::from_release(&kernel.release));
-        let split_disable_bits = matches!(btf.as_deref().map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
+        let split_disable_bits =
+            matches!(btf.as_deref().map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[]).unwrap();
         let plan = Planner::new(&kernel).attach(&mut ebpf, &probes::ALLOW_CHECK);
         let allow_check_unavailable = (!plan.attached()).then(|| plan.why_unavailable());

@@ -22,8 +22,8 @@ pub enum Archive {
     Sid,
 }
 
-/// The mirror and keyring of Debian unstable, shared with the sid build chroot.
-pub const SID_MIRROR: &str = "http://deb.debian.org/debian";
+/// The Debian mirror and keyring: unstable's lists and every debootstrap of the build chroots.
+pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 pub const ARCHIVE_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// Unstable changes daily and retires kernel ABIs within weeks: lists older than this are
@@ -133,7 +133,7 @@ fn prepare_sid_dir(dir: &Path) -> Result<()> {
     for sub in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.join(sub).display()))?;
     }
-    fs::write(dir.join("sources.list"), format!("deb [signed-by={ARCHIVE_KEYRING}] {SID_MIRROR} sid main\n"))?;
+    fs::write(dir.join("sources.list"), format!("deb [signed-by={ARCHIVE_KEYRING}] {DEBIAN_MIRROR} sid main\n"))?;
     Ok(())
 }
 

@@ -1,11 +1,12 @@
 //! mm-probe's own tasks: `setup` (toolchain and packages on a fresh machine), `run` (build and
 //! run the tool, with sudo only when not root), `test` (everything: unit, host end-to-end, and
-//! the real-kernel matrix), `vm-test` (the matrix alone), `bench`, and `dist` (the release
-//! binary with its man pages and shell completions).
+//! the real-kernel matrix), `vm-test` (the matrix alone), `bench`, and `dist` (the static
+//! binary and its packages).
 
 mod apt;
 mod bench;
 mod build;
+mod chroot;
 mod cmd;
 mod dist;
 mod headers;
@@ -15,7 +16,6 @@ mod modules;
 mod paths;
 mod run;
 mod setup;
-mod sid_chroot;
 mod test;
 mod vm;
 
@@ -51,8 +51,12 @@ enum Task {
     VmTest(vm::VmTestArgs),
     /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),
-    /// Build the release binary and generate its man pages and shell completions, into target/dist/.
-    Dist,
+    /// Build the static release binary and package it: tarball, .deb, .rpm, OCI image, SHA256SUMS in target/dist/.
+    Dist {
+        /// Then prove each product where users install it (as `cargo xtask test` does; root).
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -66,6 +70,9 @@ fn main() -> Result<()> {
         // Inside a guest the machine is read-only and already set up by the host.
         Task::Bench(args) if args.in_guest.is_some() => bench::run(&args),
         Task::Bench(args) => setup::run().and_then(|()| bench::run(&args)),
-        Task::Dist => setup::run().and_then(|()| dist::run()),
+        Task::Dist { check } => setup::run().and_then(|()| dist::run()).and_then(|release| match check {
+            true => dist::check::run(&release),
+            false => Ok(()),
+        }),
     }
 }

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::sid_chroot::SidChroot;
+use crate::chroot::{DebianChroot, Suite};
 
 /// The compiler Debian's bookworm kernels were built with; kbuild warns (and some configs
 /// refuse) when a module is built with another.
@@ -31,7 +31,7 @@ const FINGERPRINT_FILE: &str = ".fingerprint";
 pub enum Toolchain {
     /// The host's gcc-12, as bookworm's kernels need, and their headers unpacked into the cache.
     Host,
-    /// The Debian unstable chroot of crate::sid_chroot, with the headers installed in it.
+    /// The Debian unstable chroot of crate::chroot, with the headers installed in it.
     SidChroot,
 }
 
@@ -48,7 +48,7 @@ impl Toolchain {
 /// A toolchain made ready for one kernel release: its headers are there.
 enum Builder {
     Host { headers: PathBuf },
-    Chroot { chroot: SidChroot, headers: String },
+    Chroot { chroot: DebianChroot, headers: String },
 }
 
 impl Builder {
@@ -56,7 +56,7 @@ impl Builder {
         Ok(match toolchain {
             Toolchain::Host => Builder::Host { headers: crate::headers::ensure(release)? },
             Toolchain::SidChroot => {
-                let chroot = crate::sid_chroot::ensure()?;
+                let chroot = crate::chroot::ensure(Suite::Sid)?;
                 let headers = chroot.ensure_headers(release)?;
                 Builder::Chroot { chroot, headers }
             }

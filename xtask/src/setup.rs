@@ -2,10 +2,12 @@
 //! mm-probe. Idempotent: each step checks before it acts.
 //!
 //! - the nightly toolchain's `rust-src` (the eBPF crate builds `core` for bpfel-unknown-none);
+//! - the musl target of the toolchain that builds mm-probe (the static release binary);
 //! - bpf-linker, built against the nightly's own libLLVM so the two LLVMs always match;
 //! - the Debian packages the tests use (qemu, busybox, cpio, decompressors, gcc for the test
 //!   kernel modules, stress-ng, rt-tests, bpftrace for the benchmark, prometheus: the server and
-//!   promtool for the exporter's end-to-end test, promtool for the fleet dashboard's queries);
+//!   promtool for the exporter's end-to-end test, promtool for the fleet dashboard's queries,
+//!   rpm for the release's .rpm, musl-tools for its static binary's allocator);
 //! - the fleet test's validators, under `~/.local/share/mm-probe/` (kept across sessions, unlike
 //!   /tmp): kubernetes-validate in a Python venv, TypeScript and Grafana's `@grafana/schema`
 //!   types in a Node package folder. `mm-probe/tests/fleet.rs` looks for them there.
@@ -41,6 +43,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // dashboard's PromQL). Where systemd runs, the package also starts a Prometheus on :9090.
     "prometheus",
     "python3-venv",
+    // rpmbuild for `cargo xtask dist`, and rpm to install the package into an empty root.
+    "rpm",
+    // musl-gcc, which builds the static binary's allocator (jemalloc, C) against musl.
+    "musl-tools",
 ];
 
 /// kubernetes-validate bundles the Kubernetes OpenAPI schemas: it validates offline.
@@ -51,6 +57,7 @@ const NODE_PACKAGES: &[(&str, &str)] = &[("typescript", "5.9.3"), ("@grafana/sch
 
 pub fn run() -> Result<()> {
     ensure_nightly_rust_src()?;
+    ensure_static_target()?;
     ensure_bpf_linker()?;
     ensure_debian_packages()?;
     ensure_fleet_validators()?;
@@ -67,6 +74,17 @@ fn ensure_nightly_rust_src() -> Result<()> {
         cmd::output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
         cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    Ok(())
+}
+
+/// The musl target's standard library for the toolchain that builds mm-probe: `cargo xtask dist`
+/// builds the static binary with it (rustup's component brings musl's libc.a and start files,
+/// so no musl package is needed).
+fn ensure_static_target() -> Result<()> {
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|l| l.trim() == crate::dist::STATIC_TARGET) {
+        cmd::run(Command::new("rustup").args(["target", "add", crate::dist::STATIC_TARGET]))?;
     }
     Ok(())
 }

@@ -1,11 +1,12 @@
 //! `cargo xtask test`: unit tests, host end-to-end tests (these load real eBPF programs, so they
-//! need root), and the real-kernel matrix.
+//! need root), the release products where users install them (crate::dist::check), and the
+//! real-kernel matrix.
 
 use std::process::Command;
 
 use anyhow::{Result, bail};
 
-use crate::{build, cmd, vm};
+use crate::{build, cmd, dist, vm};
 
 pub fn run(no_vm: bool) -> Result<()> {
     if !cmd::is_root() {
@@ -15,6 +16,7 @@ pub fn run(no_vm: bool) -> Result<()> {
     // executables (emulated guests are slow enough without debug builds).
     build::for_tests(true)?;
     cmd::run(Command::new("cargo").args(["test", "--release", "--workspace", "--", "--test-threads=1"]))?;
+    dist::check::run(&dist::run()?)?;
     if no_vm {
         eprintln!("xtask test: real-kernel matrix skipped (--no-vm)");
         return Ok(());

@@ -9,6 +9,12 @@ use aya::{
 
 use crate::kernel::release::Release;
 
+/// What cumulative kernel counters (or log2 buckets) gained since `earlier`, slot by slot; a slot
+/// `earlier` lacks counts from 0, and a counter that went backwards (a reloaded object) gains 0.
+pub fn counted_since(now: &[u64], earlier: &[u64]) -> Vec<u64> {
+    now.iter().enumerate().map(|(i, v)| v.saturating_sub(earlier.get(i).copied().unwrap_or(0))).collect()
+}
+
 /// Sum over all CPUs of slot `index` of the per-CPU array `map`.
 pub fn percpu_sum(ebpf: &Ebpf, map: &str, index: u32) -> Result<u64> {
     let array: PerCpuArray<&MapData, u64> =

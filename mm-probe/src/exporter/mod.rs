@@ -153,10 +153,6 @@ async fn export(
         verdicts: RefCell::default(),
         window_start: Cell::new(Instant::now()),
     });
-    // The first window begins once every capability has attached, so that none judges the
-    // others' loading.
-    exporter.judge().map_err(anyhow::Error::msg)?;
-    exporter.verdicts.borrow_mut().clear();
     let served = tokio::select! {
         _ = stopper.wait() => Ok(()),
         drained = drain_every_period(&exporter) => drained,
@@ -195,8 +191,13 @@ async fn drain_every_period(exporter: &Exporter) -> Result<()> {
     }
 }
 
-/// Judges every capability that has a verdict once a window. Returns only on an error.
+/// Judges every capability that has a verdict once a window. Returns only on an error (and then
+/// inside the select!, so that every probe is still detached on the way out).
 async fn judge_every_window(exporter: &Exporter, window: Duration) -> Result<()> {
+    // The first window begins once every capability has attached, so that none judges the
+    // others' loading: a judgement now only sets the baseline.
+    exporter.judge().map_err(anyhow::Error::msg)?;
+    exporter.verdicts.borrow_mut().clear();
     let mut tick = Ticker::every(Some(window));
     loop {
         tick.tick().await;

@@ -20,7 +20,11 @@ use mm_probe_common::invalidations::{
     STACK_GENERATION_SHIFT, WaitKey, WaitStats,
 };
 
-use crate::{cause, collect::counters::percpu_sums, kernel::Kallsyms};
+use crate::{
+    cause,
+    collect::counters::{counted_since, percpu_sums},
+    kernel::Kallsyms,
+};
 
 /// How often the run loop drains: each kernel table then needs to hold one second's keys.
 pub const DRAIN_PERIOD: Duration = Duration::from_secs(1);
@@ -69,14 +73,13 @@ impl Tables {
     /// stays the largest since the probes attached. Stacks and VMs are kept whole (rows index
     /// them).
     pub fn since(&self, earlier: &Tables) -> Tables {
-        let counters = self.counters.iter().enumerate();
         Tables {
             invalidations: rows_since(&self.invalidations, &earlier.invalidations, sub_invalidation, |s| s.count),
             waits: rows_since(&self.waits, &earlier.waits, sub_wait, |s| s.count),
             stacks: self.stacks.clone(),
             kvm_locks: self.kvm_locks.clone(),
             callbacks: rows_since(&self.callbacks, &earlier.callbacks, sub_callback, |s| s.calls),
-            counters: counters.map(|(i, n)| n.saturating_sub(earlier.counters.get(i).copied().unwrap_or(0))).collect(),
+            counters: counted_since(&self.counters, &earlier.counters),
             folded_waits: self.folded_waits.saturating_sub(earlier.folded_waits),
             cause_brackets_missed: self.cause_brackets_missed.saturating_sub(earlier.cause_brackets_missed),
             cause_begins_refused: self.cause_begins_refused.saturating_sub(earlier.cause_begins_refused),

@@ -9,7 +9,7 @@ use aya::{Ebpf, maps::PerCpuHashMap};
 use mm_probe_common::hmm::{self as names, HmmEvent, ReadBeginKey, SeqBegin, WalkStash};
 
 use super::{
-    counters::{KernelCounters, KernelTotals, bucket_delta},
+    counters::{KernelCounters, KernelTotals},
     judge::Thresholds,
     report::{Observability, ReadBeginCaller, Snapshot},
     timeline::Timeline,
@@ -18,7 +18,10 @@ use super::{
 };
 use crate::{
     cause::Namer,
-    collect::{RingReader, counters::percpu_sums},
+    collect::{
+        RingReader,
+        counters::{counted_since, percpu_sums},
+    },
     kernel::Kallsyms,
 };
 
@@ -211,9 +214,9 @@ impl Collector {
         let mut window = std::mem::replace(&mut self.current, Window::new(now_ns));
         window.end_ns = now_ns.max(window.start_ns);
         window.counters = totals.counters.since(&self.previous.counters);
-        window.callback_ns = bucket_delta(&totals.callback_ns, &self.previous.callback_ns);
-        window.window_ns = bucket_delta(&totals.window_ns, &self.previous.window_ns);
-        window.kvm_sizes = bucket_delta(&totals.kvm_sizes, &self.previous.kvm_sizes);
+        window.callback_ns = counted_since(&totals.callback_ns, &self.previous.callback_ns);
+        window.window_ns = counted_since(&totals.window_ns, &self.previous.window_ns);
+        window.kvm_sizes = counted_since(&totals.kvm_sizes, &self.previous.kvm_sizes);
         window.cause_brackets_missed = totals.cause_brackets_missed.saturating_sub(self.previous.cause_brackets_missed);
         self.previous = totals;
         self.total.merge(&window);

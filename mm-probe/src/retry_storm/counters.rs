@@ -40,11 +40,6 @@ impl KernelCounters {
     }
 }
 
-/// A log2 histogram kept by the kernel: cumulative buckets, deltas per window.
-pub fn bucket_delta(now: &[u64], earlier: &[u64]) -> Vec<u64> {
-    now.iter().enumerate().map(|(i, v)| v.saturating_sub(earlier.get(i).copied().unwrap_or(0))).collect()
-}
-
 /// Kernel-side cumulative state (since the object was loaded), summed over CPUs.
 #[derive(Clone, Debug, Default)]
 pub struct KernelTotals {
@@ -92,6 +87,6 @@ pub(crate) mod tests {
         let now = counters(8, 3, 15);
         let d = now.since(&earlier);
         assert_eq!((d.get(Counter::Walks), d.get(Counter::WalkBusy), d.get(Counter::Invalidations)), (3, 2, 5));
-        assert_eq!(bucket_delta(&[5, 7, 9], &[1, 7]), vec![4, 0, 9]);
+        assert_eq!(crate::collect::counters::counted_since(&[5, 7, 9], &[1, 7]), vec![4, 0, 9]);
     }
 }

@@ -10,7 +10,7 @@ use aya::Ebpf;
 use mm_probe_common::hmm::{self as names, Counter, NotifierEvent};
 
 use super::{
-    counters::{KernelCounters, KernelTotals, bucket_delta},
+    counters::{KernelCounters, KernelTotals},
     judge::{Evidence, Thresholds, judge},
     probes::{KVM_AGE_PROBE, KVM_UNMAP_PROBE, PROBES, observability, settings},
     rates::{per_second, ratio},
@@ -20,6 +20,7 @@ use super::{
 use crate::{
     capability::CapabilityId,
     cause::probes as cause,
+    collect::counters::counted_since,
     exporter::{
         buckets::log2_ns_histogram,
         scrape::{
@@ -128,7 +129,7 @@ impl Reader for RetryStormReader {
         let now = KernelTotals::read(ebpf)?;
         let start = self.window_start.replace(now.clone());
         let counted = now.counters.since(&start.counters);
-        let callback_ns = bucket_delta(&now.callback_ns, &start.callback_ns);
+        let callback_ns = counted_since(&now.callback_ns, &start.callback_ns);
         let evidence = counted_evidence(&counted, &callback_ns, window_ns, &self.seen);
         Ok(Some(WindowVerdict::of(&judge(&evidence, &self.thresholds), evidence.walks)))
     }

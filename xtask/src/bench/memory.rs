@@ -27,33 +27,43 @@ const COMMANDS: [(&[&str], &str); 5] = [
 
 pub fn run(bins: &Binaries) -> Result<String> {
     let mut out = String::from("### Agent memory while tracing (host)\n\n");
-    out +=
-        "| command | resident | of it anonymous | mapped files and rings | peak (start-up) |\n|---|---|---|---|---|\n";
+    out += "| command | build | resident | of it anonymous | mapped files and rings | peak (start-up) |\n\
+            |---|---|---|---|---|---|\n";
     let pid = std::process::id().to_string();
+    let builds = std::iter::once(("glibc", &bins.mm_probe)).chain(bins.mm_probe_static.iter().map(|b| ("static", b)));
+    let builds: Vec<_> = builds.collect();
     for (args, ready) in COMMANDS {
         let args: Vec<&str> = args.iter().map(|a| if *a == "{pid}" { pid.as_str() } else { a }).collect();
-        let mut command = Command::new(&bins.mm_probe);
-        command.args(&args);
-        let tracer = Tracer::start(command, Ready::on(ready).then_wait(WATCH), Duration::from_secs(60))?;
-        let status = std::fs::read_to_string(format!("/proc/{}/status", tracer.pid()));
-        tracer.stop()?;
-        let status = status.context("reading the agent's /proc status")?;
-        let kib = |field: &str| status_kib(&status, field).with_context(|| format!("no {field} in /proc status"));
-        let mib = |field: &str| kib(field).map(|k| format!("{:.1} MiB", k as f64 / 1024.0));
-        let _ = writeln!(
-            out,
-            "| `{}` | {} | {} | {} | {} |",
-            args.join(" ").replace(&pid, "PID"),
-            mib("VmRSS")?,
-            mib("RssAnon")?,
-            mib("RssFile")?,
-            mib("VmHWM")?
-        );
+        for (build, binary) in &builds {
+            let status = status_while_tracing(binary, &args, ready)?;
+            let kib = |field: &str| status_kib(&status, field).with_context(|| format!("no {field} in /proc status"));
+            let mib = |field: &str| kib(field).map(|k| format!("{:.1} MiB", k as f64 / 1024.0));
+            let _ = writeln!(
+                out,
+                "| `{}` | {build} | {} | {} | {} | {} |",
+                args.join(" ").replace(&pid, "PID"),
+                mib("VmRSS")?,
+                mib("RssAnon")?,
+                mib("RssFile")?,
+                mib("VmHWM")?
+            );
+        }
     }
     out += "\nA BPF ring buffer's data pages are mapped twice in a row (a record that wraps reads as \
             one), so each ring counts twice in `mapped files and rings`: retry-storm's two rings \
-            (2 MiB and 8 MiB) are 20 MiB of it, 10 MiB of memory.\n\n";
+            (2 MiB and 8 MiB) are 20 MiB of it, 10 MiB of memory. Static: the musl binary `cargo xtask \
+            dist` ships.\n\n";
     Ok(out)
+}
+
+/// `binary args` started, attached and watching for [`WATCH`]: its /proc status then.
+fn status_while_tracing(binary: &std::path::Path, args: &[&str], ready: &'static str) -> Result<String> {
+    let mut command = Command::new(binary);
+    command.args(args);
+    let tracer = Tracer::start(command, Ready::on(ready).then_wait(WATCH), Duration::from_secs(60))?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", tracer.pid()));
+    tracer.stop()?;
+    status.context("reading the agent's /proc status")
 }
 
 /// A `Field:   123 kB` line of /proc/PID/status, in KiB.

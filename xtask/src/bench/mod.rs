@@ -58,13 +58,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         anyhow::bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench` (or as root)");
     }
     if let Some(release) = &args.in_guest {
-        let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
+        let bins = Binaries { mm_probe: release.join("mm-probe"), mm_probe_static: None, workloads: release.clone() };
         print!("{}", overhead::run(&bins, args.rounds, Place::Guest, &args.scenarios)?);
         return Ok(());
     }
     cmd::run(Command::new("cargo").args(["build", "--release", "--bins"]))?;
     let release = crate::paths::target_dir()?.join("release");
-    let bins = Binaries { mm_probe: release.join("mm-probe"), workloads: release.clone() };
+    let bins = Binaries {
+        mm_probe: release.join("mm-probe"),
+        mm_probe_static: Some(crate::dist::static_binary()?),
+        workloads: release.clone(),
+    };
     let mut report = header()?;
     let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
     if wanted("overhead") {

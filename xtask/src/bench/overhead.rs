@@ -261,6 +261,8 @@ const HOST_SCENARIOS: &[Scenario] = &[
 enum Variant {
     Baseline,
     MmProbe,
+    /// The same command from the static (musl) build.
+    MmProbeStatic,
     Bpftrace,
     /// Programs that return at once on the scenario's hooks.
     Hooks,
@@ -271,16 +273,19 @@ impl Variant {
         match self {
             Variant::Baseline => "baseline",
             Variant::MmProbe => "mm-probe",
+            Variant::MmProbeStatic => "mm-probe static",
             Variant::Bpftrace => "bpftrace",
             Variant::Hooks => "hooks alone",
         }
     }
 
-    /// The variants a scenario runs: the hooks-alone run only where it names its hooks.
-    fn of(scenario: &Scenario) -> Vec<Variant> {
-        let all = [Variant::Baseline, Variant::MmProbe, Variant::Bpftrace, Variant::Hooks];
+    /// The variants a scenario runs: the hooks-alone run only where it names its hooks, the
+    /// static build's where there is one.
+    fn of(scenario: &Scenario, bins: &Binaries) -> Vec<Variant> {
+        let all = [Variant::Baseline, Variant::MmProbe, Variant::MmProbeStatic, Variant::Bpftrace, Variant::Hooks];
         all.into_iter()
             .filter(|v| *v != Variant::Hooks || !scenario.hooks.is_empty())
+            .filter(|v| *v != Variant::MmProbeStatic || bins.mm_probe_static.is_some())
             .filter(|v| *v != Variant::Bpftrace || !scenario.bpftrace.is_empty())
             .collect()
     }
@@ -307,7 +312,7 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place, only: &[String]) -> Res
         }
     };
     let mut out = title;
-    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) | mm-probe ÷ hooks alone |\n|---|---|---|---|---|---|\n";
+    out += "| workload — mm-probe command | baseline median | mm-probe ratio (min–max) | static build ratio (min–max) | bpftrace ratio (min–max) | hooks alone: programs that return at once (min–max) | mm-probe ÷ hooks alone |\n|---|---|---|---|---|---|---|\n";
     let named = |s: &&Scenario| only.iter().any(|o| s.name.contains(o.as_str()) || s.workload == o);
     let on_request = if place == Place::Guest { GUEST_ON_REQUEST } else { &[] };
     let scenarios = scenarios.iter().filter(|s| only.is_empty() || named(s)).chain(on_request.iter().filter(named));
@@ -325,21 +330,22 @@ pub fn run(bins: &Binaries, rounds: usize, place: Place, only: &[String]) -> Res
         }
     }
     for name in left_out {
-        let _ = writeln!(out, "| {name} | not run: no /dev/kvm here | | | | |");
+        let _ = writeln!(out, "| {name} | not run: no /dev/kvm here | | | | | |");
     }
     let _ = writeln!(
         out,
         "\n{rounds} rounds; ratios are each run's time over the baseline median. Hooks alone: a program that \
          returns at once on each BTF tracepoint mm-probe uses for that workload, the kernel's cost of calling any \
          program there (— where mm-probe's hooks are of other kinds); mm-probe ÷ hooks alone, the ratio of their \
-         medians, is what mm-probe's own programs add to that.\n"
+         medians, is what mm-probe's own programs add to that. Static build: the same command from the musl \
+         binary `cargo xtask dist` ships (host only).\n"
     );
     Ok(out)
 }
 
 /// Every variant's result lines over `rounds` rounds, the order rotating each round.
 fn measure(bins: &Binaries, scenario: &Scenario, rounds: usize) -> Result<Vec<(Variant, Vec<serde_json::Value>)>> {
-    let variants = Variant::of(scenario);
+    let variants = Variant::of(scenario, bins);
     let mut results: Vec<(Variant, Vec<serde_json::Value>)> = variants.iter().map(|v| (*v, Vec::new())).collect();
     for round in 0..rounds {
         for i in 0..variants.len() {
@@ -383,11 +389,12 @@ fn table_row(scenario: &Scenario, metric: &Metric, results: &[(Variant, Vec<serd
         None => "—".to_owned(),
     };
     Ok(format!(
-        "| {}{} | {:.1} ms | {} | {} | {} | {beyond_hooks} |\n",
+        "| {}{} | {:.1} ms | {} | {} | {} | {} | {beyond_hooks} |\n",
         scenario.name,
         metric.label,
         baseline / 1e6,
         cell(Variant::MmProbe)?,
+        cell(Variant::MmProbeStatic)?,
         cell(Variant::Bpftrace)?,
         cell(Variant::Hooks)?
     ))
@@ -435,8 +442,12 @@ fn run_once(bins: &Binaries, scenario: &Scenario, variant: Variant) -> Result<se
     let pid = workload.pid.to_string();
     let tracer = match variant {
         Variant::Baseline => None,
-        Variant::MmProbe => {
-            let mut command = Command::new(&bins.mm_probe);
+        Variant::MmProbe | Variant::MmProbeStatic => {
+            let binary = match variant {
+                Variant::MmProbeStatic => bins.mm_probe_static.as_ref().unwrap_or(&bins.mm_probe),
+                _ => &bins.mm_probe,
+            };
+            let mut command = Command::new(binary);
             command.args(scenario.mm_probe_args.iter().map(|a| a.replace("{pid}", &pid)));
             // triage attaches three commands' programs, one after the other, under emulation.
             Some(Tracer::start(command, scenario.mm_probe_ready, Duration::from_secs(180))?)

@@ -19,7 +19,7 @@ use super::kernels::KernelBuild;
 const NINEP_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p"];
 
 /// Where the busybox-static package installs its binary.
-const BUSYBOX: &str = "/bin/busybox";
+pub const BUSYBOX: &str = "/bin/busybox";
 
 /// 9p tags and guest paths shared with qemu.rs and the test script.
 pub const HOST_ROOT_TAG: &str = "hostroot";
@@ -153,14 +153,14 @@ fn write_uncompressed(source: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-fn set_executable(path: &Path) -> Result<()> {
+pub fn set_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", path.display()))
 }
 
 /// `find . | cpio -o -H newc` in `staging`, uncompressed: the kernel unpacks it without a
 /// decompressor and it is only a few megabytes.
-fn pack_newc(staging: &Path, cpio: &Path) -> Result<()> {
+pub fn pack_newc(staging: &Path, cpio: &Path) -> Result<()> {
     let mut names = Vec::new();
     collect_paths(staging, staging, &mut names)?;
     names.sort();

@@ -37,6 +37,10 @@ pub struct KernelLine {
     /// so the oldest line proves them for the matrix (with the host, on the newest kernel), and
     /// the others save its 1.5 to 2 minutes under emulation.
     pub unix_conventions: bool,
+    /// Whether the line also boots the bare initramfs (crate::vm::bare): the static release
+    /// binary where no C library exists. The kernels that bound the matrix (6.1 and unstable's
+    /// newest) prove it; the binary is the same on every line.
+    pub bare_boot: bool,
 }
 
 /// The executable that only lines with `unix_conventions` run.
@@ -77,11 +81,11 @@ impl Packaging {
 /// `unstable` is Debian unstable's newest kernel (7.2 when added), with the kernels mm-probe
 /// will meet next; its `+deb14` names Debian 14, and becomes `+deb15` once Debian 14 is released.
 pub const LINES: &[KernelLine] = &[
-    KernelLine { unix_conventions: true, ..bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned") },
+    KernelLine { unix_conventions: true, bare_boot: true, ..bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned") },
     bookworm("6.1-rt", "linux-image-6.1.0-", "-rt-amd64-unsigned"),
     bookworm("6.12", "linux-image-6.12.", "+deb12-amd64-unsigned"),
     KernelLine { timing_proof: false, ..bookworm("6.12-rt", "linux-image-6.12.", "+deb12-rt-amd64-unsigned") },
-    unstable("unstable", "+deb14-amd64"),
+    KernelLine { bare_boot: true, ..unstable("unstable", "+deb14-amd64") },
     unstable("unstable-rt", "+deb14-rt-amd64"),
 ];
 
@@ -96,6 +100,7 @@ const fn bookworm(name: &'static str, package_prefix: &'static str, package_suff
         toolchain: Toolchain::Host,
         timing_proof: true,
         unix_conventions: false,
+        bare_boot: false,
     }
 }
 
@@ -111,6 +116,7 @@ const fn unstable(name: &'static str, package_suffix: &'static str) -> KernelLin
         toolchain: Toolchain::SidChroot,
         timing_proof: false,
         unix_conventions: false,
+        bare_boot: false,
     }
 }
 

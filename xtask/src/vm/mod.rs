@@ -4,6 +4,7 @@
 //! runs every mm-probe integration-test executable inside (binaries.rs), and reports per kernel,
 //! per test (report.rs).
 
+mod bare;
 pub mod binaries;
 mod initramfs;
 mod kernels;
@@ -111,7 +112,17 @@ fn parse_timeout(text: &str) -> Result<Duration, String> {
 pub fn run(args: &VmTestArgs) -> Result<()> {
     let start = Instant::now();
     let lines = select_lines(&args.kernels)?;
-    let binaries = binaries::build(&args.tests, !args.debug)?;
+    let bare_wanted = args.tests.is_empty() || args.tests.iter().any(|t| t == bare::NAME);
+    let executables: Vec<String> = args.tests.iter().filter(|t| *t != bare::NAME).cloned().collect();
+    // `--test static_binary` alone boots only the bare initramfs.
+    let binaries = match args.tests.is_empty() || !executables.is_empty() {
+        true => binaries::build(&executables, !args.debug)?,
+        false => Vec::new(),
+    };
+    let static_binary = match bare_wanted && lines.iter().any(|l| l.bare_boot) {
+        true => Some(crate::dist::static_binary()?),
+        false => None,
+    };
     let accel = OnceLock::new();
     match args.accel {
         AccelChoice::Auto => {}
@@ -125,6 +136,7 @@ pub fn run(args: &VmTestArgs) -> Result<()> {
         timeout: args.timeout.unwrap_or(BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE * binaries.len() as u32),
         accel,
         host_tools: Mutex::new(()),
+        static_binary,
     };
     let runs = run_lines(&matrix, &lines, args.jobs);
     let total = start.elapsed();
@@ -261,6 +273,7 @@ pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Resu
         timeout,
         accel: OnceLock::new(),
         host_tools: Mutex::new(()),
+        static_binary: None,
     };
     let run = run_kernel_once(line, &matrix);
     let results = matrix.work_root.join(line.name).join("results");
@@ -286,6 +299,8 @@ struct Matrix<'a> {
     /// Serialises apt (it holds a lock) and the module builds (one build tree per module) when
     /// guests run in parallel.
     host_tools: Mutex<()>,
+    /// The static release binary, for the lines that boot the bare initramfs (None: not wanted).
+    static_binary: Option<PathBuf>,
 }
 
 /// Everything for one kernel line. An Err is a failure of the run (no kernel, no initramfs);
@@ -365,6 +380,7 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
             vmlinuz: &kernel.vmlinuz(),
             initramfs: &initramfs,
             results: Some(&results),
+            share_host_root: true,
             console_log: &work.join(boot.console_file()),
             extra_cmdline: "",
             two_nodes: boot.two_nodes,
@@ -375,6 +391,12 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
         boots.push(format!("{}, {} guest {}", accel.name(), boot.name(), format_duration(outcome.elapsed)));
         binaries.extend(outcome.binaries);
         run_failures.extend(outcome.run_failures);
+    }
+    if let Some(binary) = matrix.static_binary.as_deref().filter(|_| line.bare_boot) {
+        eprintln!("xtask vm-test: booting {line} bare: busybox and the static mm-probe, no C library");
+        let run = bare::run(&kernel, binary, &work, accel, &format!("{line} bare"))?;
+        boots.push(format!("{}, bare guest {}", accel.name(), format_duration(run.elapsed.unwrap_or_default())));
+        binaries.push(run);
     }
     Ok(KernelRun {
         line: line.name.to_owned(),

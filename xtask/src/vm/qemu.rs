@@ -161,6 +161,7 @@ pub fn choose_accel(vmlinuz: &Path, initramfs: &Path, work: &Path) -> Accel {
         vmlinuz,
         initramfs,
         results: None,
+        share_host_root: false,
         console_log: &work.join("kvm-probe-console.log"),
         extra_cmdline: PROBE_ARG,
         two_nodes: false,
@@ -187,6 +188,9 @@ pub struct BootSpec<'a> {
     pub initramfs: &'a Path,
     /// The writable results directory (None for the probe boot).
     pub results: Option<&'a Path>,
+    /// Whether the host root is offered over 9p (not to the probe and bare boots, which never
+    /// mount it).
+    pub share_host_root: bool,
     pub console_log: &'a Path,
     pub extra_cmdline: &'a str,
     /// The free-running guest as two NUMA nodes.
@@ -259,10 +263,13 @@ fn qemu_command(spec: &BootSpec<'_>) -> Command {
         .arg("-initrd")
         .arg(spec.initramfs)
         .arg("-append")
-        .arg(format!("{KERNEL_ARGS} {}", spec.extra_cmdline).trim_end())
+        .arg(format!("{KERNEL_ARGS} {}", spec.extra_cmdline).trim_end());
+    if spec.share_host_root {
         // multidevs=remap: the host root spans several file systems whose inode numbers collide.
-        .arg("-virtfs")
-        .arg(format!("local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"));
+        command
+            .arg("-virtfs")
+            .arg(format!("local,path=/,mount_tag={HOST_ROOT_TAG},security_model=none,readonly=on,multidevs=remap"));
+    }
     if let Some(results) = spec.results {
         command
             .arg("-virtfs")

@@ -1,12 +1,17 @@
-//! A Debian unstable chroot in the cache (`<cache>/sid-chroot`), where the test modules for
-//! unstable's kernels are built: those kernels come from a newer gcc (gcc-16 for 7.2, whose
-//! flags such as `-fmin-function-alignment` gcc-12 rejects), and kbuild's modpost and objtool
-//! from their headers package need a newer glibc (2.38) than the host's bookworm has.
+//! Debian chroots in the cache (`<cache>/<suite>-chroot`), made once with debootstrap:
 //!
-//! Made once (~2 minutes, ~750 MB): debootstrap, itself taken from unstable since bookworm's may
-//! not know the suite's newest scripts, then make and kmod; each kernel's linux-headers (which
-//! pull in the kernel's compiler) are installed on first use. Every command runs in a private
-//! mount namespace, so no /proc, /dev or /sys mount outlives it.
+//! - unstable (`sid-chroot`), where the test modules for unstable's kernels are built: those
+//!   kernels come from a newer gcc (gcc-16 for 7.2, whose flags such as
+//!   `-fmin-function-alignment` gcc-12 rejects), and kbuild's modpost and objtool from their
+//!   headers package need a newer glibc (2.38) than the host's bookworm has. ~2 minutes,
+//!   ~750 MB with make and kmod; each kernel's linux-headers (which pull in the kernel's
+//!   compiler) are installed on first use.
+//! - Debian 11 (`bullseye-chroot`), the oldest distribution the release packages are proven on:
+//!   the .deb is installed, run and removed there (glibc 2.31, older than any the build used).
+//!
+//! debootstrap itself is taken from unstable, since bookworm's may not know the newest suite's
+//! scripts. Every command runs in a private mount namespace, so no /proc, /dev or /sys mount
+//! outlives it.
 
 use std::{
     fs,
@@ -17,41 +22,73 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    apt::{ARCHIVE_KEYRING, Archive, SID_MIRROR},
+    apt::{ARCHIVE_KEYRING, Archive, DEBIAN_MIRROR},
     cmd,
 };
 
 /// Marks a chroot that debootstrap and the base packages finished.
 const COMPLETE_MARKER: &str = ".mm-probe-complete";
 
-/// What every module build needs besides the headers (which bring gcc and binutils).
-const BASE_PACKAGES: &[&str] = &["make", "kmod"];
+/// A Debian release the harness keeps a chroot of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suite {
+    /// Debian unstable: the build root of unstable's test modules.
+    Sid,
+    /// Debian 11: the oldest root the release packages install into.
+    Bullseye,
+}
+
+impl Suite {
+    fn codename(self) -> &'static str {
+        match self {
+            Suite::Sid => "sid",
+            Suite::Bullseye => "bullseye",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Suite::Sid => "Debian unstable",
+            Suite::Bullseye => "Debian 11",
+        }
+    }
+
+    /// Installed after debootstrap: what every module build needs besides the headers (which
+    /// bring gcc and binutils); minbase already has dpkg for the package test.
+    fn base_packages(self) -> &'static [&'static str] {
+        match self {
+            Suite::Sid => &["make", "kmod"],
+            Suite::Bullseye => &[],
+        }
+    }
+}
 
 /// The chroot's Release file may be past its Valid-Until when the mirror is a snapshot; the
 /// archive keyring still authenticates it.
 const APT_GET: &str = "apt-get -o Acquire::Check-Valid-Until=false";
 
-pub struct SidChroot {
+pub struct DebianChroot {
     root: PathBuf,
 }
 
-/// The cached chroot, made first when missing (as root: debootstrap and chroot need it).
-pub fn ensure() -> Result<SidChroot> {
-    let root = crate::paths::cache_dir()?.join("sid-chroot");
+/// The cached chroot of `suite`, made first when missing (as root: debootstrap and chroot need
+/// it).
+pub fn ensure(suite: Suite) -> Result<DebianChroot> {
+    let root = crate::paths::cache_dir()?.join(format!("{}-chroot", suite.codename()));
     if !root.join(COMPLETE_MARKER).exists() {
-        create(&root).with_context(|| format!("creating the Debian unstable build chroot {}", root.display()))?;
+        create(suite, &root).with_context(|| format!("creating the {} chroot {}", suite.describe(), root.display()))?;
     }
-    Ok(SidChroot { root })
+    Ok(DebianChroot { root })
 }
 
 /// Builds the chroot next to `root` and renames it into place, so that an interrupted run or a
 /// second harness never uses half a chroot.
-fn create(root: &Path) -> Result<()> {
+fn create(suite: Suite, root: &Path) -> Result<()> {
     if !cmd::is_root() {
-        bail!("debootstrap needs root: run `sudo -E cargo xtask vm-test`");
+        bail!("debootstrap needs root: run the task as root (`sudo -E cargo xtask …`)");
     }
     let parent = root.parent().context("the chroot directory has no parent")?;
-    let staging = parent.join(format!(".staging-sid-chroot-{}", std::process::id()));
+    let staging = parent.join(format!(".staging-{}-chroot-{}", suite.codename(), std::process::id()));
     let tools = parent.join(format!(".staging-debootstrap-{}", std::process::id()));
     for dir in [&staging, &tools] {
         let _ = fs::remove_dir_all(dir);
@@ -60,21 +97,24 @@ fn create(root: &Path) -> Result<()> {
     let result = (|| {
         let debootstrap = unpack_debootstrap(&tools)?;
         let start = std::time::Instant::now();
-        eprintln!("xtask: debootstrap of Debian unstable into {}", staging.display());
+        eprintln!("xtask: debootstrap of {} into {}", suite.describe(), staging.display());
         let mut command = in_private_mounts(&debootstrap.join("usr/sbin/debootstrap"));
         command
-            .args(["--variant=minbase", &format!("--keyring={ARCHIVE_KEYRING}"), "sid"])
+            .args(["--variant=minbase", &format!("--keyring={ARCHIVE_KEYRING}"), suite.codename()])
             .arg(&staging)
-            .arg(SID_MIRROR)
+            .arg(DEBIAN_MIRROR)
             .env("DEBOOTSTRAP_DIR", debootstrap.join("usr/share/debootstrap"));
         cmd::run(&mut command)?;
-        let chroot = SidChroot { root: staging.clone() };
-        cmd::run(&mut chroot.command(&format!(
-            "{APT_GET} update -qq && {APT_GET} install -y -qq --no-install-recommends {}",
-            BASE_PACKAGES.join(" ")
-        )))?;
+        let packages = suite.base_packages();
+        if !packages.is_empty() {
+            let chroot = DebianChroot { root: staging.clone() };
+            cmd::run(&mut chroot.command(&format!(
+                "{APT_GET} update -qq && {APT_GET} install -y -qq --no-install-recommends {}",
+                packages.join(" ")
+            )))?;
+        }
         fs::write(staging.join(COMPLETE_MARKER), "")?;
-        eprintln!("xtask: the Debian unstable build chroot took {:.0?}", start.elapsed());
+        eprintln!("xtask: the {} chroot took {:.0?}", suite.describe(), start.elapsed());
         match fs::rename(&staging, root) {
             Ok(()) => Ok(()),
             // Another harness finished its chroot first: theirs is as good as ours.
@@ -109,7 +149,7 @@ fn in_private_mounts(program: &Path) -> Command {
     command
 }
 
-impl SidChroot {
+impl DebianChroot {
     /// The host path of `inside`, an absolute path in the chroot.
     pub fn host_path(&self, inside: &str) -> PathBuf {
         self.root.join(inside.trim_start_matches('/'))
@@ -159,7 +199,7 @@ mod tests {
 
     #[test]
     fn chroot_paths_map_onto_the_host() {
-        let chroot = SidChroot { root: PathBuf::from("/c/sid-chroot") };
+        let chroot = DebianChroot { root: PathBuf::from("/c/sid-chroot") };
         assert_eq!(
             chroot.host_path("/usr/src/linux-headers-7.2"),
             Path::new("/c/sid-chroot/usr/src/linux-headers-7.2")

@@ -23,12 +23,7 @@ mod image;
 mod packages;
 mod release;
 
-use std::{
-    fs,
-    path::PathBuf,
-    process::Command,
-    time::Instant,
-};
+use std::{fs, path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{Context as _, Result};
 

@@ -29,7 +29,7 @@ use anyhow::{Context as _, Result, bail};
 use self::{
     binaries::{GuestProgram, GuestRun},
     kernels::{KernelBuild, KernelLine, LINES, Origin},
-    qemu::{Accel, BootSpec, Ended},
+    qemu::{Accel, BootSpec, EMULATOR_BOOTS, Ended},
     report::{KernelRun, format_duration},
 };
 
@@ -186,13 +186,6 @@ fn run_kernel_once(line: &'static KernelLine, matrix: &Matrix<'_>) -> KernelRun 
         elapsed: Duration::ZERO,
     })
 }
-
-/// Boots of one kind (free-running, two nodes, instruction-counted) of one kernel at most, when
-/// the earlier ones failed by the emulator's fault: the int3 race hit one kernel in two of three
-/// full matrix runs on this host, and the project's CI once failed 6.12 of it after the repeats
-/// (the line took 17 minutes where it passes in 13 to 14, so the boots before had died too). A
-/// repeat runs only what had not finished, so a fourth boot costs minutes, not a line.
-const EMULATOR_BOOTS: usize = 4;
 
 /// Why a failed boot is the emulator's failure rather than mm-probe's, so that it is booted
 /// once more (said in the report) for what it had not finished, and only it: the kernel's other
@@ -394,9 +387,10 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     }
     if let Some(binary) = matrix.static_binary.as_deref().filter(|_| line.bare_boot) {
         eprintln!("xtask vm-test: booting {line} bare: busybox and the static mm-probe, no C library");
-        let run = bare::run(&kernel, binary, &work, accel, &format!("{line} bare"))?;
-        boots.push(format!("{}, bare guest {}", accel.name(), format_duration(run.elapsed.unwrap_or_default())));
+        let (run, repeated) = bare::run(&kernel, binary, &work, &format!("{line} bare"))?;
+        boots.push(format!("tcg, one vCPU, bare guest {}", format_duration(run.elapsed.unwrap_or_default())));
         binaries.push(run);
+        notes.extend(repeated);
     }
     Ok(KernelRun {
         line: line.name.to_owned(),

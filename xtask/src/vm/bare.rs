@@ -151,6 +151,7 @@ fn judge(said: &[&str]) -> Vec<TestResult> {
         TestResult {
             name: "the_initramfs_has_no_c_library_and_no_loader".to_owned(),
             verdict: verdict(libraries.is_some(), libraries == Some("none")),
+            elapsed: None,
         },
         TestResult {
             name: "doctor_runs_and_finds_btf".to_owned(),
@@ -158,6 +159,7 @@ fn judge(said: &[&str]) -> Vec<TestResult> {
                 ran("doctor"),
                 exited_zero("doctor") && doctor.iter().any(|l| l.starts_with("BTF") && l.contains("yes")),
             ),
+            elapsed: None,
         },
         TestResult {
             name: "thp_why_watches_a_process_and_gives_a_verdict".to_owned(),
@@ -166,6 +168,7 @@ fn judge(said: &[&str]) -> Vec<TestResult> {
                 exited_zero("thp-why")
                     && ["OK:", "WARN:", "CRIT:", "UNKNOWN:"].iter().any(|v| thp.iter().any(|l| l.starts_with(v))),
             ),
+            elapsed: None,
         },
     ]
 }

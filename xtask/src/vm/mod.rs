@@ -579,7 +579,7 @@ mod tests {
         let tests = verdicts
             .iter()
             .enumerate()
-            .map(|(i, &verdict)| report::TestResult { name: format!("t{i}"), verdict })
+            .map(|(i, &verdict)| report::TestResult { name: format!("t{i}"), verdict, elapsed: None })
             .collect();
         let binary = report::BinaryRun {
             binary: "latency".into(),

@@ -31,6 +31,8 @@ impl Verdict {
 pub struct TestResult {
     pub name: String,
     pub verdict: Verdict,
+    /// How long the test ran, where libtest said (`--report-time`: `ok <2.929s>`).
+    pub elapsed: Option<Duration>,
 }
 
 /// The per-test results in libtest's human output (`test name ... ok|FAILED|ignored`). A test's
@@ -45,10 +47,10 @@ pub fn parse_libtest(output: &str) -> Vec<TestResult> {
         if let Some(rest) = line.strip_prefix("test ")
             && let Some((name, tail)) = rest.split_once(" ... ")
         {
-            results.push(TestResult { name: name.trim().to_owned(), verdict: Verdict::Unfinished });
+            results.push(TestResult { name: name.trim().to_owned(), verdict: Verdict::Unfinished, elapsed: None });
             open = None;
             match verdict_word(tail) {
-                Some(verdict) => results.last_mut().into_iter().for_each(|r| r.verdict = verdict),
+                Some(verdict) => results.last_mut().into_iter().for_each(|r| settle(r, verdict, tail)),
                 None => open = Some(results.len() - 1),
             }
             continue;
@@ -56,7 +58,7 @@ pub fn parse_libtest(output: &str) -> Vec<TestResult> {
         if let Some(index) = open
             && let Some(verdict) = verdict_word(trimmed)
         {
-            results[index].verdict = verdict;
+            settle(&mut results[index], verdict, trimmed);
             open = None;
             continue;
         }
@@ -80,9 +82,22 @@ pub fn parse_libtest(output: &str) -> Vec<TestResult> {
     results
 }
 
-/// `ok`, `FAILED`, `ignored` or `ignored, <reason>` as libtest ends a test line.
+fn settle(result: &mut TestResult, verdict: Verdict, tail: &str) {
+    result.verdict = verdict;
+    result.elapsed = reported_time(tail);
+}
+
+/// `<2.929s>`, which `--report-time` puts after the verdict word.
+fn reported_time(tail: &str) -> Option<Duration> {
+    let (_, after) = tail.rsplit_once('<')?;
+    let seconds: f64 = after.strip_suffix('>')?.strip_suffix('s')?.parse().ok()?;
+    Duration::try_from_secs_f64(seconds).ok()
+}
+
+/// `ok`, `FAILED`, `ignored` or `ignored, <reason>` as libtest ends a test line (with
+/// `--report-time`, the test's time after it).
 fn verdict_word(text: &str) -> Option<Verdict> {
-    let word = text.trim().split(',').next()?.trim();
+    let word = text.trim().split([',', ' ']).next()?.trim();
     match word {
         "ok" => Some(Verdict::Passed),
         "FAILED" => Some(Verdict::Failed),
@@ -215,9 +230,10 @@ pub fn render_kernel(run: &KernelRun) -> String {
     for binary in &run.binaries {
         let elapsed = binary.elapsed.map(format_duration).unwrap_or_else(|| "-".to_owned());
         for test in &binary.tests {
+            let time = test.elapsed.map(format_duration).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "   {:binary_width$}  {:name_width$}  {}",
+                "   {:binary_width$}  {:name_width$}  {:14}  {time:>9}",
                 binary.binary,
                 test.name,
                 test.verdict.label()
@@ -270,7 +286,33 @@ pub fn render_summary(runs: &[KernelRun], total: Duration) -> String {
             let _ = writeln!(out, "   {:width$}    note: {first_line}", "");
         }
     }
+    out += &slowest_tests(runs, SLOWEST_SHOWN);
     let _ = writeln!(out, "   total {}", format_duration(total));
+    out
+}
+
+/// How many of the matrix's slowest tests the summary names.
+const SLOWEST_SHOWN: usize = 12;
+
+/// The `count` tests that took longest on any line, longest first: where the matrix's time goes.
+fn slowest_tests(runs: &[KernelRun], count: usize) -> String {
+    let mut timed: Vec<(Duration, String)> =
+        runs.iter()
+            .flat_map(|run| run.binaries.iter().map(move |binary| (run, binary)))
+            .flat_map(|(run, binary)| {
+                binary.tests.iter().filter_map(move |test| {
+                    Some((test.elapsed?, format!("{} {}::{}", run.line, binary.binary, test.name)))
+                })
+            })
+            .collect();
+    if timed.is_empty() {
+        return String::new();
+    }
+    timed.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut out = String::from("   slowest tests:\n");
+    for (elapsed, name) in timed.into_iter().take(count) {
+        let _ = writeln!(out, "   {:>9}  {name}", format_duration(elapsed));
+    }
     out
 }
 
@@ -333,6 +375,22 @@ test result: FAILED. 2 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; 
                 ("doctor_json_reports_plans_with_reasons".to_owned(), Verdict::Failed),
                 ("slow_one".to_owned(), Verdict::Ignored),
                 ("function_probes_work_where_the_kernel_allows_them".to_owned(), Verdict::Passed),
+            ]
+        );
+    }
+
+    #[test]
+    fn reported_times_are_read_after_the_verdict() {
+        let output =
+            "test fast ... ok <0.250s>\ntest slow ... FAILED <95.125s>\ntest skipped ... ignored, needs <a> GPU\n";
+        let results = parse_libtest(output);
+        let times: Vec<_> = results.iter().map(|r| (r.verdict, r.elapsed)).collect();
+        assert_eq!(
+            times,
+            [
+                (Verdict::Passed, Some(Duration::from_millis(250))),
+                (Verdict::Failed, Some(Duration::from_millis(95_125))),
+                (Verdict::Ignored, None),
             ]
         );
     }

@@ -308,7 +308,7 @@ fn slowest_tests(runs: &[KernelRun], count: usize) -> String {
     if timed.is_empty() {
         return String::new();
     }
-    timed.sort_by(|a, b| b.0.cmp(&a.0));
+    timed.sort_by_key(|(elapsed, _)| std::cmp::Reverse(*elapsed));
     let mut out = String::from("   slowest tests:\n");
     for (elapsed, name) in timed.into_iter().take(count) {
         let _ = writeln!(out, "   {:>9}  {name}", format_duration(elapsed));

@@ -16,8 +16,8 @@ const DT_NEEDED: u64 = 1;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Needs {
     pub interpreter: Option<String>,
-    /// The DT_NEEDED entries, as offsets into the dynamic string table (their count is what
-    /// matters; a static binary has none).
+    /// How many DT_NEEDED entries (shared libraries) the dynamic section names; a static binary
+    /// has none.
     pub libraries: usize,
 }
 

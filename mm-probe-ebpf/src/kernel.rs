@@ -14,6 +14,23 @@ pub fn read_at<T>(base: u64, offset: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel(addr as *const T).ok() }
 }
 
+/// Reads a u64 at `base + offset` for a pointer walk; 0 when the read faults (the helper zeroes
+/// its destination then) or the offset is unknown. No branch on the helper's result: in a
+/// pointer walk each such branch multiplies the paths the verifier explores.
+#[inline(always)]
+pub fn read_or_zero(base: u64, offset: u32) -> u64 {
+    // A constant from the layout table: the verifier drops whichever branch is dead.
+    if offset == OFFSET_UNKNOWN {
+        return 0;
+    }
+    let mut value: u64 = 0;
+    let addr = (base as *const u8).wrapping_add((offset & 0xffff) as usize);
+    unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel((&mut value as *mut u64).cast(), 8, addr.cast());
+    }
+    value
+}
+
 /// Reads a `T` at `base + offset` with a plain load, for `base` the verifier knows as a BTF
 /// pointer (a tp_btf or fentry argument). The offset comes from a frozen read-only global, so
 /// the verifier sees a constant, checks the access against the kernel's BTF, and the JIT emits a

@@ -29,3 +29,29 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
+
+/// `program` as given when it names a file, else the first match on PATH.
+pub fn which(program: &str) -> Result<std::path::PathBuf> {
+    let given = std::path::Path::new(program);
+    if program.contains('/') {
+        return std::path::absolute(given).with_context(|| format!("resolving {program}"));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| format!("{program} is not on PATH"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_finds_programs_on_path_and_keeps_paths_given() {
+        assert!(which("sh").unwrap().ends_with("sh"));
+        assert!(which("no-such-program-anywhere").is_err());
+        let given = which("target/slow.sh").unwrap();
+        assert!(given.is_absolute() && given.ends_with("target/slow.sh"), "{}", given.display());
+    }
+}

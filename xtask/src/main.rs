@@ -49,6 +49,8 @@ enum Task {
     },
     /// Run the test executables on real kernels: Debian 6.1, 6.12, unstable's newest and their PREEMPT_RT builds under qemu.
     VmTest(vm::VmTestArgs),
+    /// Run one command in a guest of a kernel line, as the matrix boots it, and print its output.
+    VmRun(vm::VmRunArgs),
     /// Measure overhead, capacity and start-up against a baseline and bpftrace in the same run (root).
     Bench(bench::BenchArgs),
     /// Build the static release binary and package it: tarball, .deb, .rpm, OCI image, SHA256SUMS in target/dist/.
@@ -67,6 +69,7 @@ fn main() -> Result<()> {
         Task::Run { args } => setup::run().and_then(|()| run::run(&args)),
         Task::Test { no_vm } => setup::run().and_then(|()| test::run(no_vm)),
         Task::VmTest(args) => vm::run(&args),
+        Task::VmRun(args) => vm::run_command(&args),
         // Inside a guest the machine is read-only and already set up by the host.
         Task::Bench(args) if args.in_guest.is_some() => bench::run(&args),
         Task::Bench(args) => setup::run().and_then(|()| bench::run(&args)),

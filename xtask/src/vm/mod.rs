@@ -281,6 +281,37 @@ pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Resu
     Ok(output)
 }
 
+/// `cargo xtask vm-run`: for looking at one kernel line by hand (a start-up under strace, a
+/// workload beside the tool). The guest sees the host's root, so any host program runs there.
+#[derive(clap::Args)]
+pub struct VmRunArgs {
+    /// The kernel line (6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt).
+    #[arg(long = "kernel", value_name = "LINE")]
+    pub kernel: String,
+    /// Boot with instruction counting and one vCPU, as the timing proofs do.
+    #[arg(long)]
+    pub icount: bool,
+    /// The command and its arguments, after `--` (e.g. `-- sh -c 'time target/release/mm-probe doctor'`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs `args.command` in a guest and prints what it printed; an Err when it did not exit 0.
+pub fn run_command(args: &VmRunArgs) -> Result<()> {
+    let (program, rest) = args.command.split_first().context("no command given")?;
+    let executable = crate::cmd::which(program)?;
+    let clock = if args.icount { Clock::InstructionCounted } else { Clock::Free };
+    let program = GuestProgram {
+        name: "vm-run".to_owned(),
+        executable,
+        dir: std::env::current_dir()?,
+        args: rest.to_vec(),
+        boot: Boot { clock, two_nodes: false },
+    };
+    print!("{}", run_program(&args.kernel, program, BOOT_ALLOWANCE + PER_BINARY_ALLOWANCE)?);
+    Ok(())
+}
+
 /// What every kernel's run shares.
 struct Matrix<'a> {
     programs: &'a [GuestProgram],

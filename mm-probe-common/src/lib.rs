@@ -1,10 +1,12 @@
 //! Records and map values shared by mm-probe's kernel programs and its user-space agent.
 //!
-//! One module per capability; every type here is `#[repr(C)]` and plain old data so both sides
-//! read the same bytes. The `user` feature adds `aya::Pod` so user space can read them from maps.
-#![no_std]
+//! One module per capability, and `histogram`, the bucketing both sides agree on. Every type here
+//! is `#[repr(C)]` and plain old data so both sides read the same bytes. The `user` feature adds
+//! `aya::Pod` so user space can read them from maps.
+#![cfg_attr(not(test), no_std)]
 
 pub mod cause;
+pub mod histogram;
 pub mod hmm;
 pub mod invalidations;
 pub mod latency;

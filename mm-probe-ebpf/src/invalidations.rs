@@ -294,6 +294,14 @@ fn learn_kvm(mm: u64, tgid: u32) {
     let _ = INV_LEARNING.remove(0);
 }
 
+/// `learn_kvm` as a global BPF function: verified once, whatever state its callers reach it in.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn inv_learn_kvm(mm: u64, tgid: u32) -> u32 {
+    learn_kvm(mm, tgid);
+    0
+}
+
 /// `learn_kvm`'s search, with the learning lock held.
 #[inline(always)]
 fn search_subscriptions(mm: u64, tgid: u32, kvm_start: u64) {
@@ -368,6 +376,13 @@ fn keep_vm_in(slot: u32, vm: &KnownVm) -> bool {
         return true;
     }
     false
+}
+
+/// `vm_by_range` as a global BPF function: verified once, whatever state its callers reach it in.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn inv_vm_by_range(start: u64, end: u64) -> u64 {
+    vm_by_range(start, end)
 }
 
 /// The mm of the VM one of whose memslots overlaps [start, end): the memory an invalidation
@@ -479,7 +494,7 @@ fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -
         return own;
     }
     // Not the thread's own: none (unresolved, counted) unless a VM's memslot holds the range.
-    vm_by_range(start, end)
+    inv_vm_by_range(start, end)
 }
 
 /// Whether syscall `nr` names another process whose memory it works on.
@@ -508,7 +523,7 @@ fn kvm_range(source: Source, counter: Counter, start: u64, end: u64) -> u32 {
     let cause = cause::classify();
     let mm = kvm_event_mm(pid, source, &cause, start, end);
     let own_tgid = if mm == current_mm() { tgid } else { 0 };
-    learn_kvm(mm, own_tgid);
+    inv_learn_kvm(mm, own_tgid);
     let owner = learn_owner(mm, own_tgid);
     if owner == 0 {
         count(Counter::OwnerUnresolved);

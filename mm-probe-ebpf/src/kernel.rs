@@ -131,36 +131,7 @@ pub fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32, delta: u64) {
     }
 }
 
-/// Bucket index of `value` in a log2 histogram of `buckets` slots (slot k holds [2^k, 2^(k+1)),
-/// slot 0 also holds 0). Unrolled because BPF has no count-leading-zeros instruction.
-#[inline(always)]
-pub fn log2_bucket(mut value: u64, buckets: u32) -> u32 {
-    let mut bucket = 0u32;
-    if value >= 1 << 32 {
-        value >>= 32;
-        bucket += 32;
-    }
-    if value >= 1 << 16 {
-        value >>= 16;
-        bucket += 16;
-    }
-    if value >= 1 << 8 {
-        value >>= 8;
-        bucket += 8;
-    }
-    if value >= 1 << 4 {
-        value >>= 4;
-        bucket += 4;
-    }
-    if value >= 1 << 2 {
-        value >>= 2;
-        bucket += 2;
-    }
-    if value >= 1 << 1 {
-        bucket += 1;
-    }
-    if bucket >= buckets { buckets - 1 } else { bucket }
-}
+pub use mm_probe_common::histogram::log2_bucket;
 
 /// Struct member offsets resolved by user space from this kernel's BTF (names in
 /// `mm_probe_common::layout`). `OFFSET_UNKNOWN` when the member does not exist here.

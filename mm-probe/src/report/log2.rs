@@ -21,9 +21,9 @@ impl Log2Histogram {
         Self { buckets }
     }
 
-    /// The bucket a value falls into (the same arithmetic as the kernel side).
+    /// The bucket a value falls into: the kernel side's own function, over all 64 buckets.
     pub fn bucket_of(value: u64) -> usize {
-        if value == 0 { 0 } else { (63 - value.leading_zeros()) as usize }
+        mm_probe_common::histogram::log2_bucket(value, u64::BITS) as usize
     }
 
     /// Lower and upper bound (inclusive) of bucket `k`.

@@ -140,6 +140,31 @@ fn cause(class: CauseClass, detail: u32, arg: u32) -> Cause {
 /// The cause of an invalidation the current thread is making now.
 #[inline(always)]
 pub fn classify() -> Cause {
+    let packed = cause_classify();
+    let detail = (packed >> DETAIL_SHIFT) as u32 & DETAIL_MASK;
+    Cause { class: packed as u32 & CLASS_MASK, detail, arg: (packed >> ARG_SHIFT) as u32, _pad: 0 }
+}
+
+/// A cause in one scalar, as a global function returns it: class in bits 0-7, detail (a
+/// syscall number or a migrate reason) in 8-31, arg (madvise's advice) in 32-63.
+const CLASS_MASK: u32 = 0xff;
+const DETAIL_SHIFT: u32 = 8;
+const DETAIL_MASK: u32 = 0xff_ffff;
+const ARG_SHIFT: u32 = 32;
+
+/// [`classify`]'s work as a global BPF function: the kernel verifies it once, not again in
+/// every state of each of the four programs that call it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn cause_classify() -> u64 {
+    let cause = classified();
+    u64::from(cause.class & CLASS_MASK)
+        | u64::from(cause.detail & DETAIL_MASK) << DETAIL_SHIFT
+        | u64::from(cause.arg) << ARG_SHIFT
+}
+
+#[inline(always)]
+fn classified() -> Cause {
     if let Some(open) = unsafe { CAUSE_BRACKETS.get(current_pid()) } {
         let bits = open.bits;
         if bits & IN_MIGRATION != 0 {

@@ -482,11 +482,13 @@ fn kvm_event_mm(pid: u32, source: Source, cause: &Cause, start: u64, end: u64) -
     if from_probe != 0 {
         return from_probe;
     }
-    let on_own_memory = match CauseClass::from_raw(cause.class) {
+    // The class compared as a number: `CauseClass::from_raw` indexes a table in .rodata, an
+    // offset the verifier cannot bound once the class comes from `cause_classify`'s result.
+    let on_own_memory = if cause.class == CauseClass::Syscall as u32 {
         // process_madvise(2) and the like name another process: its memory, found by range.
-        CauseClass::Syscall => !on_others_memory(cause.detail),
-        CauseClass::UserContext => true,
-        _ => false,
+        !on_others_memory(cause.detail)
+    } else {
+        cause.class == CauseClass::UserContext as u32
     };
     let own = if on_own_memory { current_mm() } else { 0 };
     if own != 0 {
@@ -583,7 +585,7 @@ pub fn inv_kvm_age_raw(ctx: RawTracePointContext) -> u32 {
 /// kvm:kvm_page_fault: only to learn the lock of a VM that faults before it is invalidated.
 #[tracepoint]
 pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
-    learn_kvm(current_mm(), current_tgid());
+    inv_learn_kvm(current_mm(), current_tgid());
     0
 }
 
@@ -592,7 +594,7 @@ pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
 /// invalidations of its memory (compaction, reclaim) are found to be its.
 #[tracepoint]
 pub fn inv_kvm_wakeup(_ctx: TracePointContext) -> u32 {
-    learn_kvm(current_mm(), current_tgid());
+    inv_learn_kvm(current_mm(), current_tgid());
     0
 }
 

@@ -57,8 +57,6 @@ pub const IN_CGROUP_RECLAIM: u32 = 1 << 3;
 pub const PF_KSWAPD: u32 = 0x0002_0000;
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
-/// Global: the offset of `reason` in migrate:mm_migrate_pages_start's record (from tracefs).
-pub const MIGRATE_REASON_OFFSET_GLOBAL: &str = "CAUSE_MIGRATE_REASON_OFFSET";
 /// Global: madvise's syscall number on this architecture.
 pub const MADVISE_NR_GLOBAL: &str = "CAUSE_MADVISE_NR";
 /// Global: 1 when the saved user registers can be read (bpf_task_pt_regs and BTF offsets).

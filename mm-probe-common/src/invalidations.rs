@@ -61,10 +61,6 @@ pub const OTHER_MMAP_LOCKS: u64 = 0;
 /// is read.
 pub const NOTIFIER_OPS_WORDS: &str = "INV_NOTIFIER_OPS_WORDS";
 pub const INTERVAL_OPS_WORDS: &str = "INV_INTERVAL_OPS_WORDS";
-/// Globals u32: the field offsets of the lock tracepoints' records (tracefs `format`).
-pub const BEGIN_LOCK_OFFSET: &str = "INV_BEGIN_LOCK_OFFSET";
-pub const BEGIN_FLAGS_OFFSET: &str = "INV_BEGIN_FLAGS_OFFSET";
-pub const END_LOCK_OFFSET: &str = "INV_END_LOCK_OFFSET";
 /// Globals u32: the field offsets of kvm_unmap_hva_range / kvm_age_hva (identical formats).
 pub const KVM_START_OFFSET: &str = "INV_KVM_START_OFFSET";
 pub const KVM_END_OFFSET: &str = "INV_KVM_END_OFFSET";

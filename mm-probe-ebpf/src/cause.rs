@@ -13,16 +13,16 @@
 use aya_ebpf::{
     Global,
     helpers::{bpf_get_current_task, generated},
-    macros::{map, tracepoint},
+    macros::{map, raw_tracepoint},
     maps::{Array, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::RawTracePointContext,
 };
 use mm_probe_common::cause::{
     Cause, CauseClass, IN_CGROUP_RECLAIM, IN_COMPACTION, IN_DIRECT_RECLAIM, IN_MIGRATION, PF_KSWAPD, PF_KTHREAD,
     REFUSED_BEGINS, UNMATCHED_ENDS,
 };
 
-use crate::kernel::{bump, current_pid, offsets::*, read_at, tp_field};
+use crate::kernel::{bump, current_pid, offsets::*, read_at};
 
 /// Threads inside a bracket at once: every CPU's few, with room for threads whose end was
 /// missed (LRU, so such an entry ages out).
@@ -30,8 +30,6 @@ const THREADS: u32 = 8192;
 /// -ENOSYS: x86-64's entry code stores it in pt_regs->ax before running a syscall.
 const ENOSYS: i64 = -38;
 
-#[unsafe(no_mangle)]
-static CAUSE_MIGRATE_REASON_OFFSET: Global<u32> = Global::new(12);
 #[unsafe(no_mangle)]
 static CAUSE_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
 /// madvise's number: only its third argument (the advice) is kept, so that other calls'
@@ -91,46 +89,42 @@ fn leave(bit: u32) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn cause_migrate_start(ctx: TracePointContext) -> u32 {
-    let reason: i32 = tp_field(&ctx, &CAUSE_MIGRATE_REASON_OFFSET).unwrap_or(-1);
-    enter(IN_MIGRATION, reason as u32)
+// Raw tracepoints: their links detach at once, where each classic tracepoint's perf event
+// waits for RCU grace periods as it closes, one after another (52 to 84 ms each on the host:
+// docs/kernel-facts.md#raw-tracepoints-close-at-once); their own recursion guard also keeps
+// them running while a map syscall is preempted holding the CPU's bpf_prog_active. Only
+// migrate_pages' start reads an argument.
+
+/// mm_migrate_pages_start(enum migrate_mode mode, int reason): the reason is argument 1 from
+/// 5.9, where the event came, to 7.2.
+#[raw_tracepoint(tracepoint = "mm_migrate_pages_start")]
+pub fn cause_migrate_start(ctx: RawTracePointContext) -> u32 {
+    enter(IN_MIGRATION, ctx.arg::<u64>(1) as u32)
 }
 
-#[tracepoint]
-pub fn cause_migrate_end(_ctx: TracePointContext) -> u32 {
-    leave(IN_MIGRATION)
+/// One raw-tracepoint program that enters or leaves a bracket without reading its event.
+macro_rules! bracket_program {
+    ($program:ident, $event:literal, enter $bit:expr) => {
+        #[raw_tracepoint(tracepoint = $event)]
+        pub fn $program(_ctx: RawTracePointContext) -> u32 {
+            enter($bit, 0)
+        }
+    };
+    ($program:ident, $event:literal, leave $bit:expr) => {
+        #[raw_tracepoint(tracepoint = $event)]
+        pub fn $program(_ctx: RawTracePointContext) -> u32 {
+            leave($bit)
+        }
+    };
 }
 
-#[tracepoint]
-pub fn cause_compaction_begin(_ctx: TracePointContext) -> u32 {
-    enter(IN_COMPACTION, 0)
-}
-
-#[tracepoint]
-pub fn cause_compaction_end(_ctx: TracePointContext) -> u32 {
-    leave(IN_COMPACTION)
-}
-
-#[tracepoint]
-pub fn cause_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    enter(IN_DIRECT_RECLAIM, 0)
-}
-
-#[tracepoint]
-pub fn cause_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
-    leave(IN_DIRECT_RECLAIM)
-}
-
-#[tracepoint]
-pub fn cause_cgroup_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    enter(IN_CGROUP_RECLAIM, 0)
-}
-
-#[tracepoint]
-pub fn cause_cgroup_reclaim_end(_ctx: TracePointContext) -> u32 {
-    leave(IN_CGROUP_RECLAIM)
-}
+bracket_program!(cause_migrate_end, "mm_migrate_pages", leave IN_MIGRATION);
+bracket_program!(cause_compaction_begin, "mm_compaction_begin", enter IN_COMPACTION);
+bracket_program!(cause_compaction_end, "mm_compaction_end", leave IN_COMPACTION);
+bracket_program!(cause_direct_reclaim_begin, "mm_vmscan_direct_reclaim_begin", enter IN_DIRECT_RECLAIM);
+bracket_program!(cause_direct_reclaim_end, "mm_vmscan_direct_reclaim_end", leave IN_DIRECT_RECLAIM);
+bracket_program!(cause_cgroup_reclaim_begin, "mm_vmscan_memcg_reclaim_begin", enter IN_CGROUP_RECLAIM);
+bracket_program!(cause_cgroup_reclaim_end, "mm_vmscan_memcg_reclaim_end", leave IN_CGROUP_RECLAIM);
 
 #[inline(always)]
 fn cause(class: CauseClass, detail: u32, arg: u32) -> Cause {

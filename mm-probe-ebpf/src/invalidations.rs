@@ -76,12 +76,6 @@ static INV_KERNEL_TEXT: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static INV_KERNEL_END: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
-static INV_BEGIN_LOCK_OFFSET: Global<u32> = Global::new(8);
-#[unsafe(no_mangle)]
-static INV_BEGIN_FLAGS_OFFSET: Global<u32> = Global::new(16);
-#[unsafe(no_mangle)]
-static INV_END_LOCK_OFFSET: Global<u32> = Global::new(8);
-#[unsafe(no_mangle)]
 static INV_KVM_START_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
 static INV_KVM_END_OFFSET: Global<u32> = Global::new(16);
@@ -583,8 +577,10 @@ pub fn inv_kvm_age_raw(ctx: RawTracePointContext) -> u32 {
 }
 
 /// kvm:kvm_page_fault: only to learn the lock of a VM that faults before it is invalidated.
-#[tracepoint]
-pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
+/// This and the wakeup are raw tracepoints, which detach at once (see cause.rs); they read no
+/// argument, whose list differs across versions.
+#[raw_tracepoint(tracepoint = "kvm_page_fault")]
+pub fn inv_kvm_fault(_ctx: RawTracePointContext) -> u32 {
     inv_learn_kvm(current_mm(), current_tgid());
     0
 }
@@ -592,8 +588,8 @@ pub fn inv_kvm_fault(_ctx: TracePointContext) -> u32 {
 /// kvm:kvm_vcpu_wakeup: an idle VM's vCPU threads wake at every guest timer tick, so even a VM
 /// that neither faults nor invalidates its own memory is learned, and another thread's
 /// invalidations of its memory (compaction, reclaim) are found to be its.
-#[tracepoint]
-pub fn inv_kvm_wakeup(_ctx: TracePointContext) -> u32 {
+#[raw_tracepoint(tracepoint = "kvm_vcpu_wakeup")]
+pub fn inv_kvm_wakeup(_ctx: RawTracePointContext) -> u32 {
     inv_learn_kvm(current_mm(), current_tgid());
     0
 }
@@ -652,7 +648,7 @@ fn still_a_vm(vm: &KvmLock) -> bool {
 
 /// The waiter's kernel stack in this generation's stack map, its generation in bit 32.
 #[inline(always)]
-fn wait_stack(ctx: &TracePointContext) -> i64 {
+fn wait_stack(ctx: &RawTracePointContext) -> i64 {
     let generation = generation();
     let taken = if generation == 0 { ctx.get_stackid(&INV_STACKS_0, 0) } else { ctx.get_stackid(&INV_STACKS_1, 0) };
     match taken {
@@ -664,10 +660,12 @@ fn wait_stack(ctx: &TracePointContext) -> i64 {
     }
 }
 
-/// lock:contention_begin(void *lock_addr, unsigned int flags)
-#[tracepoint]
-pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
-    let Some(lock) = tp_field::<u64>(&ctx, &INV_BEGIN_LOCK_OFFSET) else { return 0 };
+/// raw_tracepoint/contention_begin(void *lock, unsigned int flags), unchanged 5.19 → 7.2. The
+/// lock pair is raw, as the brackets are (cause.rs): their links detach at once, and their own
+/// recursion guard keeps them running while a map syscall holds the CPU's bpf_prog_active.
+#[raw_tracepoint(tracepoint = "contention_begin")]
+pub fn inv_contention_begin(ctx: RawTracePointContext) -> u32 {
+    let lock = ctx.arg::<u64>(0);
     let pid = current_pid();
     // contention_begin may fire twice for one acquisition (a mutex spins, then sleeps): the
     // first opens the wait, the second is ignored.
@@ -681,7 +679,7 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     let mmap_lock = OFF_MM_MMAP_LOCK.load();
     let own_mmap_lock = mm != 0 && mmap_lock != u32::MAX && lock == mm + mmap_lock as u64;
     let class = if own_mmap_lock { LockClass::MmapLock } else { LockClass::Other };
-    let flags = tp_field(&ctx, &INV_BEGIN_FLAGS_OFFSET).unwrap_or(0);
+    let flags = ctx.arg::<u64>(1) as u32;
     let key = if relation == Relation::Unrelated {
         // Every process's own mmap_lock is one lock here, and every per-object lock another:
         // their number grows with the machine's processes, which churn makes unbounded. Locks in
@@ -707,12 +705,12 @@ pub fn inv_contention_begin(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// lock:contention_end(void *lock_addr, int ret)
-#[tracepoint]
-pub fn inv_contention_end(ctx: TracePointContext) -> u32 {
+/// raw_tracepoint/contention_end(void *lock, int ret)
+#[raw_tracepoint(tracepoint = "contention_end")]
+pub fn inv_contention_end(ctx: RawTracePointContext) -> u32 {
     let pid = current_pid();
     let Some(open) = (unsafe { INV_WAIT_STASH.get(pid) }).copied() else { return 0 };
-    if tp_field::<u64>(&ctx, &INV_END_LOCK_OFFSET) != Some(open.lock) {
+    if ctx.arg::<u64>(0) != open.lock {
         return 0;
     }
     let _ = INV_WAIT_STASH.remove(pid);

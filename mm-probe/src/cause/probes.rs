@@ -3,28 +3,29 @@
 use anyhow::{Context as _, Result};
 use aya::{Ebpf, maps::Array};
 use mm_probe_common::cause::{
-    ARMED_MAP, COUNTS_MAP, MADVISE_NR_GLOBAL, MIGRATE_REASON_OFFSET_GLOBAL, REFUSED_BEGINS, SYSCALL_FROM_REGS_GLOBAL,
-    UNMATCHED_ENDS,
+    ARMED_MAP, COUNTS_MAP, MADVISE_NR_GLOBAL, REFUSED_BEGINS, SYSCALL_FROM_REGS_GLOBAL, UNMATCHED_ENDS,
 };
 
 use crate::{
     collect::counters::percpu_sum,
-    kernel::{Kernel, tracefs},
+    kernel::Kernel,
     probes::{GlobalValue, LogicalProbe, Plan},
     report::statement::Statement,
     tracepoint_probe,
 };
 
-/// Two tracepoint probes around one kind of mm work: `$begin` on `category:begin_event`
-/// named after its program, `$end` on the end event.
+/// Two raw-tracepoint probes around one kind of mm work: `$begin` on `category:begin_event`
+/// named after its program, `$end` on the end event. Raw, as a classic tracepoint's perf event
+/// waits for RCU grace periods when it is closed, 52 to 84 ms each on the host, one after another
+/// (docs/kernel-facts.md#raw-tracepoints-close-at-once).
 macro_rules! bracket {
     ($begin:ident, $end:ident, $work:literal, $kernels:literal:
      $begin_event:literal => $begin_program:literal, $end_event:literal => $end_program:literal) => {
         pub const $begin: LogicalProbe = tracepoint_probe!(
-            $begin_program, concat!("which invalidations ", $work, " makes"); $begin_event on $kernels => $begin_program
+            $begin_program, concat!("which invalidations ", $work, " makes"); $begin_event on $kernels => raw $begin_program
         );
         pub const $end: LogicalProbe = tracepoint_probe!(
-            $end_program, concat!("where ", $work, " ends"); $end_event on $kernels => $end_program
+            $end_program, concat!("where ", $work, " ends"); $end_event on $kernels => raw $end_program
         );
     };
 }
@@ -86,15 +87,11 @@ pub fn refused_begins(ebpf: &Ebpf) -> Result<u64> {
     percpu_sum(ebpf, COUNTS_MAP, REFUSED_BEGINS)
 }
 
-/// The classifier's globals: where migrate_pages' reason sits in its record, and whether the
-/// saved user registers can be read to name a syscall.
+/// The classifier's globals: whether the saved user registers can be read to name a syscall,
+/// and which syscall is madvise.
 pub fn settings(kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-    let reason = tracefs::root()
-        .ok()
-        .and_then(|root| tracefs::field_offset(&root, "migrate", "mm_migrate_pages_start", "reason"));
     let registers = kernel.registers_unreadable().is_none();
     vec![
-        (MIGRATE_REASON_OFFSET_GLOBAL, GlobalValue::U32(reason.unwrap_or(12))),
         (SYSCALL_FROM_REGS_GLOBAL, GlobalValue::U32(u32::from(registers))),
         (MADVISE_NR_GLOBAL, GlobalValue::U32(libc::SYS_madvise as u32)),
     ]

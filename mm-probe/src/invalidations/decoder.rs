@@ -23,7 +23,7 @@ use mm_probe_common::invalidations::{
 use crate::{
     cause,
     collect::counters::{counted_since, percpu_sums},
-    kernel::Kallsyms,
+    kernel::{Kallsyms, stacks},
 };
 
 /// How often the run loop drains: each kernel table then needs to hold one second's keys.
@@ -190,7 +190,7 @@ impl Drain {
         let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
         for id in ids {
             if let Ok(trace) = stacks.get(&id, 0) {
-                let functions = trace
+                let mut functions: Vec<String> = trace
                     .frames()
                     .iter()
                     .map(|f| {
@@ -199,6 +199,7 @@ impl Drain {
                             .map_or_else(|| format!("{:#x}", f.ip), |s| s.symbol.name.to_string())
                     })
                     .collect();
+                functions.drain(..stacks::machinery_frames(&functions));
                 let index = self.intern(functions);
                 self.stack_index.insert(i64::from(id) | (i64::from(left) << STACK_GENERATION_SHIFT), index);
             }

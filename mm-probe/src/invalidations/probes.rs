@@ -53,22 +53,22 @@ pub const KVM_AGE: LogicalProbe = tracepoint_probe!(
 
 pub const KVM_FAULT: LogicalProbe = tracepoint_probe!(
     KVM_FAULT_PROBE, "the mmu_lock of VMs that fault before any invalidation names it";
-    "kvm:kvm_page_fault" on "KVM on x86" => "inv_kvm_fault"
+    "kvm:kvm_page_fault" on "KVM on x86" => raw "inv_kvm_fault"
 );
 
 pub const KVM_WAKEUP: LogicalProbe = tracepoint_probe!(
     KVM_WAKEUP_PROBE, "idle VMs (their vCPUs wake at each guest tick), whose memory others' invalidations may be";
-    "kvm:kvm_vcpu_wakeup" on "KVM" => "inv_kvm_wakeup"
+    "kvm:kvm_vcpu_wakeup" on "KVM" => raw "inv_kvm_wakeup"
 );
 
 pub const CONTENTION_BEGIN: LogicalProbe = tracepoint_probe!(
     CONTENTION_BEGIN_PROBE, "contended lock acquisitions: which lock, how taken, the waiter's stack";
-    "lock:contention_begin" on "5.19+" => "inv_contention_begin"
+    "lock:contention_begin" on "5.19+" => raw "inv_contention_begin"
 );
 
 pub const CONTENTION_END: LogicalProbe = tracepoint_probe!(
     CONTENTION_END_PROBE, "how long each contended acquisition waited";
-    "lock:contention_end" on "5.19+" => "inv_contention_end"
+    "lock:contention_end" on "5.19+" => raw "inv_contention_end"
 );
 
 pub const RANGE_STARTS: LogicalProbe = function_probe!(

@@ -8,6 +8,7 @@ pub mod layout;
 pub mod privileges;
 pub mod process;
 pub mod release;
+pub mod stacks;
 pub mod syscalls;
 pub mod tracefs;
 

@@ -8,7 +8,7 @@ use mm_probe_common::latency::{
 };
 use serde::Serialize;
 
-use crate::kernel::syscalls;
+use crate::kernel::{stacks, syscalls};
 use crate::{kernel::Kallsyms, units::format_bytes};
 
 /// A task as the tracepoints name it.
@@ -361,19 +361,8 @@ impl StackMap {
 /// Return addresses, innermost first, as symbols, without the tracing machinery's frames.
 fn frames(kallsyms: Option<&Kallsyms>, ips: &[u64]) -> Vec<String> {
     let mut frames: Vec<String> = ips.iter().map(|&ip| symbolize(kallsyms, ip)).collect();
-    let machinery = frames.iter().take_while(|f| is_tracing_machinery(f)).count();
-    frames.drain(..machinery);
+    frames.drain(..stacks::machinery_frames(&frames));
     frames
-}
-
-/// The innermost frames of a stack taken from a tracepoint program are the tracing machinery
-/// that ran it (bpf_trace_run4 for a BTF tracepoint, perf_trace_* for a classic one), not what
-/// the task was doing.
-fn is_tracing_machinery(frame: &str) -> bool {
-    let name = frame.split('+').next().unwrap_or(frame);
-    ["bpf_trace_run", "__bpf_trace_", "__traceiter_", "perf_trace_", "trace_call_bpf", "bpf_prog_"]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
 }
 
 /// No kernel function is this large: a bigger offset means the address lies past the last

@@ -67,7 +67,8 @@ macro_rules! candidate {
 
 /// A [`LogicalProbe`] on one tracepoint, the catalogs' commonest entry:
 /// `tracepoint_probe!("name", "purpose"; "kvm:kvm_age_hva" on "KVM kernels" => "program")`, or
-/// `=> raw "raw_program" | "program"` to prefer a raw tracepoint on the same event.
+/// `=> raw "raw_program" | "program"` to prefer a raw tracepoint on the same event, or
+/// `=> raw "raw_program"` for a raw tracepoint alone.
 #[macro_export]
 macro_rules! tracepoint_probe {
     ($name:expr, $purpose:expr; $event:literal on $kernels:literal => $program:literal) => {
@@ -88,6 +89,15 @@ macro_rules! tracepoint_probe {
                 $crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; RawTracepoint $raw),
                 $crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; Tracepoint $program),
             ],
+        }
+    };
+    // A raw tracepoint alone: for programs that read no argument whose place moved across
+    // versions, on events every supported kernel has in raw form.
+    ($name:expr, $purpose:expr; $event:literal on $kernels:literal => raw $raw:literal) => {
+        $crate::probes::catalog::LogicalProbe {
+            name: $name,
+            purpose: $purpose,
+            candidates: &[$crate::candidate!(&[$crate::probes::catalog::Target { name: $event, kernels: $kernels }]; RawTracepoint $raw)],
         }
     };
 }

@@ -104,15 +104,6 @@ fn the_outermost_frame_says_how_the_kernel_was_entered() {
     assert_eq!(stack(&["0xffffffffc0001234"]).entry(), None);
 }
 
-#[test]
-fn tracing_machinery_frames_are_not_the_tasks() {
-    assert!(is_tracing_machinery("bpf_trace_run4+0x6d"));
-    assert!(is_tracing_machinery("perf_trace_sched_switch+0x120"));
-    assert!(is_tracing_machinery("bpf_prog_6deef7357e7b4530_lat_sched_switch_btf+0x5a1"));
-    assert!(!is_tracing_machinery("__schedule+0x5bc"));
-    assert!(!is_tracing_machinery("madvise_cold_or_pageout_pte_range+0x4a4"));
-}
-
 fn raw_slice(pid: u32, start_ns: u64, end_ns: u64) -> mm_probe_common::latency::RunSlice {
     mm_probe_common::latency::RunSlice { pid, start_ns, end_ns, prev_state: 0x100, ..Default::default() }
 }

@@ -43,6 +43,10 @@ pub const KVM_SIZE_HIST_MAP: &str = "HMM_KVM_SIZE";
 /// [`NotifierEvent::Unknown`], for values this build does not know): invalidations of mirrored
 /// mms by event, so that a scrape can count them by event without reading the ring.
 pub const INVALIDATIONS_BY_EVENT_MAP: &str = "HMM_INVALIDATIONS_BY_EVENT";
+/// Per-CPU array of u64 indexed by [`crate::cause::count_slot`]
+/// ([`crate::cause::CAUSE_COUNT_SLOTS`] slots): the same invalidations by why they happened, so
+/// that a scrape can count them by cause without reading the ring.
+pub const INVALIDATIONS_BY_CAUSE_MAP: &str = "HMM_INVALIDATIONS_BY_CAUSE";
 
 /// Global u32: 1 = only the tgids in [`TARGET_TGIDS_MAP`], 0 = every process.
 pub const FILTER_TGIDS: &str = "HMM_FILTER_TGIDS";

@@ -30,7 +30,10 @@ use mm_probe_common::hmm::{
     COUNTER_SLOTS, Counter, EBUSY, EventKind, FailedSeq, HmmEvent, INVALIDATE_RING_BYTES, LOG2_BUCKETS,
     NOTIFIER_EVENTS, NotifierEvent, ReadBeginKey, SeqBegin, SeqState, Stash, WALK_RING_BYTES, WalkStash,
 };
-use mm_probe_common::{cause::Cause, ring_wakeup_bytes};
+use mm_probe_common::{
+    cause::{CAUSE_COUNT_SLOTS, Cause, count_slot},
+    ring_wakeup_bytes,
+};
 
 use crate::kernel::{
     bump, current_pid, current_tgid, entry_programs, get_or_insert, log2_bucket, offsets::*, read_at, wakeup_flags,
@@ -74,6 +77,8 @@ static HMM_WINDOW_NS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCK
 static HMM_KVM_SIZE: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOG2_BUCKETS, 0);
 #[map]
 static HMM_INVALIDATIONS_BY_EVENT: PerCpuArray<u64> = PerCpuArray::with_max_entries(NOTIFIER_EVENTS, 0);
+#[map]
+static HMM_INVALIDATIONS_BY_CAUSE: PerCpuArray<u64> = PerCpuArray::with_max_entries(CAUSE_COUNT_SLOTS, 0);
 
 /// kvm_unmap_hva_range / kvm_age_hva: `unsigned long start` at 8, `end` at 16 (the format is
 /// byte-identical 5.15 → 6.18).
@@ -313,10 +318,9 @@ fn invalidate_start(range: u64) -> u32 {
     let unknown = NotifierEvent::Unknown as u32;
     bump(&HMM_INVALIDATIONS_BY_EVENT, if kind < unknown { kind } else { unknown }, 1);
     event.code = kind as i32;
-    // Only streamed records carry a cause (the exporter's counters have none).
-    if HMM_STREAM_EVENTS.load() != 0 {
-        event.cause = crate::cause::classify();
-    }
+    // Counted for the exporter, whose ring is off; the record carries the whole cause.
+    event.cause = crate::cause::classify();
+    bump(&HMM_INVALIDATIONS_BY_CAUSE, count_slot(&event.cause, kind), 1);
     emit(event);
     0
 }

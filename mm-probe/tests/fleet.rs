@@ -53,6 +53,7 @@ const CONTRACT: &[Metric] = &[
     metric("mm_probe_hmm_range_fault_returns_total", &["result"]),
     metric("mm_probe_hmm_stale_sequence_retries_total", &[]),
     metric("mm_probe_mmu_invalidations_total", &["event"]),
+    metric("mm_probe_mirrored_invalidation_causes_total", &["cause"]),
     histogram("mm_probe_mmu_invalidation_callback_seconds", &[]),
     metric("mm_probe_kvm_mmu_notifier_events_total", &["event"]),
     metric("mm_probe_invalidation_causes_total", &["source", "cause"]),

@@ -88,6 +88,12 @@ impl Collector for Families {
             "__mmu_notifier_invalidate_range_start() on mirrored memory, by enum mmu_notifier_event.",
             &s.mmu_invalidations,
         )?;
+        counters(
+            &mut encoder,
+            "mm_probe_mirrored_invalidation_causes",
+            "The same invalidations of mirrored memory by why they happened (compaction, numa_balancing, migration, direct_reclaim, cgroup_reclaim, kswapd, kernel_thread, syscall, fault, unknown), decided in the invalidating thread.",
+            &s.mirrored_invalidation_causes,
+        )?;
         histogram_family(
             &mut encoder,
             "mm_probe_mmu_invalidation_callback_seconds",

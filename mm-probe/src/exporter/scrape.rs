@@ -177,6 +177,8 @@ pub struct Snapshot {
     /// Retries of a stale sequence, where the walks' sequences are readable.
     pub hmm_stale_retries: Option<u64>,
     pub mmu_invalidations: Vec<Series>,
+    /// The same invalidations by cause class: bounded by the class list.
+    pub mirrored_invalidation_causes: Vec<Series>,
     pub mmu_invalidation_callback: Option<Histogram>,
     pub kvm_notifier_events: Vec<Series>,
     pub thp_checks: Vec<Series>,

@@ -50,6 +50,8 @@ pub struct KernelTotals {
     pub kvm_sizes: Vec<u64>,
     /// Invalidations of mirrored mms by `enum mmu_notifier_event` (last slot: unknown).
     pub invalidations_by_event: Vec<u64>,
+    /// The same invalidations by [`mm_probe_common::cause::CauseClass`].
+    pub invalidations_by_cause: Vec<u64>,
     /// The cause classifier's bracket ends without their begin.
     pub cause_brackets_missed: u64,
 }
@@ -63,6 +65,7 @@ impl KernelTotals {
             window_ns: percpu_sums(ebpf, names::WINDOW_HIST_MAP)?,
             kvm_sizes: percpu_sums(ebpf, names::KVM_SIZE_HIST_MAP)?,
             invalidations_by_event: percpu_sums(ebpf, names::INVALIDATIONS_BY_EVENT_MAP)?,
+            invalidations_by_cause: percpu_sums(ebpf, names::INVALIDATIONS_BY_CAUSE_MAP)?,
             cause_brackets_missed: cause::probes::unmatched_ends(ebpf)?,
         })
     }

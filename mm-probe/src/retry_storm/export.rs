@@ -1,13 +1,16 @@
 //! Retry-storm's slice of `mm-probe exporter`: its probes attached with the event ring off, and
 //! on every scrape the kernel's counters: hmm_range_fault's returns, the invalidations of
-//! mirrored memory by event, the time in their callbacks, and KVM's tracepoints unless
-//! invalidations has them. Each window is judged from the same counters.
+//! mirrored memory by event and by cause, the time in their callbacks, and KVM's tracepoints
+//! unless invalidations has them. Each window is judged from the same counters.
 
-use std::cell::RefCell;
+use std::{cell::RefCell, collections::BTreeMap};
 
 use anyhow::Result;
 use aya::Ebpf;
-use mm_probe_common::hmm::{self as names, Counter, NotifierEvent};
+use mm_probe_common::{
+    cause::counted_cause,
+    hmm::{self as names, Counter, NotifierEvent},
+};
 
 use super::{
     counters::{KernelCounters, KernelTotals},
@@ -19,7 +22,7 @@ use super::{
 };
 use crate::{
     capability::CapabilityId,
-    cause::probes as cause,
+    cause::{Namer, probes as cause},
     collect::counters::counted_since,
     exporter::{
         buckets::log2_ns_histogram,
@@ -35,15 +38,16 @@ use crate::{
 /// Retry-storm as the exporter was asked for it.
 pub fn slice(choice: &Choice) -> Result<Box<dyn Slice>> {
     Ok(Box::new(RetryStormSlice {
-        kvm_left_to_invalidations: choice.includes(CapabilityId::Invalidations),
+        shared_left_to_invalidations: choice.includes(CapabilityId::Invalidations),
         thresholds: default_thresholds()?,
     }))
 }
 
 struct RetryStormSlice {
     /// One attach per tracepoint: with invalidations chosen, KVM's tracepoints are its own (it
-    /// learns each VM's lock there) and serve the one KVM family.
-    kvm_left_to_invalidations: bool,
+    /// learns each VM's lock there) and serve the one KVM family, and so are the cause brackets
+    /// (one object: the classifier's table is the same for both).
+    shared_left_to_invalidations: bool,
     thresholds: Thresholds,
 }
 
@@ -56,17 +60,20 @@ impl Slice for RetryStormSlice {
 
     fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         let kvm = [KVM_UNMAP_PROBE, KVM_AGE_PROBE];
-        // The cause brackets classify streamed invalidations only, and the ring is off here.
         let brackets: Vec<&str> = cause::BRACKETS.iter().map(|p| p.name).collect();
-        let attached: Vec<LogicalProbe> = PROBES
-            .iter()
-            .filter(|p| !(brackets.contains(&p.name) || self.kvm_left_to_invalidations && kvm.contains(&p.name)))
-            .copied()
-            .collect();
+        let shared = |name: &str| kvm.contains(&name) || brackets.contains(&name);
+        let attached: Vec<LogicalProbe> =
+            PROBES.iter().filter(|p| !(self.shared_left_to_invalidations && shared(p.name))).copied().collect();
         let plan = Planner::new(kernel).attach_all(ebpf, &attached);
         let seen = observability(kernel, &plan);
         let attached = Attached { capability: CapabilityId::RetryStorm, plan, programs: catalog_programs(PROBES) };
-        let reader = RetryStormReader { seen, thresholds: self.thresholds, window_start: RefCell::default() };
+        let reader = RetryStormReader {
+            seen,
+            namer: Namer::from_tracefs(),
+            brackets_missed_are_ours: !self.shared_left_to_invalidations,
+            thresholds: self.thresholds,
+            window_start: RefCell::default(),
+        };
         Ok(Source { attached, reader: Box::new(reader) })
     }
 }
@@ -74,6 +81,10 @@ impl Slice for RetryStormSlice {
 /// Reads retry-storm as attached, knowing what its plan lets it see.
 struct RetryStormReader {
     seen: Observability,
+    namer: Namer,
+    /// Whether this slice attached the cause brackets, and so reports the ends they missed
+    /// (invalidations does when it has them: one count, reported once).
+    brackets_missed_are_ours: bool,
     thresholds: Thresholds,
     /// The kernel's totals when the window being judged began.
     window_start: RefCell<KernelTotals>,
@@ -88,6 +99,12 @@ impl Reader for RetryStormReader {
             // A walk return whose entry was not seen: counted, but its duration is unknown.
             Series::new(&[("capability", name), ("kind", "walk_entries")], c.get(names::Counter::StashMisses)),
         ]);
+        if self.brackets_missed_are_ours {
+            // Invalidations made inside such work were classified by their thread instead.
+            let missed =
+                Series::new(&[("capability", name), ("kind", "cause_brackets_missed")], totals.cause_brackets_missed);
+            snapshot.lost_events.push(missed);
+        }
         // A read_begin the per-caller table refused: the total stays exact, its caller is lost.
         snapshot.map_update_failures.push(Series::new(
             &[("capability", name), ("map", names::READ_BEGINS_MAP)],
@@ -113,6 +130,7 @@ impl Reader for RetryStormReader {
                 .enumerate()
                 .map(|(raw, &count)| Series::new(&[("event", NotifierEvent::from_raw(raw as i32).name())], count))
                 .collect();
+            snapshot.mirrored_invalidation_causes = causes(&totals.invalidations_by_cause, &self.namer);
             snapshot.mmu_invalidation_callback =
                 Some(log2_ns_histogram(&totals.callback_ns, c.get(names::Counter::CallbackNs)));
         }
@@ -133,6 +151,18 @@ impl Reader for RetryStormReader {
         let evidence = counted_evidence(&counted, &callback_ns, window_ns, &self.seen);
         Ok(Some(WindowVerdict::of(&judge(&evidence, &self.thresholds), evidence.walks)))
     }
+}
+
+/// The counted invalidations by cause class, named as the reports name them (a migration by its
+/// reason, a fault by its event): bounded by the class list. Classes never counted are left out.
+fn causes(by_slot: &[u64], namer: &Namer) -> Vec<Series> {
+    let mut by_class: BTreeMap<&str, u64> = BTreeMap::new();
+    for (slot, &count) in by_slot.iter().enumerate().filter(|(_, count)| **count > 0) {
+        let (cause, event) = counted_cause(slot as u32);
+        let event = event.map(|raw| NotifierEvent::from_raw(raw as i32).name());
+        *by_class.entry(namer.name(&cause, "", event).class).or_default() += count;
+    }
+    by_class.into_iter().map(|(class, count)| Series::new(&[("cause", class)], count)).collect()
 }
 
 /// What the kernel's counters tell of one window. The walks' durations, the retry loops and
@@ -195,6 +225,25 @@ mod tests {
         assert_eq!((evidence.retry_rate, evidence.invalidate_freq, evidence.invalidations), (None, None, 0));
         let nothing = counted_evidence(&counters(0, 0, 0), &[], 1_000_000_000, &Observability::default());
         assert_eq!(judge(&nothing, &Thresholds::default()).level, Level::Unknown);
+    }
+
+    #[test]
+    fn counted_causes_are_named_by_class_as_the_reports_name_them() {
+        use mm_probe_common::cause::{CAUSE_COUNT_SLOTS, Cause, CauseClass, count_slot};
+        let mut by_slot = vec![0; CAUSE_COUNT_SLOTS as usize];
+        let mut count = |class: CauseClass, event: NotifierEvent, n: u64| {
+            let cause = Cause { class: class as u32, ..Cause::default() };
+            by_slot[count_slot(&cause, event as u32) as usize] += n;
+        };
+        count(CauseClass::Syscall, NotifierEvent::Unmap, 5);
+        // Outside any syscall: task_numa_work's protection change, and faults.
+        count(CauseClass::UserContext, NotifierEvent::ProtectionVma, 3);
+        count(CauseClass::UserContext, NotifierEvent::Clear, 2);
+        count(CauseClass::UserContext, NotifierEvent::Unmap, 1);
+        let named: Vec<(String, u64)> =
+            causes(&by_slot, &Namer::default()).into_iter().map(|s| (s.labels[0].1.clone(), s.value)).collect();
+        let expected = [("fault", 3), ("numa_balancing", 3), ("syscall", 5)];
+        assert_eq!(named, expected.map(|(class, n)| (class.to_string(), n)));
     }
 
     #[test]

@@ -230,7 +230,9 @@ pub struct HmmEvent {
     pub seq: u64,
     /// Walk: [`SeqState`] at entry.
     pub seq_state: u32,
-    pub _pad: u32,
+    /// Walk: [`SeqBegin::overtaken`] of the read_begin before it (its invalidation began
+    /// before the window that `seq_begin_ns` opens).
+    pub begin_overtaken: u32,
     /// Invalidate: why it happened, decided in the invalidating thread.
     pub cause: crate::cause::Cause,
     pub comm: [u8; 16],
@@ -310,6 +312,10 @@ pub struct FailedSeq {
 pub struct SeqBegin {
     pub ts_ns: u64,
     pub notifier: u64,
+    /// 1 when an invalidation of the mm was in progress and had not yet moved this notifier's
+    /// sequence: read_begin did not wait for it, and it can still fail the walk.
+    pub overtaken: u32,
+    pub _pad: u32,
 }
 
 crate::user_pod!(HmmEvent, ReadBeginKey, Stash, WalkStash, FailedSeq, SeqBegin);

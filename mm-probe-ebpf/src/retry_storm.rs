@@ -153,7 +153,7 @@ fn blank_event(kind: EventKind, ts_ns: u64) -> HmmEvent {
         interval_last: 0,
         seq: 0,
         seq_state: SeqState::Unread as u32,
-        _pad: 0,
+        begin_overtaken: 0,
         cause: Cause::default(),
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     }
@@ -232,6 +232,7 @@ fn walk_return(range: u64, ret: i32) -> u32 {
         && begin.notifier == notifier
     {
         event.seq_begin_ns = begin.ts_ns;
+        event.begin_overtaken = begin.overtaken;
     }
     if ret == -EBUSY && mark_stale_retry(pid, &mut event) {
         count(Counter::StaleRetries);
@@ -277,10 +278,24 @@ fn read_begin(notifier: u64) -> u32 {
         let callback: u64 = read_at(ops, OFF_INTERVAL_OPS_INVALIDATE.load()).unwrap_or(0);
         let _ = HMM_NOTIFIER_CALLBACKS.insert(notifier, callback, 0);
     }
-    let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier };
+    let mm: u64 = read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0);
+    let overtaken = u32::from(overtaken(notifier, mm));
+    let begin = SeqBegin { ts_ns: unsafe { bpf_ktime_get_ns() }, notifier, overtaken, _pad: 0 };
     let _ = HMM_SEQ_BEGIN.insert(current_pid(), begin, 0);
-    mark_mirrored(read_at(notifier, OFF_INTERVAL_NOTIFIER_MM.load()).unwrap_or(0), tgid);
+    mark_mirrored(mm, tgid);
     0
+}
+
+/// Whether an invalidation of `mm` is in progress that has not yet reached `notifier`, as
+/// read_begin itself decides: the mm's sequence is odd while one runs, and it waits only when
+/// the notifier's own sequence already equals it (its callback ran). Such an invalidation began
+/// before this read_begin and can still fail the walk after it.
+#[inline(always)]
+fn overtaken(notifier: u64, mm: u64) -> bool {
+    let subscriptions: u64 = read_at(mm, OFF_MM_NOTIFIER_SUBSCRIPTIONS.load()).unwrap_or(0);
+    let mm_seq: Option<u64> = read_at(subscriptions, OFF_SUBSCRIPTIONS_INVALIDATE_SEQ.load());
+    let own: Option<u64> = read_at(notifier, OFF_INTERVAL_NOTIFIER_INVALIDATE_SEQ.load());
+    matches!((mm_seq, own), (Some(mm_seq), Some(own)) if mm_seq & 1 == 1 && own != mm_seq)
 }
 
 #[inline(always)]

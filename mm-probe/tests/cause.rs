@@ -145,8 +145,8 @@ fn ksmd_merging_the_mirrored_buffer_is_named_with_its_settings() {
     let sharing = most.load(Ordering::Relaxed);
     let ksmd = rows(&summary, "kernel_thread", |d| d == "ksmd");
     eprintln!(
-        "MEASURED ksmd: pages_sharing up to {sharing}; driver {driver}\ncauses: {}",
-        summary["invalidations"]["by_cause"]
+        "MEASURED ksmd: pages_sharing up to {sharing}; driver {driver}\nfailed walks {}\ncauses: {}",
+        summary["walks"]["busy_causes"], summary["invalidations"]["by_cause"]
     );
     let run_setting = ksmd.first().map(|r| r["knobs"].to_string()).unwrap_or_default();
     drop(settings);

@@ -33,9 +33,16 @@ const STORMING: Duration = Duration::from_secs(8);
 #[test]
 fn several_problems_at_once_are_each_a_finding_ranked_with_the_next_command() {
     require_root();
-    let huge = thp_here().then(|| Huge::start(true));
-    let mut vm = kvm_available().then(KvmStorm::start);
-    let _module = cause_guest().then(MirrorModule::load);
+    let (thp, kvm, mirror) = (thp_here(), kvm_available(), cause_guest());
+    if !(thp || kvm || mirror) {
+        // The PREEMPT_RT guests: no THP, no nested KVM, and the mirror's storms run on the
+        // non-RT lines. An idle watch proves nothing is invented, which triage.rs proves.
+        eprintln!("skipped: none of the problems this test makes can be made on this kernel");
+        return;
+    }
+    let huge = thp.then(|| Huge::start(true));
+    let mut vm = kvm.then(KvmStorm::start);
+    let _module = mirror.then(MirrorModule::load);
     // The storms start once every watch is attached, and stop before the watches end: under
     // TCG, attaching or detaching (text patching through int3) while two threads hammer the
     // patched code wedged a 6.1 guest (both vCPUs in soft lockup in kvm-madv, 150 s) and took

@@ -84,6 +84,8 @@ pub const MEMBERS: &[Member] = &[
         "CONFIG_MEMCG (the task whose memory cgroup charges the mm): whose memory an invalidation is"),
     member!(names::SUBSCRIPTIONS_LIST => mmu_notifier_subscriptions["list"],
         "hlist of struct mmu_notifier; stable since 5.7"),
+    member!(names::SUBSCRIPTIONS_INVALIDATE_SEQ => mmu_notifier_subscriptions["invalidate_seq"],
+        "odd while an invalidation of the mm's interval notifiers is in progress; stable since 5.7"),
     member!(names::MMU_NOTIFIER_HLIST => mmu_notifier["hlist"], "0 on every kernel read; resolved all the same"),
     member!(names::MMU_NOTIFIER_OPS => mmu_notifier["ops"], "stable"),
     member!(names::NOTIFIER_OPS_RANGE_START => mmu_notifier_ops["invalidate_range_start"], "moves as ops are added and removed (invalidate_range went in 6.6)"),

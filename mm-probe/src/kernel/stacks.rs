@@ -16,7 +16,7 @@ const MACHINERY: [&str; 6] =
 const MACHINERY_DEPTH: usize = 5;
 
 /// Whether a frame (`name+0x1f [module]` or a bare name) is the tracing machinery's.
-pub fn is_tracing_machinery(frame: &str) -> bool {
+fn is_tracing_machinery(frame: &str) -> bool {
     let name = frame.split('+').next().unwrap_or(frame);
     MACHINERY.iter().any(|prefix| name.starts_with(prefix))
 }

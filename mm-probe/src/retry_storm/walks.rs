@@ -81,6 +81,10 @@ pub struct Walk {
     /// A failed retry with the sequence of the thread's previous failed walk, stale at entry
     /// (the kernel's [`SeqState::StaleRetry`]).
     pub stale_retry: bool,
+    /// At its read_begin an invalidation of the mm was in progress that had not yet reached
+    /// the notifier (the kernel's [`mm_probe_common::hmm::SeqBegin::overtaken`]): begun before the window, it can
+    /// still have failed the walk.
+    pub begin_overtaken: bool,
 }
 
 impl Walk {
@@ -157,6 +161,7 @@ pub fn decode(raw: &HmmEvent, namer: &Namer) -> Option<Event> {
             interval: (raw.interval_last != 0).then_some((raw.interval_start, raw.interval_last)),
             seq: (SeqState::from_u32(raw.seq_state) != SeqState::Unread).then_some(raw.seq),
             stale_retry: SeqState::from_u32(raw.seq_state) == SeqState::StaleRetry,
+            begin_overtaken: raw.begin_overtaken != 0,
         })),
         EventKind::Invalidate => {
             let event = NotifierEvent::from_raw(raw.code);
@@ -472,7 +477,38 @@ impl OverlapJoiner {
                 stored.overlap.outside = true;
             }
         }
+        if why == BusyCause::Unexplained && walk.busy() && walk.begin_overtaken {
+            return Some(self.blame_overtaking(walk, first));
+        }
         walk.busy().then_some((why, collided_with))
+    }
+
+    /// A failed walk with nothing in its window, whose read_begin met an invalidation of the
+    /// mm still on its way to the notifier: that invalidation began before the window. The
+    /// latest of the mm's before it that overlapped the walked range is blamed, else the latest
+    /// that overlapped the notifier's interval (`before`: the first index inside the window).
+    fn blame_overtaking(&mut self, walk: &Walk, before: usize) -> (BusyCause, Option<CauseName>) {
+        let earlier =
+            || self.invalidations.iter().take(before).enumerate().rev().filter(|(_, s)| s.invalidation.mm == walk.mm);
+        let in_range =
+            earlier().find(|(_, s)| overlaps(s.invalidation.start, s.invalidation.end, walk.start, walk.end));
+        let in_interval = || {
+            let (start, last) = walk.interval?;
+            earlier().find(|(_, s)| overlaps(s.invalidation.start, s.invalidation.end, start, last.saturating_add(1)))
+        };
+        let (why, at) = match in_range.map(|(at, _)| at) {
+            Some(at) => (BusyCause::TrueConflict, at),
+            None => match in_interval().map(|(at, _)| at) {
+                Some(at) => (BusyCause::FalseSharing, at),
+                None => return (BusyCause::Unexplained, None),
+            },
+        };
+        let stored = &mut self.invalidations[at];
+        match why {
+            BusyCause::TrueConflict => stored.overlap.walked_range = true,
+            _ => stored.overlap.interval_only = true,
+        }
+        (why, Some(stored.invalidation.cause.clone()))
     }
 }
 

@@ -438,6 +438,7 @@ mod tests {
             interval: None,
             seq: None,
             stale_retry: false,
+            begin_overtaken: false,
         };
         let mut a = Window::new(0);
         a.add_walk(&walk);

@@ -22,7 +22,7 @@ mod records {
             interval_last: 0x7f00_03ff_ffff,
             seq: 6,
             seq_state: SeqState::StaleRetry as u32,
-            _pad: 0,
+            begin_overtaken: 0,
             cause: mm_probe_common::cause::Cause::default(),
             comm,
         }
@@ -96,6 +96,7 @@ mod chains {
             interval: None,
             seq: None,
             stale_retry: false,
+            begin_overtaken: false,
         }
     }
 
@@ -215,6 +216,7 @@ mod overlaps {
             interval: Some((0, 64 * MIB - 1)),
             seq: None,
             stale_retry: false,
+            begin_overtaken: false,
         }
     }
 
@@ -313,6 +315,37 @@ mod overlaps {
         let outside: Vec<_> = done.invalidations.iter().filter(|(_, o)| o.outside).collect();
         assert_eq!(outside.len(), 1);
         assert_eq!(outside[0].0.start, 100 * MIB);
+    }
+
+    /// ksmd write-protects one page at a time: its invalidation can begin just before a walk's
+    /// read_begin and reach the notifier just after, failing the walk from outside its window.
+    #[test]
+    fn an_invalidation_that_overtook_read_begin_is_blamed_only_when_read_begin_saw_it() {
+        let judged = |overtaken: bool, earlier: Vec<Invalidation>| {
+            let mut j = OverlapJoiner::new(10, 1_000);
+            earlier.into_iter().for_each(|i| j.add_invalidation(i));
+            let mut w = walk(0, 2 * MIB, (100, 200), -EBUSY);
+            w.begin_overtaken = overtaken;
+            j.add_walk(w);
+            let failure = j.settle(1_000).failures.remove(0);
+            (failure.why, failure.collided_with.map(|c| c.class))
+        };
+        let ksmd = |ts| Invalidation {
+            comm: "ksmd".into(),
+            cause: CauseName { class: "kernel_thread", detail: Some("ksmd".into()) },
+            ..inv(ts, MIB, MIB + 4096)
+        };
+        // The latest of the range's before the window; an older one, and one elsewhere, are not it.
+        let before = vec![kswapd(60, MIB, MIB + 4096), ksmd(90), inv(95, 100 * MIB, 101 * MIB)];
+        assert_eq!(judged(true, before.clone()), (BusyCause::TrueConflict, Some("kernel_thread")));
+        assert_eq!(judged(false, before), (BusyCause::Unexplained, None), "read_begin waited for it");
+        assert_eq!(
+            judged(true, vec![kswapd(90, 40 * MIB, 40 * MIB + 4096)]),
+            (BusyCause::FalseSharing, Some("kswapd"))
+        );
+        let mut other_mm = ksmd(90);
+        other_mm.mm = 8;
+        assert_eq!(judged(true, vec![other_mm]), (BusyCause::Unexplained, None));
     }
 
     #[test]

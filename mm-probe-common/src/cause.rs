@@ -59,6 +59,12 @@ pub const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// Global: madvise's syscall number on this architecture.
 pub const MADVISE_NR_GLOBAL: &str = "CAUSE_MADVISE_NR";
+/// Global: which argument of mm_migrate_pages_start is the migration's reason (BTF's prototype
+/// of the event), or [`REASON_UNREAD`].
+pub const MIGRATE_REASON_ARG_GLOBAL: &str = "CAUSE_MIGRATE_REASON_ARG";
+/// [`MIGRATE_REASON_ARG_GLOBAL`] when the prototype has no `int` reason: a migration is then
+/// counted with this as its reason, which names none.
+pub const REASON_UNREAD: u32 = u32::MAX;
 /// Global: 1 when the saved user registers can be read (bpf_task_pt_regs and BTF offsets).
 pub const SYSCALL_FROM_REGS_GLOBAL: &str = "CAUSE_SYSCALL_FROM_REGS";
 /// Per-CPU counts of the brackets' table: [`UNMATCHED_ENDS`] and [`REFUSED_BEGINS`].

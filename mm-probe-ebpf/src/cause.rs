@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use mm_probe_common::cause::{
     Cause, CauseClass, IN_CGROUP_RECLAIM, IN_COMPACTION, IN_DIRECT_RECLAIM, IN_MIGRATION, PF_KSWAPD, PF_KTHREAD,
-    REFUSED_BEGINS, UNMATCHED_ENDS,
+    REASON_UNREAD, REFUSED_BEGINS, UNMATCHED_ENDS,
 };
 
 use crate::kernel::{bump, current_pid, offsets::*, read_at};
@@ -32,6 +32,8 @@ const ENOSYS: i64 = -38;
 
 #[unsafe(no_mangle)]
 static CAUSE_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CAUSE_MIGRATE_REASON_ARG: Global<u32> = Global::new(1);
 /// madvise's number: only its third argument (the advice) is kept, so that other calls'
 /// arguments do not split their rows.
 #[unsafe(no_mangle)]
@@ -95,11 +97,18 @@ fn leave(bit: u32) -> u32 {
 // them running while a map syscall is preempted holding the CPU's bpf_prog_active. Only
 // migrate_pages' start reads an argument.
 
-/// mm_migrate_pages_start(enum migrate_mode mode, int reason): the reason is argument 1 from
-/// 5.9, where the event came, to 7.2.
+/// mm_migrate_pages_start(enum migrate_mode mode, int reason) from 5.9, where the event came, to
+/// 7.2: user space finds the reason's place in BTF's prototype of the event. A context offset
+/// must be a constant, hence one read per place.
 #[raw_tracepoint(tracepoint = "mm_migrate_pages_start")]
 pub fn cause_migrate_start(ctx: RawTracePointContext) -> u32 {
-    enter(IN_MIGRATION, ctx.arg::<u64>(1) as u32)
+    let reason = match CAUSE_MIGRATE_REASON_ARG.load() {
+        0 => ctx.arg::<u64>(0) as u32,
+        1 => ctx.arg::<u64>(1) as u32,
+        2 => ctx.arg::<u64>(2) as u32,
+        _ => REASON_UNREAD,
+    };
+    enter(IN_MIGRATION, reason)
 }
 
 /// One raw-tracepoint program that enters or leaves a bracket without reading its event.

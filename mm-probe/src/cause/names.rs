@@ -1,7 +1,7 @@
 //! Names for the causes the kernel programs decide: a bounded class (a metric label) and a
 //! detail (the call and its advice, the migration's reason, the kernel thread).
 
-use mm_probe_common::cause::{Cause, CauseClass};
+use mm_probe_common::cause::{Cause, CauseClass, REASON_UNREAD};
 use serde::Serialize;
 
 use crate::kernel::{syscalls, tracefs};
@@ -78,6 +78,9 @@ impl Namer {
     }
 
     fn migration(&self, reason: u32) -> CauseName {
+        if reason == REASON_UNREAD {
+            return CauseName { class: "migration", detail: Some("reason not readable".into()) };
+        }
         let name = self.migrate_reasons.iter().find(|(v, _)| *v == i64::from(reason as i32)).map(|(_, n)| n.as_str());
         match name {
             Some("compaction") => CauseName { class: "compaction", detail: Some("migration".into()) },

@@ -3,7 +3,8 @@
 use anyhow::{Context as _, Result};
 use aya::{Ebpf, maps::Array};
 use mm_probe_common::cause::{
-    ARMED_MAP, COUNTS_MAP, MADVISE_NR_GLOBAL, REFUSED_BEGINS, SYSCALL_FROM_REGS_GLOBAL, UNMATCHED_ENDS,
+    ARMED_MAP, COUNTS_MAP, MADVISE_NR_GLOBAL, MIGRATE_REASON_ARG_GLOBAL, REASON_UNREAD, REFUSED_BEGINS,
+    SYSCALL_FROM_REGS_GLOBAL, UNMATCHED_ENDS,
 };
 
 use crate::{
@@ -88,13 +89,35 @@ pub fn refused_begins(ebpf: &Ebpf) -> Result<u64> {
 }
 
 /// The classifier's globals: whether the saved user registers can be read to name a syscall,
-/// and which syscall is madvise.
+/// which syscall is madvise, and where migrate_pages' start event carries its reason.
 pub fn settings(kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
     let registers = kernel.registers_unreadable().is_none();
     vec![
         (SYSCALL_FROM_REGS_GLOBAL, GlobalValue::U32(u32::from(registers))),
         (MADVISE_NR_GLOBAL, GlobalValue::U32(libc::SYS_madvise as u32)),
+        (MIGRATE_REASON_ARG_GLOBAL, GlobalValue::U32(migrate_reason_arg(kernel))),
     ]
+}
+
+/// The event whose arguments say why pages migrate.
+const MIGRATE_START_EVENT: &str = "mm_migrate_pages_start";
+
+/// Which argument of [`MIGRATE_START_EVENT`] is its reason: the `int` of BTF's prototype
+/// (`enum migrate_mode mode, int reason` from 5.9 to 7.2). Without BTF, the place those
+/// kernels use; a prototype without one, [`REASON_UNREAD`].
+fn migrate_reason_arg(kernel: &Kernel) -> u32 {
+    match kernel.btf().ok().and_then(|btf| btf.tracepoint_args(MIGRATE_START_EVENT)) {
+        Some(args) => reason_place(&args),
+        None => 1,
+    }
+}
+
+fn reason_place(args: &[String]) -> u32 {
+    args.iter()
+        .position(|a| a == "int")
+        .and_then(|i| u32::try_from(i).ok())
+        .filter(|&i| i <= 2)
+        .unwrap_or(REASON_UNREAD)
 }
 
 /// One sentence per bracket that could not be attached, and for unreadable registers: the
@@ -118,6 +141,14 @@ pub fn statements(plan: &Plan, kernel: &Kernel) -> Vec<Statement> {
             }
         })
         .collect();
+    if plan.is_attached(MIGRATE_START.name) && migrate_reason_arg(kernel) == REASON_UNREAD {
+        statements.push(Statement {
+            subject: "a migration's reason is not readable".into(),
+            why: Some(format!("this kernel's {MIGRATE_START_EVENT} has no int argument (BTF)")),
+            cost: "migrations are named without their reason: compaction's and NUMA balancing's are not told apart."
+                .into(),
+        });
+    }
     if let Some(why) = kernel.registers_unreadable() {
         statements.push(Statement {
             subject: "the invalidating syscall is not readable".into(),
@@ -126,4 +157,28 @@ pub fn statements(plan: &Plan, kernel: &Kernel) -> Vec<Statement> {
         });
     }
     statements
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reason_is_the_int_of_the_events_prototype() {
+        let args = |types: &[&str]| types.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        assert_eq!(reason_place(&args(&["enum migrate_mode", "int"])), 1);
+        assert_eq!(reason_place(&args(&["int", "enum migrate_mode"])), 0);
+        assert_eq!(reason_place(&args(&["enum migrate_mode"])), REASON_UNREAD);
+        assert_eq!(reason_place(&args(&["long", "long", "long", "int"])), REASON_UNREAD, "past what is read");
+    }
+
+    /// This machine's kernel, where its BTF is readable: argument 1, as every kernel from 5.9.
+    #[test]
+    fn this_kernels_migration_reason_is_argument_one() {
+        let Ok(btf) = crate::kernel::KernelBtf::from_sys_fs() else { return };
+        let args = btf.tracepoint_args(MIGRATE_START_EVENT).expect("the event's prototype");
+        assert_eq!(args, ["enum migrate_mode", "int"]);
+        assert_eq!(reason_place(&args), 1);
+        assert_eq!(btf.tracepoint_args("no_such_event"), None);
+    }
 }

@@ -129,6 +129,13 @@ impl KernelBtf {
         )
     }
 
+    /// The types of a tracepoint's arguments as its raw and BTF programs see them, in order, as
+    /// C writes them (`enum migrate_mode`, `int`): the prototype of `btf_trace_<event>` less its
+    /// leading `void *`. `None` if BTF has no such typedef (no such event, or no BTF for it).
+    pub fn tracepoint_args(&self, event: &str) -> Option<Vec<String>> {
+        self.raw.tracepoint_args(event)
+    }
+
     /// Parameter names of a kernel function, in order; `None` if BTF has no such function
     /// (absent, inlined everywhere, or static and deduplicated away).
     pub fn function_params(&self, function: &str) -> Option<Vec<String>> {
@@ -274,6 +281,13 @@ impl RawBtf {
             })
         };
         Some((0..header.vlen).filter_map(|i| member(header.data + i * 12)).collect())
+    }
+
+    fn tracepoint_args(&self, event: &str) -> Option<Vec<String>> {
+        let typedef = self.find(&format!("btf_trace_{event}"), |k| k == kind::TYPEDEF)?;
+        let pointer = self.header(self.strip_modifiers(self.header(typedef)?.size_or_type))?;
+        let proto = self.header(self.strip_modifiers(pointer.size_or_type)).filter(|h| h.kind == kind::FUNC_PROTO)?;
+        Some((1..proto.vlen).map(|i| self.type_name(self.word(proto.data + i * 8 + 4))).collect())
     }
 
     /// A type as C writes it, typedefs and qualifiers stripped (pointers followed a few deep).

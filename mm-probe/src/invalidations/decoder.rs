@@ -8,7 +8,7 @@
 //! kernel tables hold at most one drain period's keys, however long the run, and the totals
 //! lose nothing between two readings.
 
-use std::{collections::HashMap, hash::Hash, time::Duration};
+use std::{collections::HashMap, hash::Hash, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
 use aya::{
@@ -41,8 +41,9 @@ pub struct Tables {
     /// Each key's `stack_id` is an index into `stacks`, or negative: not taken (unrelated
     /// contention), or the kernel's error when it could not be.
     pub waits: HashMap<WaitKey, WaitStats>,
-    /// Waiters' stacks, symbolized, innermost first.
-    pub stacks: Vec<Vec<String>>,
+    /// Waiters' stacks, symbolized, innermost first; shared, so that the copies of the totals
+    /// each window keeps (the exporter's window start, `since`) do not copy them.
+    pub stacks: Vec<Arc<[String]>>,
     pub kvm_locks: Vec<(u64, KvmLock)>,
     pub callbacks: HashMap<u64, CallbackStats>,
     pub counters: Vec<u64>,
@@ -65,7 +66,7 @@ impl Tables {
 
     /// The functions of a wait's stack (`WaitKey::stack_id`); empty when none was kept.
     pub fn stack(&self, stack_id: i64) -> &[String] {
-        usize::try_from(stack_id).ok().and_then(|i| self.stacks.get(i)).map_or(&[], Vec::as_slice)
+        usize::try_from(stack_id).ok().and_then(|i| self.stacks.get(i)).map_or(&[], |stack| stack)
     }
 
     /// What was counted since `earlier`, a reading of the same totals: each row less its
@@ -133,7 +134,7 @@ pub struct Drain {
     generation: u32,
     /// (generation << 32 | stack id) → index into `totals.stacks`.
     stack_index: HashMap<i64, usize>,
-    interned: HashMap<Vec<String>, usize>,
+    interned: HashMap<Arc<[String]>, usize>,
 }
 
 impl Drain {
@@ -209,12 +210,13 @@ impl Drain {
     }
 
     fn intern(&mut self, functions: Vec<String>) -> usize {
-        if let Some(&index) = self.interned.get(&functions) {
+        if let Some(&index) = self.interned.get(functions.as_slice()) {
             return index;
         }
         let index = self.totals.stacks.len();
-        self.totals.stacks.push(functions.clone());
-        self.interned.insert(functions, index);
+        let stack: Arc<[String]> = functions.into();
+        self.totals.stacks.push(Arc::clone(&stack));
+        self.interned.insert(stack, index);
         index
     }
 

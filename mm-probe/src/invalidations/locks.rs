@@ -581,8 +581,8 @@ mod tests {
     fn waits_inside_invalidations_are_split_by_their_cause_and_faults_are_left_out() {
         use mm_probe_common::cause::{Cause, CauseClass};
         let stacks = vec![
-            vec!["queued_write_lock_slowpath".into(), "kvm_mmu_notifier_invalidate_range_start".into()],
-            vec!["queued_write_lock_slowpath".into(), "paging64_page_fault".into(), "kvm_mmu_page_fault".into()],
+            ["queued_write_lock_slowpath", "kvm_mmu_notifier_invalidate_range_start"].map(String::from).into(),
+            ["queued_write_lock_slowpath", "paging64_page_fault", "kvm_mmu_page_fault"].map(String::from).into(),
         ];
         let mut tables = Tables { stacks, ..Tables::default() };
         let mut wait = |stack_id: i64, class: CauseClass, comm: &[u8], count: u64| {

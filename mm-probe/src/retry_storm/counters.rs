@@ -50,7 +50,7 @@ pub struct KernelTotals {
     pub kvm_sizes: Vec<u64>,
     /// Invalidations of mirrored mms by `enum mmu_notifier_event` (last slot: unknown).
     pub invalidations_by_event: Vec<u64>,
-    /// The same invalidations by [`mm_probe_common::cause::CauseClass`].
+    /// The same invalidations by cause, in [`mm_probe_common::cause::count_slot`]'s slots.
     pub invalidations_by_cause: Vec<u64>,
     /// The cause classifier's bracket ends without their begin.
     pub cause_brackets_missed: u64,

@@ -488,21 +488,18 @@ impl OverlapJoiner {
     /// latest of the mm's before it that overlapped the walked range is blamed, else the latest
     /// that overlapped the notifier's interval (`before`: the first index inside the window).
     fn blame_overtaking(&mut self, walk: &Walk, before: usize) -> (BusyCause, Option<CauseName>) {
-        let earlier =
-            || self.invalidations.iter().take(before).enumerate().rev().filter(|(_, s)| s.invalidation.mm == walk.mm);
-        let in_range =
-            earlier().find(|(_, s)| overlaps(s.invalidation.start, s.invalidation.end, walk.start, walk.end));
+        let latest_overlapping = |start: u64, end: u64| {
+            let earlier = self.invalidations.range(..before).enumerate().rev();
+            earlier
+                .filter(|(_, s)| s.invalidation.mm == walk.mm)
+                .find(|(_, s)| overlaps(s.invalidation.start, s.invalidation.end, start, end))
+        };
+        let in_range = latest_overlapping(walk.start, walk.end).map(|(at, _)| (BusyCause::TrueConflict, at));
         let in_interval = || {
             let (start, last) = walk.interval?;
-            earlier().find(|(_, s)| overlaps(s.invalidation.start, s.invalidation.end, start, last.saturating_add(1)))
+            latest_overlapping(start, last.saturating_add(1)).map(|(at, _)| (BusyCause::FalseSharing, at))
         };
-        let (why, at) = match in_range.map(|(at, _)| at) {
-            Some(at) => (BusyCause::TrueConflict, at),
-            None => match in_interval().map(|(at, _)| at) {
-                Some(at) => (BusyCause::FalseSharing, at),
-                None => return (BusyCause::Unexplained, None),
-            },
-        };
+        let Some((why, at)) = in_range.or_else(in_interval) else { return (BusyCause::Unexplained, None) };
         let stored = &mut self.invalidations[at];
         match why {
             BusyCause::TrueConflict => stored.overlap.walked_range = true,

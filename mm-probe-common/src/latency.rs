@@ -54,6 +54,9 @@ pub const TP_SWITCH_NEXT_PID: &str = "LAT_TP_SWITCH_NEXT_PID";
 pub const TP_SWITCH_NEXT_PRIO: &str = "LAT_TP_SWITCH_NEXT_PRIO";
 /// 1 to read blockers' syscalls from their saved user registers (see [`SyscallState`]).
 pub const SYSCALL_FROM_REGS: &str = "LAT_SYSCALL_FROM_REGS";
+/// mm-probe's own process id: the timer program learns the sleep timers' callback from a sleep
+/// of one of its threads (see [`TIMER_FN_MAP`]).
+pub const OWN_TGID: &str = "LAT_OWN_TGID";
 
 /// Maps.
 pub const HIST_MAP: &str = "LAT_HIST";
@@ -75,6 +78,15 @@ pub const SAMPLES_MAP: &str = "LAT_SAMPLES";
 pub const SAMPLER_PROGRAM: &str = "lat_sample";
 /// Slot 0 set to 1 once a function probe is attached.
 pub const FUNCS_TRACED_MAP: &str = "LAT_FUNCS_TRACED";
+/// Slot 0: the callback of sleep timers (`hrtimer_wakeup`), learned by the timer program from a
+/// timer whose sleeper is one of mm-probe's threads; 0 until then. Learned rather than read from
+/// kallsyms, which hides addresses from an agent holding only CAP_BPF and CAP_PERFMON.
+pub const TIMER_FN_MAP: &str = "LAT_TIMER_FN";
+/// Late sleep timers' context, by the pid of the task they woke ([`LateTimer`]).
+pub const LATE_TIMERS_MAP: &str = "LAT_LATE_TIMERS";
+/// Rows of [`LATE_TIMERS_MAP`]: an LRU, so a burst of late timers of tasks never switched in
+/// ages out.
+pub const LATE_TIMER_ROWS: u32 = 1024;
 
 /// Defines a `#[repr(u32)]` enum of counter slots numbered 0, 1, … in order, with `ALL` and
 /// `COUNT` derived from the list, so adding a counter cannot leave the array size behind.
@@ -116,6 +128,9 @@ counter_slots! {
         /// A sample's stack could not be stored (bucket collision or map full): the sample is
         /// kept without its functions.
         SampleStackErrors,
+        /// A late timer's context could not be kept: its wait is measured, what delayed the
+        /// timer is not told.
+        LostLateTimers,
     }
 }
 
@@ -235,6 +250,9 @@ pub struct WakeupStart {
     pub blocker: CpuCurrent,
     /// The blocker's function state at the wakeup.
     pub blocker_funcs: FuncState,
+    /// When the wakeup came from the task's own sleep timer: how long after its expiry the
+    /// timer fired (the wait starts at the expiry, as cyclictest measures it); 0 otherwise.
+    pub timer_late_ns: u64,
 }
 
 /// Per-task wakeup statistics (value of [`TASKS_MAP`], keyed by pid).
@@ -334,6 +352,41 @@ pub struct LongStays {
     pub stays: [LongStay; LONG_STAYS],
 }
 
+/// Frames kept of the stack a late timer interrupted: the timer interrupt's own frames and the
+/// interrupted code's innermost ones, where interrupts came back on.
+pub const LATE_TIMER_FRAMES: usize = 24;
+
+/// What a sleep timer interrupted when it fired at least half the threshold late: the code
+/// that kept interrupts off (value of [`LATE_TIMERS_MAP`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LateTimer {
+    /// The interrupted task (0: idle).
+    pub pid: u32,
+    /// Bytes of `frames` that bpf_get_stack filled (0 on failure).
+    pub stack_bytes: u32,
+    pub late_ns: u64,
+    pub comm: [u8; 16],
+    /// Its saved user registers: its syscall, if it was in one.
+    pub syscall: SyscallState,
+    /// The kernel stack at the timer's callback, innermost first: the interrupt's frames, then
+    /// the interrupted code's.
+    pub frames: [u64; LATE_TIMER_FRAMES],
+}
+
+impl Default for LateTimer {
+    fn default() -> Self {
+        Self {
+            pid: 0,
+            stack_bytes: 0,
+            late_ns: 0,
+            comm: [0; 16],
+            syscall: SyscallState::default(),
+            frames: [0; LATE_TIMER_FRAMES],
+        }
+    }
+}
+
 /// A wakeup over the threshold, sent at the sched_switch that finally ran the task.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -367,6 +420,12 @@ pub struct WakeupSpike {
     pub long_stays: LongStays,
     /// The run CPU's last samples at the switch: user space keeps those taken during the wait.
     pub samples: CpuSamples,
+    /// As in [`WakeupStart`]: the wait began this long before `wakeup_ns`, at the expiry of
+    /// the task's sleep timer.
+    pub timer_late_ns: u64,
+    /// 1 when `late_timer` holds what the late timer interrupted.
+    pub late_timer_valid: u64,
+    pub late_timer: LateTimer,
 }
 
 /// A traced function call over the threshold, sent at its return.
@@ -396,6 +455,7 @@ crate::user_pod!(
     CpuSlices,
     Sample,
     CpuSamples,
+    LateTimer,
     WakeupSpike,
     FuncSpike
 );

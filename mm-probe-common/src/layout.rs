@@ -53,6 +53,11 @@ pub const INTERVAL_NOTIFIER_LAST: &str = "OFF_INTERVAL_NOTIFIER_LAST";
 pub const INTERVAL_NOTIFIER_OPS: &str = "OFF_INTERVAL_NOTIFIER_OPS";
 pub const INTERVAL_NOTIFIER_INVALIDATE_SEQ: &str = "OFF_INTERVAL_NOTIFIER_INVALIDATE_SEQ";
 pub const INTERVAL_OPS_INVALIDATE: &str = "OFF_INTERVAL_OPS_INVALIDATE";
+/// A sleep timer: when it should fire, its callback (`hrtimer_wakeup` for a sleeper), and the
+/// task a sleeper wakes (`struct hrtimer_sleeper` embeds its `struct hrtimer` first).
+pub const HRTIMER_SOFTEXPIRES: &str = "OFF_HRTIMER_SOFTEXPIRES";
+pub const HRTIMER_FUNCTION: &str = "OFF_HRTIMER_FUNCTION";
+pub const HRTIMER_SLEEPER_TASK: &str = "OFF_HRTIMER_SLEEPER_TASK";
 /// x86-64 saved user registers: the syscall number, -ENOSYS while the syscall runs, and
 /// arguments 1-4 (the 4th is in r10, not rcx).
 pub const PT_REGS_ORIG_AX: &str = "OFF_PT_REGS_ORIG_AX";

@@ -29,7 +29,7 @@
 //! the blocker was inside one.
 
 use aya_ebpf::{
-    Global,
+    EbpfContext, Global,
     helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns, generated},
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, StackTrace},
@@ -40,16 +40,17 @@ use aya_ebpf::{
 };
 use mm_probe_common::latency::{
     Counter, CpuCurrent, CpuSamples, CpuSlices, EXEC_UNKNOWN, FILTER_ALL, FILTER_PIDS, FuncSpike, FuncState,
-    LONG_STAYS, LatencyHist, LongStays, MAX_CPUS, MAX_FUNCS, MAX_SAMPLES, MAX_SLICES, QUANTITIES, QUANTITY_WAKEUP,
-    SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
+    LATE_TIMER_ROWS, LONG_STAYS, LateTimer, LatencyHist, LongStays, MAX_CPUS, MAX_FUNCS, MAX_SAMPLES, MAX_SLICES,
+    QUANTITIES, QUANTITY_WAKEUP, SyscallState, TaskWakeups, WakeupSpike, WakeupStart, hist_slot,
 };
 
 use crate::kernel::{
     btf_read, btf_read_comm, bump, current_pid, current_tgid, log2_bucket,
     offsets::{
-        OFF_PT_REGS_AX, OFF_PT_REGS_DI, OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI,
-        OFF_TASK_STRUCT_COMM, OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_EXEC_RUNTIME, OFF_TASK_STRUCT_PID,
-        OFF_TASK_STRUCT_PRIO,
+        OFF_HRTIMER_FUNCTION, OFF_HRTIMER_SLEEPER_TASK, OFF_HRTIMER_SOFTEXPIRES, OFF_PT_REGS_AX, OFF_PT_REGS_DI,
+        OFF_PT_REGS_DX, OFF_PT_REGS_ORIG_AX, OFF_PT_REGS_R10, OFF_PT_REGS_SI, OFF_TASK_STRUCT_COMM,
+        OFF_TASK_STRUCT_CPU, OFF_TASK_STRUCT_EXEC_RUNTIME, OFF_TASK_STRUCT_PID, OFF_TASK_STRUCT_PRIO,
+        OFF_TASK_STRUCT_TGID,
     },
     read_at, tp_field,
 };
@@ -88,6 +89,9 @@ static LAT_TP_SWITCH_NEXT_PRIO: Global<u32> = Global::new(60);
 /// load the programs (without syscall attribution).
 #[unsafe(no_mangle)]
 static LAT_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
+/// mm-probe's process id, for learning the sleep timers' callback (0: learn nothing).
+#[unsafe(no_mangle)]
+static LAT_OWN_TGID: Global<u32> = Global::new(0);
 
 /// Histograms of every quantity, per CPU.
 #[map]
@@ -305,6 +309,7 @@ fn on_wakeup(pid: u32, prio: i32, target_cpu: u32) -> Option<()> {
     }
     let start = unsafe { &mut *LAT_SCRATCH.get_ptr_mut(0)? };
     start.wakeup_ns = unsafe { bpf_ktime_get_ns() };
+    start.timer_late_ns = timer_lateness(pid, start.wakeup_ns);
     start.target_cpu = target_cpu;
     start.waker_cpu = unsafe { bpf_get_smp_processor_id() };
     start.prio = prio;
@@ -446,7 +451,8 @@ fn on_switch<C: StackIdContext>(ctx: &C, switch: &Switch) -> Option<()> {
         return None;
     }
     let start = unsafe { LAT_WAKEUPS.get(next_pid)? };
-    let latency_ns = now.saturating_sub(start.wakeup_ns);
+    // A timer wakeup's wait began when the timer should have fired.
+    let latency_ns = now.saturating_sub(start.wakeup_ns) + start.timer_late_ns;
     let over = latency_ns > threshold_ns();
     record(QUANTITY_WAKEUP, latency_ns, over);
     account_task(switch, start.prio, latency_ns, over);
@@ -613,7 +619,147 @@ fn emit_wakeup_spike<C: StackIdContext>(
         Some(ring) => copy_record(&mut spike.samples, ring),
         None => spike.samples.written = 0,
     }
+    spike.timer_late_ns = start.timer_late_ns;
+    spike.late_timer_valid = 0;
+    if start.timer_late_ns >= threshold_ns() / 2
+        && let Some(late) = LAT_LATE_TIMERS.get_ptr(switch.next_pid)
+        // Not a row left by an earlier late timer whose wakeup stayed under the threshold.
+        && unsafe { (*late).late_ns } == start.timer_late_ns
+    {
+        copy_record(&mut spike.late_timer, late);
+        spike.late_timer_valid = 1;
+        let _ = LAT_LATE_TIMERS.remove(switch.next_pid);
+    }
     entry.submit(0);
+}
+
+// Timer expiry.
+
+/// The last sleep timer of a watched task that fired on this CPU (value of [`LAT_TIMER_EXPIRY`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TimerExpiry {
+    /// The sleeper; 0 once its wakeup took the lateness.
+    pid: u32,
+    _pad: u32,
+    /// How long after its expiry it fired.
+    late_ns: u64,
+    /// When it fired (bpf_ktime).
+    fired_ns: u64,
+}
+
+/// Slot 0: the sleep timers' callback once learned (see `mm_probe_common::latency::TIMER_FN_MAP`).
+#[map]
+static LAT_TIMER_FN: Array<u64> = Array::with_max_entries(1, 0);
+#[map]
+static LAT_TIMER_EXPIRY: PerCpuArray<TimerExpiry> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static LAT_LATE_TIMERS: LruHashMap<u32, LateTimer> = LruHashMap::with_max_entries(LATE_TIMER_ROWS, 0);
+/// Scratch space for building a LateTimer off the 512-byte stack.
+#[map]
+static LAT_LATE_SCRATCH: PerCpuArray<LateTimer> = PerCpuArray::with_max_entries(1, 0);
+
+/// tp_btf/hrtimer_expire_entry(struct hrtimer *timer, ktime_t *now): a timer's callback is
+/// about to run. For a watched task's sleep timer (nanosleep, clock_nanosleep, poll and futex
+/// timeouts) it records on this CPU how late the timer fired, which the callback's wakeup, on
+/// this CPU right after, takes as the start of its wait: the time a task spent waiting for an
+/// interrupt held off (interrupts disabled) is part of its latency, as cyclictest counts it,
+/// and nothing between sched_wakeup and sched_switch can see it.
+#[btf_tracepoint(function = "hrtimer_expire_entry")]
+pub fn lat_hrtimer_expire_btf(ctx: BtfTracePointContext) -> u32 {
+    let _ = try_timer_expire(&ctx);
+    0
+}
+
+fn try_timer_expire(ctx: &BtfTracePointContext) -> Option<()> {
+    let timer: u64 = ctx.arg(0);
+    let now_ptr: u64 = ctx.arg(1);
+    let function: u64 = btf_read(timer, OFF_HRTIMER_FUNCTION.load())?;
+    let task: u64 = read_at(timer, OFF_HRTIMER_SLEEPER_TASK.load())?;
+    let learned = LAT_TIMER_FN.get_ptr_mut(0)?;
+    if unsafe { *learned } == 0 {
+        learn_sleep_callback(task, function, learned);
+        return None;
+    }
+    if function != unsafe { *learned } || task == 0 {
+        return None;
+    }
+    let pid: u32 = read_at(task, OFF_TASK_STRUCT_PID.load())?;
+    let prio: i32 = read_at(task, OFF_TASK_STRUCT_PRIO.load())?;
+    if pid == 0 || !wanted(pid, prio) {
+        return None;
+    }
+    // `now` is the clock base's time the interrupt read, on the timer's own clock (monotonic,
+    // realtime, boottime or TAI): the difference is clock-independent.
+    let now_base: i64 = read_at(now_ptr, 0)?;
+    let expires: i64 = btf_read(timer, OFF_HRTIMER_SOFTEXPIRES.load())?;
+    let fired_ns = unsafe { bpf_ktime_get_ns() };
+    let late_ns = since_interrupts_could_fire(now_base.saturating_sub(expires).max(0) as u64, fired_ns);
+    let expiry = unsafe { &mut *LAT_TIMER_EXPIRY.get_ptr_mut(0)? };
+    *expiry = TimerExpiry { pid, _pad: 0, late_ns, fired_ns };
+    if late_ns >= threshold_ns() / 2 && stream_spikes() {
+        keep_late_timer(ctx, pid, late_ns);
+    }
+    Some(())
+}
+
+/// Takes `function` as the sleep callback when `task`, the would-be sleeper, is one of
+/// mm-probe's threads: user space makes one sleep right after attaching.
+#[inline(always)]
+fn learn_sleep_callback(task: u64, function: u64, learned: *mut u64) {
+    let own = LAT_OWN_TGID.load();
+    if own == 0 || task == 0 || function == 0 {
+        return;
+    }
+    if read_at::<u32>(task, OFF_TASK_STRUCT_TGID.load()) == Some(own) {
+        unsafe { *learned = function };
+    }
+}
+
+/// A timer's lateness, from no earlier than the switch-in of the task it interrupted: every
+/// context switch turns interrupts on (finish_task_switch), so a timer that expired before it
+/// was not held off by this task; it was armed already past (a periodic task that fell behind),
+/// which is no wait at all.
+#[inline(always)]
+fn since_interrupts_could_fire(late_ns: u64, fired_ns: u64) -> u64 {
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    match LAT_CPU_CURRENT.get(cpu) {
+        Some(here) if here.since_ns != 0 => late_ns.min(fired_ns.saturating_sub(here.since_ns)),
+        _ => late_ns,
+    }
+}
+
+/// Keeps what a late timer interrupted, by the pid of the task it wakes: the task (current
+/// here, in the interrupt), its syscall and the stack down into the interrupted code.
+#[inline(always)]
+fn keep_late_timer(ctx: &BtfTracePointContext, sleeper: u32, late_ns: u64) {
+    let Some(late) = LAT_LATE_SCRATCH.get_ptr_mut(0) else { return };
+    let late = unsafe { &mut *late };
+    late.pid = current_pid();
+    late.late_ns = late_ns;
+    late.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    let bytes = unsafe {
+        generated::bpf_get_stack(ctx.as_ptr(), late.frames.as_mut_ptr().cast(), size_of_val(&late.frames) as u32, 0)
+    };
+    late.stack_bytes = if bytes > 0 { bytes as u32 } else { 0 };
+    current_syscall(&mut late.syscall);
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    if LAT_LATE_TIMERS.insert(sleeper, &*late, 0).is_err() {
+        count(Counter::LostLateTimers);
+    }
+}
+
+/// How late the sleep timer of `pid` fired, when its wakeup comes on the CPU it fired on, within
+/// a threshold of it (the callback wakes at once); 0 for every other wakeup. Taken once.
+#[inline(always)]
+fn timer_lateness(pid: u32, now: u64) -> u64 {
+    let Some(expiry) = LAT_TIMER_EXPIRY.get_ptr_mut(0) else { return 0 };
+    let expiry = unsafe { &mut *expiry };
+    if expiry.pid != pid || now.saturating_sub(expiry.fired_ns) > threshold_ns() {
+        return 0;
+    }
+    expiry.pid = 0;
+    expiry.late_ns
 }
 
 // Sampling.

@@ -28,6 +28,41 @@ pub fn machinery_frames<S: AsRef<str>>(frames: &[S]) -> usize {
     innermost.iter().rposition(|f| is_tracing_machinery(f.as_ref())).map_or(0, |last| last + 1)
 }
 
+/// "shrink_folio_list+0x1a2/0x3f0" → "shrink_folio_list".
+pub fn function_of(frame: &str) -> &str {
+    frame.split('+').next().unwrap_or(frame)
+}
+
+/// An interrupt cannot land in code that runs with interrupts off: it lands where they come
+/// back on, so a section under a spinlock taken with irqsave shows as its unlock (on 6.1 every
+/// sample of a MADV_COLD walk's wait fell in _raw_spin_unlock_irqrestore, called from
+/// folio_batch_move_lru). The time is the caller's: these frames are never named as the place.
+pub fn where_interrupts_return(function: &str) -> bool {
+    let unlock = ["_raw_spin_unlock_irq", "_raw_read_unlock_irq", "_raw_write_unlock_irq"];
+    unlock.iter().any(|prefix| function.starts_with(prefix))
+}
+
+/// The frames of the code an interrupt interrupted, innermost first: those outside the
+/// interrupt's entry (`asm_sysvec_*`, `asm_common_interrupt`) in a stack taken inside its
+/// handler. `None` when the stack has no interrupt entry; empty when the interrupt came from
+/// user space (nothing of the kernel's below the entry).
+pub fn interrupted_frames<S: AsRef<str>>(frames: &[S]) -> Option<&[S]> {
+    let entry = frames.iter().position(|f| {
+        let name = function_of(f.as_ref());
+        name.starts_with("asm_sysvec_") || name == "asm_common_interrupt"
+    })?;
+    Some(&frames[entry + 1..])
+}
+
+/// Where interrupts came back on in `interrupted` (innermost first): its first function that
+/// is not an irq-restoring unlock, with its two callers ("free_unref_page_list ← release_pages
+/// ← tlb_batch_pages_flush").
+pub fn landing_place<S: AsRef<str>>(interrupted: &[S]) -> Option<String> {
+    let first = interrupted.iter().position(|f| !where_interrupts_return(function_of(f.as_ref())))?;
+    let path: Vec<&str> = interrupted[first..].iter().take(3).map(|f| function_of(f.as_ref())).collect();
+    Some(path.join(" ← "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +92,36 @@ mod tests {
     fn only_the_innermost_frames_can_be_machinery() {
         let stack = ["a", "b", "c", "d", "e", "perf_trace_buf_alloc", "f"];
         assert_eq!(machinery_frames(&stack), 0);
+    }
+
+    /// A late timer's stack on Debian 6.1, as the expiry program took it (machinery dropped).
+    const LATE_TIMER_STACK: [&str; 13] = [
+        "__run_hrtimer+0x5f/0x1f0",
+        "__hrtimer_run_queues+0x10b/0x190",
+        "hrtimer_interrupt+0x10f/0x240",
+        "__sysvec_apic_timer_interrupt+0x56/0x100",
+        "sysvec_apic_timer_interrupt+0x8b/0xb0",
+        "asm_sysvec_apic_timer_interrupt+0x16/0x20",
+        "_raw_spin_unlock_irqrestore+0x19/0x40",
+        "free_unref_page_list+0x1a6/0x3b0",
+        "release_pages+0x16c/0x5a0",
+        "tlb_batch_pages_flush+0x3d/0x70",
+        "unmap_page_range+0x8a9/0xe30",
+        "do_syscall_64+0x58/0xc0",
+        "entry_SYSCALL_64_after_hwframe+0x64/0xce",
+    ];
+
+    #[test]
+    fn a_late_timer_names_where_interrupts_came_back_on() {
+        let interrupted = interrupted_frames(&LATE_TIMER_STACK).unwrap();
+        assert_eq!(interrupted.len(), 7);
+        assert_eq!(
+            landing_place(interrupted).as_deref(),
+            Some("free_unref_page_list ← release_pages ← tlb_batch_pages_flush")
+        );
+        let from_user = &LATE_TIMER_STACK[..6];
+        assert_eq!(interrupted_frames(from_user).map(<[&str]>::len), Some(0));
+        assert_eq!(landing_place(interrupted_frames(from_user).unwrap()), None);
+        assert_eq!(interrupted_frames(&LATE_TIMER_STACK[..3]), None);
     }
 }

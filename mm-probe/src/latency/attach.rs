@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::{
     options::Options,
-    probes::{SCHED_PROBES, classic_only, function_probe},
+    probes::{SCHED_PROBES, TIMER_EXPIRY, classic_only, function_probe},
     sampling,
 };
 use crate::{
@@ -70,6 +70,7 @@ pub fn settings(options: &Options, syscalls: &Availability) -> Vec<(&'static str
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
         (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscalls.available))),
+        (names::OWN_TGID, GlobalValue::U32(std::process::id())),
     ];
     let Ok(root) = tracefs::root() else { return settings };
     // (category, event, [(field, global)]).
@@ -114,10 +115,18 @@ pub fn settings(options: &Options, syscalls: &Availability) -> Vec<(&'static str
 /// The probes without which there is no wakeup latency.
 pub const REQUIRED_PROBES: [&str; 2] = ["sched_wakeup", "sched_switch"];
 
-/// Attaches the sched probes, then each function slot; fails (exit 1) only when wakeup latency
-/// itself cannot be measured.
-pub(super) fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<(Plan, Vec<FunctionPlan>)> {
-    let (plan, functions) = attach_probes(kernel, ebpf, options);
+/// What attaching gave: the plan, each function slot, and where timer wakeups start.
+pub struct Attachment {
+    pub plan: Plan,
+    pub functions: Vec<FunctionPlan>,
+    pub timer_expiry: Availability,
+}
+
+/// Attaches the sched probes, the timer expiry, then each function slot; fails (exit 1) only
+/// when wakeup latency itself cannot be measured.
+pub(super) fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Result<Attachment> {
+    let attached = attach_probes(kernel, ebpf, options);
+    let plan = &attached.plan;
     for required in REQUIRED_PROBES {
         if let Some(p) = plan.get(required).filter(|p| !p.attached()) {
             user_bail!(
@@ -127,13 +136,14 @@ pub(super) fn attach(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Res
             );
         }
     }
-    Ok((plan, functions))
+    Ok(attached)
 }
 
-/// Attaches every probe it can: the sched probes, then each function slot.
-pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Plan, Vec<FunctionPlan>) {
+/// Attaches every probe it can: the sched probes, the timer expiry, then each function slot.
+pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> Attachment {
     let planner = Planner::new(kernel);
     let mut plan = planner.attach_all(ebpf, &sched_probes(kernel));
+    let timer_expiry = attach_timer_expiry(kernel, &planner, ebpf, &mut plan);
     let mut functions = Vec::new();
     for (slot, name) in options.functions.iter().enumerate() {
         let probe = planner.attach(ebpf, &function_probe(slot, name));
@@ -149,8 +159,55 @@ pub fn attach_probes(kernel: &Kernel, ebpf: &mut Ebpf, options: &Options) -> (Pl
     if functions.iter().any(|f| f.attached) {
         mark_functions_traced(ebpf);
     }
-    (plan, functions)
+    Attachment { plan, functions, timer_expiry }
 }
+
+/// The timer members the expiry program reads.
+const TIMER_MEMBERS: [&str; 4] =
+    [layout::HRTIMER_FUNCTION, layout::HRTIMER_SOFTEXPIRES, layout::HRTIMER_SLEEPER_TASK, layout::TASK_STRUCT_TGID];
+
+/// Attaches the timer expiry program and has it learn the sleep timers' callback. Without it,
+/// timer wakeups are measured from sched_wakeup, and the plan says why.
+fn attach_timer_expiry(kernel: &Kernel, planner: &Planner, ebpf: &mut Ebpf, plan: &mut Plan) -> Availability {
+    let unavailable = |reason: String| Availability { available: false, reason: Some(reason) };
+    let missing: Vec<&str> = match kernel.btf() {
+        Ok(btf) => TIMER_MEMBERS.into_iter().filter(|m| Layout::offset_in(&btf, m).is_none()).collect(),
+        Err(e) => return unavailable(format!("no kernel BTF ({e:#}); timer wakeups are measured from sched_wakeup")),
+    };
+    if !missing.is_empty() {
+        return unavailable(format!(
+            "this kernel's BTF lacks {}; timer wakeups are measured from sched_wakeup",
+            missing.join(", ")
+        ));
+    }
+    let probe = planner.attach(ebpf, &TIMER_EXPIRY);
+    let attached = probe.attached();
+    let why = probe.why_unavailable();
+    plan.probes.push(probe);
+    if !attached {
+        return unavailable(format!("{why}; timer wakeups are measured from sched_wakeup"));
+    }
+    match teach_sleep_callback(ebpf) {
+        Ok(()) => Availability { available: true, reason: None },
+        Err(e) => unavailable(format!("{e:#}; timer wakeups are measured from sched_wakeup")),
+    }
+}
+
+/// Sleeps this thread until the expiry program has learned the sleep timers' callback from one
+/// of its sleeps (a millisecond each, fifty at most).
+fn teach_sleep_callback(ebpf: &Ebpf) -> Result<()> {
+    let map = ebpf.map(names::TIMER_FN_MAP).context("the timer callback map is not in the object")?;
+    let learned = aya::maps::Array::<_, u64>::try_from(map)?;
+    for _ in 0..TEACHING_SLEEPS {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        if learned.get(&0, 0)? != 0 {
+            return Ok(());
+        }
+    }
+    anyhow::bail!("no sleep timer of mm-probe's own fired within {TEACHING_SLEEPS} ms of sleeping")
+}
+
+const TEACHING_SLEEPS: u32 = 50;
 
 /// Lets the sched programs look for function state (they skip the lookup until then). Should
 /// the map be unwritable, attribution to functions is lost, not the measurement: say so.

@@ -118,6 +118,7 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         Occupancy::Held(_) if facts.unseen => Cause::OutsideKernelView,
         Occupancy::Held(_) => held.unwrap_or(Cause::Unknown),
     };
+    let cause = late_timer_cause(wakeup).unwrap_or(cause);
     let mut explanation =
         explain::explain(&facts, occupancy, &holders, cause, same_task, without_rescheduling, slept_in);
     if cause == Cause::StolenOrIrq && !facts.unseen {
@@ -146,6 +147,18 @@ pub fn attribute(wakeup: &Wakeup, functions: &[String], own_tgid: u32) -> Attrib
         cause,
         explanation,
     }
+}
+
+/// The cause when the task's sleep timer fired late for at least half the whole wait: the code
+/// that held the interrupt off, unless the interrupt landed in user space (interrupts were on:
+/// the time went outside the kernel's view) or in the idle task (waking the CPU).
+fn late_timer_cause(w: &Wakeup) -> Option<Cause> {
+    let timer = w.timer.as_ref().filter(|t| t.late_ns * 2 >= w.total_ns())?;
+    Some(match &timer.interrupted {
+        Some(i) if i.task.pid == 0 => Cause::Idle,
+        Some(i) if i.in_user_space => Cause::OutsideKernelView,
+        _ => Cause::LateTimer,
+    })
 }
 
 /// The holder's own departure, when it did not switch away last: the latest of its long stays

@@ -3,7 +3,7 @@
 
 use aya::maps::{MapData, StackTraceMap};
 use mm_probe_common::latency::{
-    CpuCurrent, CpuSamples, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, LONG_STAYS, LongStay, LongStays,
+    CpuCurrent, CpuSamples, CpuSlices, EXEC_UNKNOWN, FuncSpike, FuncState, LONG_STAYS, LateTimer, LongStay, LongStays,
     MAX_SAMPLES, MAX_SLICES, SyscallState, WakeupSpike,
 };
 use serde::Serialize;
@@ -169,6 +169,42 @@ pub struct Wakeup {
     pub long_stays: Vec<Departure>,
     /// What the run CPU's sampler saw during the wait; `None` when no sampler ran.
     pub samples: Option<WaitSamples>,
+    /// For a wakeup by the task's own sleep timer that fired late: the wait before the wakeup.
+    pub timer: Option<TimerWait>,
+}
+
+impl Wakeup {
+    /// The whole wait: from the timer's expiry for a timer wakeup, else from the wakeup.
+    pub fn total_ns(&self) -> u64 {
+        self.latency_ns + self.timer.as_ref().map_or(0, |t| t.late_ns)
+    }
+}
+
+/// How late a sleep timer fired: its wakeup's wait began at its expiry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TimerWait {
+    pub late_ns: u64,
+    /// What the timer interrupt finally interrupted; `None` when it was not kept (the timer was
+    /// less than half the threshold late, or the kernel's table was full).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<Interrupted>,
+}
+
+/// The code a late timer's interrupt landed in: the code that had kept interrupts off.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Interrupted {
+    pub task: TaskRef,
+    /// It ran in user space, where interrupts are always on: nothing in this kernel held the
+    /// timer off (the hypervisor did, or the CPU itself).
+    pub in_user_space: bool,
+    /// Where interrupts came back on, with two callers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub place: Option<String>,
+    /// The interrupted code's stack, innermost first.
+    pub stack: Stack,
+    /// The syscall it was in, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<Syscall>,
 }
 
 /// What a task was doing when it left a CPU after a long stay.
@@ -269,6 +305,36 @@ impl Decoder {
             slices_truncated: slices_truncated(&raw.slices, raw.wakeup_ns),
             long_stays: self.departures(&raw.long_stays),
             samples: self.sampling.then(|| self.samples(raw)),
+            timer: (raw.timer_late_ns > 0).then(|| TimerWait {
+                late_ns: raw.timer_late_ns,
+                interrupted: (raw.late_timer_valid != 0).then(|| self.interrupted(&raw.late_timer)),
+            }),
+        }
+    }
+
+    /// What a late timer interrupted, from the stack its callback ran on.
+    fn interrupted(&self, raw: &LateTimer) -> Interrupted {
+        let depth = (raw.stack_bytes as usize / size_of::<u64>()).min(raw.frames.len());
+        let frames = self.frames(&raw.frames[..depth]);
+        let task = TaskRef { pid: raw.pid, comm: comm(&raw.comm) };
+        match stacks::interrupted_frames(&frames) {
+            Some(code) => {
+                let stack = Stack { frames: code.to_vec(), error: None };
+                Interrupted {
+                    in_user_space: code.is_empty() && raw.pid != 0,
+                    place: stacks::landing_place(code),
+                    syscall: registers_syscall(&raw.syscall, &stack).flatten(),
+                    stack,
+                    task,
+                }
+            }
+            None => Interrupted {
+                task,
+                in_user_space: false,
+                place: None,
+                stack: Stack { frames, error: Some("no interrupt entry on the timer's stack".into()) },
+                syscall: None,
+            },
         }
     }
 

@@ -18,7 +18,8 @@ use mm_probe_common::latency::{self as names, SUB_BUCKETS};
 use super::{
     aggregator::Distribution,
     attach::{
-        FunctionPlan, REQUIRED_PROBES, attach_probes, check_functions_exist, select_pids, settings, syscall_attribution,
+        Attachment, FunctionPlan, REQUIRED_PROBES, attach_probes, check_functions_exist, select_pids, settings,
+        syscall_attribution,
     },
     judge,
     options::Options,
@@ -74,7 +75,7 @@ impl Slice for LatencySlice {
 
     fn attach(self: Box<Self>, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Source> {
         select_pids(ebpf, &self.options)?;
-        let (plan, functions) = attach_probes(kernel, ebpf, &self.options);
+        let Attachment { plan, functions, .. } = attach_probes(kernel, ebpf, &self.options);
         // Every latency program is named lat_*; a skipped run of the wakeup or switch program is a
         // wakeup the histogram never saw.
         let wakeups_seen = REQUIRED_PROBES.iter().all(|p| plan.is_attached(p));

@@ -53,6 +53,7 @@ pub fn wakeup(latency_ns: u64) -> Wakeup {
         slices_truncated: false,
         long_stays: Vec::new(),
         samples: None,
+        timer: None,
     }
 }
 

@@ -64,6 +64,18 @@ pub const SWITCH: LogicalProbe = sched_probe!(
     "lat_sched_switch"
 );
 
+/// Where a timer wakeup's wait begins: the expiry of the task's sleep timer. Only as a BTF
+/// tracepoint: the program reads the timer through BTF (its callback and expiry) and the
+/// `now` the interrupt read, which the classic record does not carry.
+pub const TIMER_EXPIRY: LogicalProbe = LogicalProbe {
+    name: "hrtimer_expire_entry",
+    purpose: "when a sleep timer should have fired (start of a timer wakeup's wait) and what held it off",
+    candidates: &[Candidate {
+        hooks: &[Hook { mechanism: Mechanism::BtfTracepoint, program: "lat_hrtimer_expire_btf" }],
+        targets: &[Target { name: "hrtimer_expire_entry", kernels: "BTF (5.5+)" }],
+    }],
+};
+
 /// The sched probes without their BTF candidates, for kernels whose BTF lacks a task_struct
 /// member the BTF programs read (they would attach and then see nothing).
 pub fn classic_only(probe: &LogicalProbe) -> LogicalProbe {
@@ -107,7 +119,7 @@ pub const DEFAULT_FUNCTION_PROBE: LogicalProbe = LogicalProbe {
 };
 
 /// What `doctor` tries for this capability.
-pub const PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, DEFAULT_FUNCTION_PROBE];
+pub const PROBES: &[LogicalProbe] = &[WAKEUP, WAKEUP_NEW, SWITCH, TIMER_EXPIRY, DEFAULT_FUNCTION_PROBE];
 
 /// The probe for function `name` in slot `slot` (< MAX_FUNCS). The catalog vocabulary is
 /// `'static` because it is normally a table; a `--func` name is leaked once per run to join it.

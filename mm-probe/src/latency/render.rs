@@ -57,6 +57,9 @@ pub fn header_text(h: &Header) -> String {
         h.plan.probes.iter().filter(not_a_function),
         crate::report::text::stderr_width(),
     );
+    if let Some(reason) = &h.timer_expiry.reason {
+        let _ = writeln!(out, "timer wakeups start at sched_wakeup, not at the timer's expiry: {reason}");
+    }
     if let Some(reason) = &h.function_attribution.reason {
         let verb = if h.function_attribution.available { "partly unavailable" } else { "unavailable" };
         let _ = writeln!(out, "function attribution {verb}: {reason}");
@@ -225,10 +228,12 @@ fn wakeup_spike_text(out: &mut String, rank: usize, w: &Wakeup, a: &Attribution,
         let _ = write!(out, " after {} on the CPU", format_nanos(w.run_ns.saturating_sub(since)));
     }
     out.push('\n');
-    // rtla-style: where the wait went, adding up to the whole wait.
+    // rtla-style: where the wait went, adding up to the whole wait (after the wakeup, for a
+    // timer wakeup: its lateness is in the explanation).
+    let after = if w.timer.is_some() { " after its wakeup" } else { "" };
     let _ = writeln!(
         out,
-        "      where the {} went: {}",
+        "      where the {}{after} went: {}",
         format_nanos(w.latency_ns),
         budget_text(&a.ran_during_wait, w.latency_ns, !a.ran_during_wait_complete)
     );

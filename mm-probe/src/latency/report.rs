@@ -8,7 +8,7 @@ use super::{
     aggregator::{Distribution, TaskSummary},
     attach::{Availability, FunctionPlan, Sampling},
     attribution::Attribution,
-    decoder::{FunctionCall, TaskRef, Wakeup, prev_state_name},
+    decoder::{FunctionCall, TaskRef, TimerWait, Wakeup, prev_state_name},
     judge::Judgement,
 };
 use crate::{
@@ -31,6 +31,8 @@ pub struct Header {
     pub function_attribution: Availability,
     pub syscall_attribution: Availability,
     pub sampling: Sampling,
+    /// Whether a timer wakeup's wait starts at its timer's expiry (else at sched_wakeup).
+    pub timer_expiry: Availability,
     pub plan: Plan,
 }
 
@@ -116,6 +118,9 @@ loss_kinds! {
         /// Rows of the per-task table lost: evicted by its LRU when full, or never created.
         /// Their wakeups are in the totals, not in `tasks`.
         TaskRows => "task_rows", "task rows (per-task table full; their wakeups are in the totals)",
+        /// Late timers whose interrupted code could not be kept (their table was full): the
+        /// wait is measured, what held the timer off is not told.
+        LateTimers => "late_timers", "late timers' interrupted code (table full; the wait is measured)",
     }
 }
 
@@ -146,7 +151,15 @@ pub struct WakeupSpikeJson<'a> {
     pub pid: u32,
     pub comm: &'a str,
     pub prio: i32,
+    /// The whole wait: from the expiry of the task's sleep timer for a timer wakeup, else from
+    /// the wakeup.
     pub latency_ns: u64,
+    /// The part from the wakeup to the switch-in (what `ran_during_wait` and `unaccounted_ns`
+    /// add up to).
+    pub since_wakeup_ns: u64,
+    /// How late the task's sleep timer fired, and what it interrupted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timer: Option<&'a TimerWait>,
     /// Since the start of tracing.
     pub woken_at_ns: u64,
     pub target_cpu: u32,
@@ -173,7 +186,9 @@ impl<'a> WakeupSpikeJson<'a> {
             pid: w.task.pid,
             comm: &w.task.comm,
             prio: w.prio,
-            latency_ns: w.latency_ns,
+            latency_ns: w.total_ns(),
+            since_wakeup_ns: w.latency_ns,
+            timer: w.timer.as_ref(),
             woken_at_ns: w.wakeup_ns.saturating_sub(start_ns),
             target_cpu: w.target_cpu,
             run_cpu: w.run_cpu,
@@ -366,6 +381,7 @@ mod tests {
             slices_truncated: false,
             long_stays: Vec::new(),
             samples: None,
+            timer: None,
         };
         let storm_holder = Holder {
             pid: 7,

@@ -11,7 +11,7 @@ use mm_probe_common::latency::{self as names, COUNTERS_MAP, Counter, FuncSpike, 
 use super::{
     aggregator::{self, Distribution, HistReader, Worst},
     attach::{
-        attach, attach_sampler, check_functions_exist, function_availability, select_pids, settings,
+        Attachment, attach, attach_sampler, check_functions_exist, function_availability, select_pids, settings,
         syscall_attribution,
     },
     attribution::{Attribution, Cause, attribute},
@@ -68,7 +68,7 @@ impl Capability for Latency {
 
     fn attach(&self, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Watch> {
         select_pids(ebpf, &self.options)?;
-        let (plan, functions) = attach(kernel, ebpf, &self.options)?;
+        let Attachment { plan, functions, timer_expiry } = attach(kernel, ebpf, &self.options)?;
         let sampling = attach_sampler(ebpf, &self.options);
         // Read the symbols again now that the programs are attached (stacks through fentry pass
         // through BPF trampolines, whose bpf_trampoline_<id> symbols exist only from now on),
@@ -97,6 +97,7 @@ impl Capability for Latency {
             function_attribution: function_availability(&functions),
             syscall_attribution: syscall_attribution(kernel),
             sampling,
+            timer_expiry,
             functions,
             plan,
         };
@@ -236,6 +237,7 @@ impl Session for Watch {
                 Loss::SampleStacks => counter(&counters, Counter::SampleStackErrors),
                 Loss::MalformedRecords => self.wakeup_ring.malformed + self.call_ring.malformed,
                 Loss::TaskRows => evicted + counter(&counters, Counter::LostTaskRows),
+                Loss::LateTimers => counter(&counters, Counter::LostLateTimers),
                 Loss::SkippedByRecursionGuard => return self.skipped,
             };
             Some(n)
@@ -275,7 +277,7 @@ impl Watch {
                     attribution.explanation
                 ));
             }
-            self.collected.wakeups.offer(wakeup.latency_ns, (wakeup, attribution));
+            self.collected.wakeups.offer(wakeup.total_ns(), (wakeup, attribution));
         }
         for raw in calls {
             let call = self.decoder.function_call(&raw);

@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use super::decoder::{TakenSample, TaskRef, WaitSamples};
+use crate::kernel::stacks::{function_of, where_interrupts_return};
 
 /// What the samples say about one task's time in the wait.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -94,20 +95,6 @@ pub fn sampled(samples: &WaitSamples, task: &TaskRef, traced: &[String]) -> Samp
         hottest: hottest(&stacks),
         in_traced,
     }
-}
-
-/// "shrink_folio_list+0x1a2/0x3f0" → "shrink_folio_list".
-fn function_of(frame: &str) -> &str {
-    frame.split('+').next().unwrap_or(frame)
-}
-
-/// A timer tick cannot interrupt code that runs with interrupts off: it lands where they come
-/// back on, so a section under a spinlock taken with irqsave shows as its unlock (on 6.1 every
-/// sample of a MADV_COLD walk's wait fell in _raw_spin_unlock_irqrestore, called from
-/// folio_batch_move_lru). The time is the caller's: these frames are never named as the place.
-fn where_interrupts_return(function: &str) -> bool {
-    let unlock = ["_raw_spin_unlock_irq", "_raw_read_unlock_irq", "_raw_write_unlock_irq"];
-    unlock.iter().any(|prefix| function.starts_with(prefix))
 }
 
 /// The innermost function on more than half of `stacks` (innermost frame first): where the

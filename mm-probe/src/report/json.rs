@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 /// Version of the NDJSON schema family. Bump it when a field is renamed, goes away, or changes
 /// type or meaning; adding a field or a line type leaves it alone (readers ignore what they do
 /// not know).
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// Keys every line carries; a payload field of the same name would be shadowed.
 pub const ENVELOPE_KEYS: [&str; 3] = ["type", "command", "schema_version"];

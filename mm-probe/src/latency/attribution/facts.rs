@@ -84,6 +84,9 @@ pub enum Cause {
     /// not charge them, which is the hypervisor running something else (steal, with paravirt
     /// time accounting) or interrupts (with IRQ time accounting).
     StolenOrIrq,
+    /// Its sleep timer fired late for at least half the wait: interrupts were off on its CPU
+    /// (the code where they came back on is named per spike).
+    LateTimer,
     /// It held the CPU and then slept, or nothing recorded says what it ran.
     Unknown,
 }
@@ -107,6 +110,7 @@ impl Cause {
             Cause::Idle => "idle".into(),
             Cause::OwnStartup => "mm-probe start-up".into(),
             Cause::StolenOrIrq => "steal or irq time".into(),
+            Cause::LateTimer => "late timer".into(),
             Cause::Unknown => "unknown".into(),
         }
     }
@@ -132,6 +136,9 @@ impl Cause {
             Cause::Idle => "the CPU was idle (wakeup from idle, interrupts)".into(),
             Cause::OwnStartup => "mm-probe's own start-up (loading its programs)".into(),
             Cause::StolenOrIrq => "the tasks on the CPU were not running: hypervisor steal or interrupt time".into(),
+            Cause::LateTimer => "its sleep timer fired late: interrupts were off on its CPU, in the code each spike \
+                                 names"
+                .into(),
             Cause::Unknown => "the blocker ran outside the traced functions and syscalls (then slept)".into(),
         }
     }

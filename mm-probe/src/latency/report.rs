@@ -217,7 +217,7 @@ pub struct FunctionSpikeJson<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::latency::decoder::{Stack, Syscall};
+    use crate::latency::decoder::{Interrupted, Stack, Syscall};
     use crate::latency::{aggregator::Distribution, attribution::Cause, judge};
 
     /// A CRIT run whose worst wait is one call of the traced walk: every part of the verdict
@@ -309,6 +309,7 @@ mod tests {
             ],
             function_attribution: Availability { available: true, reason: Some("gone: not in BTF".into()) },
             syscall_attribution: available.clone(),
+            timer_expiry: Availability { available: false, reason: Some("this kernel's BTF lacks hrtimer".into()) },
             plan: Plan {
                 probes: vec![ProbePlan {
                     probe: "sched_switch",
@@ -381,7 +382,16 @@ mod tests {
             slices_truncated: false,
             long_stays: Vec::new(),
             samples: None,
-            timer: None,
+            timer: Some(TimerWait {
+                late_ns: 300_000,
+                interrupted: Some(Interrupted {
+                    task: storm.task.clone(),
+                    in_user_space: false,
+                    place: Some("free_unref_page_list ← release_pages ← tlb_batch_pages_flush".into()),
+                    stack: stack.clone(),
+                    syscall: Some(syscall.clone()),
+                }),
+            }),
         };
         let storm_holder = Holder {
             pid: 7,

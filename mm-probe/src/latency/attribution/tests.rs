@@ -17,7 +17,7 @@ fn assert_says(a: &Attribution, says: Says, part: &str) {
     assert!(holds, "{part:?} not where expected in: {text}");
 }
 use crate::latency::{
-    decoder::{OnCpu, Stack, decode_syscall, leaving_syscall},
+    decoder::{Interrupted, OnCpu, Stack, TaskRef, TimerWait, decode_syscall, leaving_syscall},
     fixtures::*,
 };
 use mm_probe_common::latency::SyscallState;
@@ -503,4 +503,67 @@ fn a_stay_whose_start_was_not_seen_begins_after_the_stay_before_it() {
 fn syscall_causes_are_named_never_numbered() {
     assert_eq!(Cause::Syscall(232).label(&names()), "syscall epoll_wait");
     assert_eq!(Cause::Function(0).label(&names()), "madvise_cold_or_pageout_pte_range");
+}
+
+/// A timer 16 ms late whose interrupt landed where stress-ng, unmapping, turned interrupts back
+/// on; then 85 µs from the wakeup to the switch.
+fn late_timer(late_ns: u64, interrupted: Option<Interrupted>) -> Wakeup {
+    let mut w = wakeup(85 * US);
+    w.timer = Some(TimerWait { late_ns, interrupted });
+    w
+}
+
+fn interrupted(pid: u32, in_user_space: bool) -> Interrupted {
+    let munmap = decode_syscall(&SyscallState {
+        orig_ax: libc::SYS_munmap,
+        ax: -i64::from(libc::ENOSYS),
+        regs_read: 1,
+        args: [0, 512 << 20, 0, 0],
+    });
+    Interrupted {
+        task: TaskRef { pid, comm: if pid == 0 { "swapper/1".into() } else { "stress-ng-vm".into() } },
+        in_user_space,
+        place: (!in_user_space).then(|| "free_unref_page_list ← release_pages ← tlb_batch_pages_flush".into()),
+        stack: Stack::default(),
+        syscall: munmap.filter(|_| !in_user_space),
+    }
+}
+
+#[test]
+fn a_timer_late_for_most_of_the_wait_is_the_cause_and_names_where_interrupts_came_back_on() {
+    let w = late_timer(16 * MS, Some(interrupted(186, false)));
+    assert_eq!(w.total_ns(), 16 * MS + 85 * US);
+    let a = attribute(&w, &names(), MM_PROBE);
+    assert_eq!(a.cause, Cause::LateTimer);
+    assert_says(
+        &a,
+        Says::Starts,
+        "cyclictest-250 waited 16.09ms on CPU 1: its timer fired 16ms late, interrupts coming back on in \
+         free_unref_page_list ← release_pages ← tlb_batch_pages_flush (stress-ng-vm-186 in munmap(512 MiB)); \
+         in the 85µs after its wakeup: stress-ng-264 was in madvise",
+    );
+}
+
+#[test]
+fn a_timer_a_little_late_leaves_the_cause_to_what_ran_after_the_wakeup() {
+    let mut w = late_timer(20 * US, None);
+    w.latency_ns = 900 * US;
+    w.run_ns = w.wakeup_ns + w.latency_ns;
+    let a = attribute(&w, &names(), MM_PROBE);
+    assert_eq!(a.cause, Cause::Syscall(libc::SYS_madvise));
+    assert_says(&a, Says::Contains, ": its timer fired 20µs late; in the 900µs after its wakeup: stress-ng-264");
+}
+
+#[test]
+fn a_timer_held_off_in_user_space_or_idle_is_not_the_kernels_code() {
+    let user = attribute(&late_timer(16 * MS, Some(interrupted(186, true))), &names(), MM_PROBE);
+    assert_eq!(user.cause, Cause::OutsideKernelView);
+    assert_says(
+        &user,
+        Says::Contains,
+        "its timer fired 16ms late while stress-ng-vm-186 ran in user space, interrupts on;",
+    );
+    let idle = attribute(&late_timer(16 * MS, Some(interrupted(0, false))), &names(), MM_PROBE);
+    assert_eq!(idle.cause, Cause::Idle);
+    assert_says(&idle, Says::Contains, "its timer fired 16ms late while the CPU was idle;");
 }

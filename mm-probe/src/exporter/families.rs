@@ -60,7 +60,7 @@ impl Collector for Families {
         histogram_family(
             &mut encoder,
             "mm_probe_wakeup_latency_seconds",
-            "Time from sched_wakeup to the sched_switch that ran the task (real-time tasks unless -p or --all-tasks).",
+            "Time from sched_wakeup (a timer wakeup: its sleep timer's expiry) to the sched_switch that ran the task (real-time tasks unless -p or --all-tasks).",
             s.wakeup_latency.as_ref(),
         )?;
         counter(

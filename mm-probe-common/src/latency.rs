@@ -359,7 +359,7 @@ pub const LATE_TIMER_FRAMES: usize = 24;
 /// What a sleep timer interrupted when it fired at least half the threshold late: the code
 /// that kept interrupts off (value of [`LATE_TIMERS_MAP`]).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct LateTimer {
     /// The interrupted task (0: idle).
     pub pid: u32,
@@ -372,19 +372,6 @@ pub struct LateTimer {
     /// The kernel stack at the timer's callback, innermost first: the interrupt's frames, then
     /// the interrupted code's.
     pub frames: [u64; LATE_TIMER_FRAMES],
-}
-
-impl Default for LateTimer {
-    fn default() -> Self {
-        Self {
-            pid: 0,
-            stack_bytes: 0,
-            late_ns: 0,
-            comm: [0; 16],
-            syscall: SyscallState::default(),
-            frames: [0; LATE_TIMER_FRAMES],
-        }
-    }
 }
 
 /// A wakeup over the threshold, sent at the sched_switch that finally ran the task.

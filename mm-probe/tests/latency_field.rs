@@ -224,15 +224,26 @@ fn the_madvise_walk_delays_a_fifo_waker_by_at_most_one_2mib_step() {
     // Where one step bounds the waits (6.1), half the wakeups land anywhere in [0, T] and the
     // P99 sits on that range's upper edge, where a few wakeups move it by a histogram slot
     // (measured 0.000-0.068 T apart), while the maximum is the step itself (0.001-0.009 T
-    // apart). Elsewhere the P99 is the steady part (0.000-0.003 T apart) and the maximum one
-    // rare coincidence of a wakeup with the walk's longest stretch (up to 0.13 T apart).
+    // apart). Elsewhere the P99 is the steady part and the maximum one rare coincidence of a
+    // wakeup with the walk's longest stretch (up to 0.13 T apart). Measured from the wakeup,
+    // the P99 was 0.000-0.003 T apart; measured from the timer's expiry it also holds how late
+    // the timer interrupt came, which depends on where it met the walk's interrupts-off
+    // sections, and that moves between runs as the waker's own clock shows (6.12: its mean
+    // lateness 130 µs in one run, 167 µs in the next, 0.016 T). So the P99 must repeat as well
+    // as the waker's own lateness does.
     let spread = |of: fn(&Phase) -> u64| of(&walks[0]).abs_diff(of(&walks[1])) as f64 / t;
     let (p99_spread, max_spread) = (spread(Phase::p99_ns), spread(Phase::worst_ns));
-    eprintln!("MEASURED kernel={label} spread_in_steps p99={p99_spread:.3} max={max_spread:.3}");
+    let own_spread = walks[0].waker.avg_late_us.abs_diff(walks[1].waker.avg_late_us) as f64 * 1000.0 / t;
+    eprintln!(
+        "MEASURED kernel={label} spread_in_steps p99={p99_spread:.3} max={max_spread:.3} waker_mean_late={own_spread:.3}"
+    );
     if expect == Expect::OneStep {
         assert!(max_spread <= 0.05, "two identical runs' worst waits differ by {max_spread:.3} T");
     } else {
-        assert!(p99_spread <= 0.02, "two identical runs' P99 differ by {p99_spread:.3} T");
+        assert!(
+            p99_spread <= 0.02 + own_spread,
+            "two identical runs' P99 differ by {p99_spread:.3} T, the waker's own mean lateness by {own_spread:.3} T"
+        );
     }
 }
 

@@ -88,12 +88,14 @@ pub fn spikes<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["type"] == "spike" && l["kind"] == kind).collect()
 }
 
-/// What rt_waker printed: its pid, its loops, and how many times it really blocked (its
-/// voluntary context switches, as the kernel counted them).
+/// What rt_waker printed: its pid, its loops, how many times it really blocked (its
+/// voluntary context switches, as the kernel counted them), and how late it woke on average by
+/// its own clock (from its timer's expiry, as cyclictest measures).
 pub struct WakerRun {
     pub pid: u32,
     pub loops: u64,
     pub blocked: u64,
+    pub avg_late_us: u64,
 }
 
 impl WakerRun {
@@ -104,7 +106,12 @@ impl WakerRun {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no {name}= in {text:?}"))
         };
-        Self { pid: field("pid") as u32, loops: field("loops"), blocked: field("blocked") }
+        Self {
+            pid: field("pid") as u32,
+            loops: field("loops"),
+            blocked: field("blocked"),
+            avg_late_us: field("avg_late_us"),
+        }
     }
 }
 

@@ -128,8 +128,8 @@ counter_slots! {
         /// A sample's stack could not be stored (bucket collision or map full): the sample is
         /// kept without its functions.
         SampleStackErrors,
-        /// A late timer's context could not be kept: its wait is measured, what delayed the
-        /// timer is not told.
+        /// A spike's late timer had no context left (its row could not be inserted, or the
+        /// LRU evicted it first): its wait is measured, what delayed the timer is not told.
         LostLateTimers,
     }
 }

@@ -621,14 +621,16 @@ fn emit_wakeup_spike<C: StackIdContext>(
     }
     spike.timer_late_ns = start.timer_late_ns;
     spike.late_timer_valid = 0;
-    if start.timer_late_ns >= threshold_ns() / 2
-        && let Some(late) = LAT_LATE_TIMERS.get_ptr(switch.next_pid)
-        // Not a row left by an earlier late timer whose wakeup stayed under the threshold.
-        && unsafe { (*late).late_ns } == start.timer_late_ns
-    {
-        copy_record(&mut spike.late_timer, late);
-        spike.late_timer_valid = 1;
-        let _ = LAT_LATE_TIMERS.remove(switch.next_pid);
+    if start.timer_late_ns >= threshold_ns() / 2 {
+        match LAT_LATE_TIMERS.get_ptr(switch.next_pid) {
+            // Not a row left by an earlier late timer whose wakeup stayed under the threshold.
+            Some(late) if unsafe { (*late).late_ns } == start.timer_late_ns => {
+                copy_record(&mut spike.late_timer, late);
+                spike.late_timer_valid = 1;
+                let _ = LAT_LATE_TIMERS.remove(switch.next_pid);
+            }
+            _ => count(Counter::LostLateTimers),
+        }
     }
     entry.submit(0);
 }
@@ -675,13 +677,19 @@ fn try_timer_expire(ctx: &BtfTracePointContext) -> Option<()> {
     let timer: u64 = ctx.arg(0);
     let now_ptr: u64 = ctx.arg(1);
     let function: u64 = btf_read(timer, OFF_HRTIMER_FUNCTION.load())?;
-    let task: u64 = read_at(timer, OFF_HRTIMER_SLEEPER_TASK.load())?;
     let learned = LAT_TIMER_FN.get_ptr_mut(0)?;
-    if unsafe { *learned } == 0 {
+    // The callback is compared before anything else is read: most expiries are other timers
+    // (the scheduler tick among them), and for those this is the whole cost.
+    let learning = unsafe { *learned } == 0;
+    if !learning && function != unsafe { *learned } {
+        return None;
+    }
+    let task: u64 = read_at(timer, OFF_HRTIMER_SLEEPER_TASK.load())?;
+    if learning {
         learn_sleep_callback(task, function, learned);
         return None;
     }
-    if function != unsafe { *learned } || task == 0 {
+    if task == 0 {
         return None;
     }
     let pid: u32 = read_at(task, OFF_TASK_STRUCT_PID.load())?;
@@ -743,10 +751,10 @@ fn keep_late_timer(ctx: &BtfTracePointContext, sleeper: u32, late_ns: u64) {
     };
     late.stack_bytes = if bytes > 0 { bytes as u32 } else { 0 };
     current_syscall(&mut late.syscall);
+    // A row that cannot be inserted, or is evicted before its wakeup runs, is counted where it
+    // is missed: at the spike that needed it.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    if LAT_LATE_TIMERS.insert(sleeper, &*late, 0).is_err() {
-        count(Counter::LostLateTimers);
-    }
+    let _ = LAT_LATE_TIMERS.insert(sleeper, &*late, 0);
 }
 
 /// How late the sleep timer of `pid` fired, when its wakeup comes on the CPU it fired on, within

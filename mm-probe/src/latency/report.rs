@@ -118,9 +118,9 @@ loss_kinds! {
         /// Rows of the per-task table lost: evicted by its LRU when full, or never created.
         /// Their wakeups are in the totals, not in `tasks`.
         TaskRows => "task_rows", "task rows (per-task table full; their wakeups are in the totals)",
-        /// Late timers whose interrupted code could not be kept (their table was full): the
-        /// wait is measured, what held the timer off is not told.
-        LateTimers => "late_timers", "late timers' interrupted code (table full; the wait is measured)",
+        /// Spikes whose late timer's interrupted code was gone from its table (not inserted, or
+        /// evicted first): the wait is measured, what held the timer off is not told.
+        LateTimers => "late_timers", "late timers' interrupted code (not kept or evicted; the wait is measured)",
     }
 }
 

@@ -1,6 +1,6 @@
 //! apt against one of the archives the kernel matrix draws from: the host's own sources, or
-//! Debian unstable through a private configuration in the cache, so that the host's sources,
-//! package lists and installed packages stay exactly as they are.
+//! Debian unstable or Debian 11 through a private configuration in the cache, so that the host's
+//! sources, package lists and installed packages stay exactly as they are.
 
 use std::{
     fs,
@@ -20,15 +20,21 @@ pub enum Archive {
     Host,
     /// Debian unstable through the private configuration under `<cache>/apt-unstable/`.
     Sid,
+    /// Debian 11 and its security updates (where its newest kernels are) through the private
+    /// configuration under `<cache>/apt-bullseye/`.
+    Bullseye,
 }
 
-/// The Debian mirror and keyring: unstable's lists and every debootstrap of the build chroots.
+/// The Debian mirror and keyring: the private lists and every debootstrap of the build chroots.
 pub const DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+/// Where a stable release's security updates are published.
+pub const SECURITY_MIRROR: &str = "http://deb.debian.org/debian-security";
 pub const ARCHIVE_KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
-/// Unstable changes daily and retires kernel ABIs within weeks: lists older than this are
-/// refreshed before a kernel is chosen from them.
-const SID_LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Unstable changes daily and retires kernel ABIs within weeks, and security updates replace a
+/// stable release's kernel: private lists older than this are refreshed before a kernel is
+/// chosen from them.
+const PRIVATE_LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Written after each successful update of the private lists. apt dates the list files by the
 /// archive's Last-Modified, not by when they were fetched, so their own times say nothing.
@@ -38,38 +44,55 @@ impl Archive {
     /// `program` (apt-get or apt-cache) reading this archive's lists.
     pub fn command(self, program: &str) -> Result<Command> {
         let mut command = Command::new(program);
-        if self == Archive::Sid {
-            command.args(sid_options(&sid_dir()?));
+        if let Some(dir) = self.private_dir()? {
+            command.args(private_options(&dir));
         }
         command.env("DEBIAN_FRONTEND", "noninteractive");
         Ok(command)
     }
 
-    /// Makes sure the lists can answer: the private sid lists are fetched when missing or older
-    /// than a day. The host's lists are left to the host (updated only when they lack a kernel).
+    /// Makes sure the lists can answer: private lists are fetched when missing or older than a
+    /// day. The host's lists are left to the host (updated only when they lack a kernel).
     pub fn ensure_lists(self) -> Result<()> {
-        if self == Archive::Host {
+        let Some(dir) = self.private_dir()? else {
             return Ok(());
-        }
-        let dir = sid_dir()?;
+        };
         let fresh = fs::metadata(dir.join(UPDATED_STAMP))
             .and_then(|m| m.modified())
-            .is_ok_and(|t| SystemTime::now().duration_since(t).is_ok_and(|age| age < SID_LISTS_MAX_AGE));
+            .is_ok_and(|t| SystemTime::now().duration_since(t).is_ok_and(|age| age < PRIVATE_LISTS_MAX_AGE));
         if fresh { Ok(()) } else { self.update() }
     }
 
     /// `apt-get update` of this archive's lists (as root for the host's).
     pub fn update(self) -> Result<()> {
+        let Some(dir) = self.private_dir()? else {
+            return cmd::run(&mut as_root("apt-get", &["update", "-qq"]));
+        };
+        prepare_private_dir(&dir, &self.sources())?;
+        eprintln!("xtask: updating the private package lists in {}", dir.display());
+        cmd::run(self.command("apt-get")?.args(["update", "-qq"]))?;
+        fs::write(dir.join(UPDATED_STAMP), "")?;
+        Ok(())
+    }
+
+    /// `<cache>/apt-<name>`: sources.list, lists/ and cache/ of a private configuration; none for
+    /// the host's own.
+    fn private_dir(self) -> Result<Option<PathBuf>> {
+        let name = match self {
+            Archive::Host => return Ok(None),
+            Archive::Sid => "apt-unstable",
+            Archive::Bullseye => "apt-bullseye",
+        };
+        Ok(Some(crate::paths::cache_dir()?.join(name)))
+    }
+
+    /// The sources.list of a private configuration.
+    fn sources(self) -> String {
+        let line = |mirror: &str, suite: &str| format!("deb [signed-by={ARCHIVE_KEYRING}] {mirror} {suite} main\n");
         match self {
-            Archive::Host => cmd::run(&mut as_root("apt-get", &["update", "-qq"])),
-            Archive::Sid => {
-                let dir = sid_dir()?;
-                prepare_sid_dir(&dir)?;
-                eprintln!("xtask: updating the Debian unstable package lists in {}", dir.display());
-                cmd::run(self.command("apt-get")?.args(["update", "-qq"]))?;
-                fs::write(dir.join(UPDATED_STAMP), "")?;
-                Ok(())
-            }
+            Archive::Host => String::new(),
+            Archive::Sid => line(DEBIAN_MIRROR, "sid"),
+            Archive::Bullseye => line(DEBIAN_MIRROR, "bullseye") + &line(SECURITY_MIRROR, "bullseye-security"),
         }
     }
 
@@ -109,14 +132,9 @@ fn candidate_version(policy: &str) -> Option<String> {
     (!candidate.is_empty() && candidate != "(none)").then(|| candidate.to_owned())
 }
 
-/// `<cache>/apt-unstable`: sources.list, lists/ and cache/ of the private configuration.
-fn sid_dir() -> Result<PathBuf> {
-    Ok(crate::paths::cache_dir()?.join("apt-unstable"))
-}
-
 /// apt options that read sources, lists and cache from `dir` only. List-Cleanup=0 keeps apt from
 /// deleting lists it does not know (it would consult the host's sources.list.d otherwise).
-fn sid_options(dir: &Path) -> Vec<String> {
+fn private_options(dir: &Path) -> Vec<String> {
     [
         format!("Dir::Etc::sourcelist={}", dir.join("sources.list").display()),
         "Dir::Etc::sourceparts=-".to_owned(),
@@ -129,11 +147,11 @@ fn sid_options(dir: &Path) -> Vec<String> {
     .collect()
 }
 
-fn prepare_sid_dir(dir: &Path) -> Result<()> {
+fn prepare_private_dir(dir: &Path, sources: &str) -> Result<()> {
     for sub in ["lists/partial", "cache/archives/partial"] {
         fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.join(sub).display()))?;
     }
-    fs::write(dir.join("sources.list"), format!("deb [signed-by={ARCHIVE_KEYRING}] {DEBIAN_MIRROR} sid main\n"))?;
+    fs::write(dir.join("sources.list"), sources)?;
     Ok(())
 }
 
@@ -164,8 +182,8 @@ mod tests {
     }
 
     #[test]
-    fn sid_options_keep_apt_inside_its_directory() {
-        let options = sid_options(Path::new("/c/apt-unstable"));
+    fn private_options_keep_apt_inside_its_directory() {
+        let options = private_options(Path::new("/c/apt-unstable"));
         let pairs: Vec<&str> = options.chunks(2).map(|pair| pair[1].as_str()).collect();
         assert!(options.chunks(2).all(|pair| pair[0] == "-o"), "{options:?}");
         assert_eq!(
@@ -178,5 +196,14 @@ mod tests {
                 "APT::Get::List-Cleanup=0",
             ]
         );
+    }
+
+    #[test]
+    fn debian_11_lists_carry_its_security_updates() {
+        let sources = Archive::Bullseye.sources();
+        let suites: Vec<&str> = sources.lines().filter_map(|l| l.split_whitespace().nth(3)).collect();
+        assert_eq!(suites, ["bullseye", "bullseye-security"], "{sources}");
+        assert!(sources.contains(SECURITY_MIRROR), "{sources}");
+        assert_eq!(Archive::Sid.sources().lines().count(), 1);
     }
 }

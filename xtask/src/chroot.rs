@@ -8,6 +8,9 @@
 //!   compiler) are installed on first use.
 //! - Debian 11 (`bullseye-chroot`), the oldest distribution the release packages are proven on:
 //!   the .deb is installed, run and removed there (glibc 2.31, older than any the build used).
+//!   The test modules for Debian 11's 5.10 kernels are built there too, by their own gcc-10,
+//!   which no newer Debian ships; its sources include bullseye-security, where those kernels'
+//!   newest builds and headers are.
 //!
 //! debootstrap itself is taken from unstable, since bookworm's may not know the newest suite's
 //! scripts. Every command runs in a private mount namespace, so no /proc, /dev or /sys mount
@@ -22,7 +25,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    apt::{ARCHIVE_KEYRING, Archive, DEBIAN_MIRROR},
+    apt::{ARCHIVE_KEYRING, Archive, DEBIAN_MIRROR, SECURITY_MIRROR},
     cmd,
 };
 
@@ -53,15 +56,19 @@ impl Suite {
         }
     }
 
-    /// Installed after debootstrap: what every module build needs besides the headers (which
-    /// bring gcc and binutils); minbase already has dpkg for the package test.
-    fn base_packages(self) -> &'static [&'static str] {
+    /// The chroot's sources.list: the suite, and for a stable release its security updates.
+    fn sources_list(self) -> String {
+        let line = |mirror: &str, suite: &str| format!("deb {mirror} {suite} main\n");
         match self {
-            Suite::Sid => &["make", "kmod"],
-            Suite::Bullseye => &[],
+            Suite::Sid => line(DEBIAN_MIRROR, "sid"),
+            Suite::Bullseye => line(DEBIAN_MIRROR, "bullseye") + &line(SECURITY_MIRROR, "bullseye-security"),
         }
     }
 }
+
+/// Installed with a kernel's headers (which bring its gcc and binutils): what every module build
+/// needs besides them. minbase already has dpkg for the package test.
+const BUILD_PACKAGES: &[&str] = &["make", "kmod"];
 
 /// The chroot's Release file may be past its Valid-Until when the mirror is a snapshot; the
 /// archive keyring still authenticates it.
@@ -69,6 +76,7 @@ const APT_GET: &str = "apt-get -o Acquire::Check-Valid-Until=false";
 
 pub struct DebianChroot {
     root: PathBuf,
+    suite: Suite,
 }
 
 /// The cached chroot of `suite`, made first when missing (as root: debootstrap and chroot need
@@ -78,7 +86,7 @@ pub fn ensure(suite: Suite) -> Result<DebianChroot> {
     if !root.join(COMPLETE_MARKER).exists() {
         create(suite, &root).with_context(|| format!("creating the {} chroot {}", suite.describe(), root.display()))?;
     }
-    Ok(DebianChroot { root })
+    Ok(DebianChroot { root, suite })
 }
 
 /// Builds the chroot next to `root` and renames it into place, so that an interrupted run or a
@@ -105,14 +113,7 @@ fn create(suite: Suite, root: &Path) -> Result<()> {
             .arg(DEBIAN_MIRROR)
             .env("DEBOOTSTRAP_DIR", debootstrap.join("usr/share/debootstrap"));
         cmd::run(&mut command)?;
-        let packages = suite.base_packages();
-        if !packages.is_empty() {
-            let chroot = DebianChroot { root: staging.clone() };
-            cmd::run(&mut chroot.command(&format!(
-                "{APT_GET} update -qq && {APT_GET} install -y -qq --no-install-recommends {}",
-                packages.join(" ")
-            )))?;
-        }
+        DebianChroot { root: staging.clone(), suite }.write_sources()?;
         fs::write(staging.join(COMPLETE_MARKER), "")?;
         eprintln!("xtask: the {} chroot took {:.0?}", suite.describe(), start.elapsed());
         match fs::rename(&staging, root) {
@@ -172,24 +173,34 @@ impl DebianChroot {
         command
     }
 
-    /// Installs `linux-headers-<release>` in the chroot when missing (refreshing its lists once
-    /// if they predate the kernel); returns the headers directory as the chroot sees it.
+    /// Installs `linux-headers-<release>` and the build tools in the chroot when missing
+    /// (refreshing its sources and lists once if they predate the kernel); returns the headers
+    /// directory as the chroot sees it.
     pub fn ensure_headers(&self, release: &str) -> Result<String> {
         let headers = format!("/usr/src/linux-headers-{release}");
         if self.host_path(&headers).join("Makefile").exists() {
             return Ok(headers);
         }
         let package = format!("linux-headers-{release}");
-        let install =
-            || cmd::run(&mut self.command(&format!("{APT_GET} install -y -qq --no-install-recommends {package}")));
+        let install = || {
+            let packages = format!("{package} {}", BUILD_PACKAGES.join(" "));
+            cmd::run(&mut self.command(&format!("{APT_GET} install -y -qq --no-install-recommends {packages}")))
+        };
         if install().is_err() {
+            self.write_sources()?;
             cmd::run(&mut self.command(&format!("{APT_GET} update -qq")))?;
-            install().with_context(|| format!("installing {package} in the Debian unstable build chroot"))?;
+            install().with_context(|| format!("installing {package} in the {} build chroot", self.suite.describe()))?;
         }
         if !self.host_path(&headers).join("Makefile").exists() {
             bail!("{package} is installed in {} but {headers} has no Makefile", self.root.display());
         }
         Ok(headers)
+    }
+
+    /// Writes the suite's sources.list: a chroot made before a suite gained a source gets it too.
+    fn write_sources(&self) -> Result<()> {
+        let path = self.host_path("/etc/apt/sources.list");
+        fs::write(&path, self.suite.sources_list()).with_context(|| format!("writing {}", path.display()))
     }
 }
 
@@ -199,7 +210,7 @@ mod tests {
 
     #[test]
     fn chroot_paths_map_onto_the_host() {
-        let chroot = DebianChroot { root: PathBuf::from("/c/sid-chroot") };
+        let chroot = DebianChroot { root: PathBuf::from("/c/sid-chroot"), suite: Suite::Sid };
         assert_eq!(
             chroot.host_path("/usr/src/linux-headers-7.2"),
             Path::new("/c/sid-chroot/usr/src/linux-headers-7.2")
@@ -208,5 +219,12 @@ mod tests {
         let args: Vec<_> = command.get_args().collect();
         assert_eq!(command.get_program(), "unshare");
         assert_eq!(&args[args.len() - 3..], ["sh", "/c/sid-chroot", "make"]);
+    }
+
+    #[test]
+    fn debian_11_builds_from_its_security_updates() {
+        assert_eq!(Suite::Sid.sources_list(), format!("deb {DEBIAN_MIRROR} sid main\n"));
+        let bullseye = Suite::Bullseye.sources_list();
+        assert!(bullseye.contains(&format!("deb {SECURITY_MIRROR} bullseye-security main")), "{bullseye}");
     }
 }

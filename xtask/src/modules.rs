@@ -1,11 +1,11 @@
 //! Out-of-tree test kernel modules (each under testing/kmod/<name>/), built against Debian's
 //! linux-headers package for each kernel of the matrix (unpacked into the cache by
-//! crate::headers, or installed in the sid chroot), by the [`Toolchain`] of its line.
+//! crate::headers, or installed in a Debian chroot), by the [`Toolchain`] of its line.
 //!
 //! Layout under the target directory (outside the source tree, so kbuild's objects never
 //! land next to the sources):
 //!   kmod/<release>/build/<name>/   a copy of testing/kmod/<name>/ that kbuild builds in
-//!                                  (in the sid chroot: <chroot>/build/<release>/<name>/)
+//!                                  (in a build chroot: <chroot>/build/<release>/<name>/)
 //!   kmod/<release>/modules/        every <name>.ko, plus the fingerprint of what built them
 
 use std::{
@@ -31,8 +31,9 @@ const FINGERPRINT_FILE: &str = ".fingerprint";
 pub enum Toolchain {
     /// The host's gcc-12, as bookworm's kernels need, and their headers unpacked into the cache.
     Host,
-    /// The Debian unstable chroot of crate::chroot, with the headers installed in it.
-    SidChroot,
+    /// A Debian chroot of crate::chroot (unstable's, or Debian 11's), with the headers and the
+    /// kernel's own compiler installed in it.
+    Chroot(Suite),
 }
 
 impl Toolchain {
@@ -40,7 +41,8 @@ impl Toolchain {
     fn identity(self) -> &'static str {
         match self {
             Toolchain::Host => KERNEL_CC,
-            Toolchain::SidChroot => "sid-chroot",
+            Toolchain::Chroot(Suite::Sid) => "sid-chroot",
+            Toolchain::Chroot(Suite::Bullseye) => "bullseye-chroot",
         }
     }
 }
@@ -55,8 +57,8 @@ impl Builder {
     fn prepare(toolchain: Toolchain, release: &str) -> Result<Builder> {
         Ok(match toolchain {
             Toolchain::Host => Builder::Host { headers: crate::headers::ensure(release)? },
-            Toolchain::SidChroot => {
-                let chroot = crate::chroot::ensure(Suite::Sid)?;
+            Toolchain::Chroot(suite) => {
+                let chroot = crate::chroot::ensure(suite)?;
                 let headers = chroot.ensure_headers(release)?;
                 Builder::Chroot { chroot, headers }
             }
@@ -96,7 +98,7 @@ impl Builder {
     }
 }
 
-/// A module's build directory inside the sid chroot.
+/// A module's build directory inside a build chroot.
 fn chroot_build_dir(release: &str, name: &str) -> String {
     format!("/build/{release}/{name}")
 }

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{apt::Archive, cmd, modules::Toolchain};
+use crate::{apt::Archive, chroot::Suite, cmd, modules::Toolchain};
 
 /// One kernel line of the matrix: a family of Debian packages `<prefix><build><suffix>` whose
 /// newest build is booted. Build numbers are never written down: Debian retires old ABIs from the
@@ -41,6 +41,9 @@ pub struct KernelLine {
     /// binary where no C library exists. The kernels that bound the matrix (6.1 and unstable's
     /// newest) prove it; the binary is the same on every line.
     pub bare_boot: bool,
+    /// Whether `vm-test` boots the line when no `--kernel` is named (the CI matrix). A line
+    /// outside it runs only when named.
+    pub in_matrix: bool,
 }
 
 /// The executable that only lines with `unix_conventions` run.
@@ -80,7 +83,13 @@ impl Packaging {
 /// `__thp_vma_allowable_orders` and the 6.7+ cond_resched(); the -rt builds are PREEMPT_RT.
 /// `unstable` is Debian unstable's newest kernel (7.2 when added), with the kernels mm-probe
 /// will meet next; its `+deb14` names Debian 14, and becomes `+deb15` once Debian 14 is released.
+///
+/// `5.10` and `5.10-rt` are Debian 11's newest kernels (its security updates), the oldest
+/// generation mm-probe is meant for; they run only when named until every test there passes
+/// or says why it cannot.
 pub const LINES: &[KernelLine] = &[
+    KernelLine { in_matrix: false, ..bullseye("5.10", "-amd64-unsigned") },
+    KernelLine { in_matrix: false, ..bullseye("5.10-rt", "-rt-amd64-unsigned") },
     KernelLine { unix_conventions: true, bare_boot: true, ..bookworm("6.1", "linux-image-6.1.0-", "-amd64-unsigned") },
     bookworm("6.1-rt", "linux-image-6.1.0-", "-rt-amd64-unsigned"),
     bookworm("6.12", "linux-image-6.12.", "+deb12-amd64-unsigned"),
@@ -101,6 +110,24 @@ const fn bookworm(name: &'static str, package_prefix: &'static str, package_suff
         timing_proof: true,
         unix_conventions: false,
         bare_boot: false,
+        in_matrix: true,
+    }
+}
+
+/// A line of Debian 11: one image package from the private bullseye lists (its newest builds are
+/// in bullseye-security), modules built in the Debian 11 chroot by the kernel's own gcc-10.
+const fn bullseye(name: &'static str, package_suffix: &'static str) -> KernelLine {
+    KernelLine {
+        name,
+        package_prefix: "linux-image-5.10.0-",
+        package_suffix,
+        packaging: Packaging::Image,
+        archive: Archive::Bullseye,
+        toolchain: Toolchain::Chroot(Suite::Bullseye),
+        timing_proof: false,
+        unix_conventions: false,
+        bare_boot: false,
+        in_matrix: true,
     }
 }
 
@@ -113,10 +140,11 @@ const fn unstable(name: &'static str, package_suffix: &'static str) -> KernelLin
         package_suffix,
         packaging: Packaging::Split,
         archive: Archive::Sid,
-        toolchain: Toolchain::SidChroot,
+        toolchain: Toolchain::Chroot(Suite::Sid),
         timing_proof: false,
         unix_conventions: false,
         bare_boot: false,
+        in_matrix: true,
     }
 }
 
@@ -157,7 +185,8 @@ pub enum Origin {
     Downloaded,
     /// The archive's newest build, already in the cache.
     Cached,
-    /// The archive could not give the newest build; this is the newest cached one.
+    /// The archive could not give the newest build; this is an older one (the next newest it
+    /// gave, or the newest cached).
     Fallback { why: String },
 }
 
@@ -195,6 +224,14 @@ impl Layout {
 }
 
 impl KernelBuild {
+    /// This build, run because the newest could not be had (`why`), when there is a why.
+    fn instead_of(self, why: Option<String>) -> KernelBuild {
+        match why {
+            Some(why) => KernelBuild { origin: Origin::Fallback { why }, ..self },
+            None => self,
+        }
+    }
+
     pub fn vmlinuz(&self) -> PathBuf {
         match self.layout {
             Layout::Boot => self.boot_dir().join(format!("vmlinuz-{}", self.release)),
@@ -218,25 +255,32 @@ impl KernelBuild {
     }
 }
 
-/// The newest build of `line`: resolved with apt and downloaded when needed, else the newest
-/// cached build (said so in `origin`). Fails only when neither exists.
+/// The newest build of `line` the archive gives: resolved with apt and downloaded when needed.
+/// A mirror may list builds whose files it does not serve (yet, or any more): then the newest
+/// listed build it does serve (a refused download costs one request), else the newest cached
+/// build, each said so in `origin`. Fails only when none of them exists.
 pub fn obtain(line: &KernelLine) -> Result<KernelBuild> {
     let cache = cache_root()?;
-    let fresh = resolve_newest(line).and_then(|(package, version)| ensure_unpacked(line, &cache, &package, &version));
-    match fresh {
-        Ok(build) => Ok(build),
-        Err(error) => {
-            let why = format!("{error:#}");
-            let Some(build) = newest_cached(line, &cache)? else {
-                bail!("kernel line {line}: {why}; and no cached build of it in {}", cache.display());
-            };
-            eprintln!(
-                "xtask vm-test: {line}: {why}; using the newest cached build {} {}",
-                build.package, build.version
-            );
-            Ok(KernelBuild { origin: Origin::Fallback { why }, ..build })
+    let mut newest_failure = None;
+    match resolve_newest(line) {
+        Ok(listed) => {
+            for (package, version) in listed {
+                match ensure_unpacked(line, &cache, &package, &version) {
+                    Ok(build) => return Ok(build.instead_of(newest_failure)),
+                    Err(error) => {
+                        newest_failure.get_or_insert_with(|| format!("{error:#}"));
+                    }
+                }
+            }
         }
+        Err(error) => newest_failure = Some(format!("{error:#}")),
     }
+    let why = newest_failure.unwrap_or_else(|| "no build listed".to_owned());
+    let Some(build) = newest_cached(line, &cache)? else {
+        bail!("kernel line {line}: {why}; and no cached build of it in {}", cache.display());
+    };
+    eprintln!("xtask vm-test: {line}: {why}; using the newest cached build {} {}", build.package, build.version);
+    Ok(build.instead_of(Some(why)))
 }
 
 /// `<cache>/kernels`: outside the work tree so `cargo clean` or a fresh clone does not download
@@ -245,35 +289,40 @@ fn cache_root() -> Result<PathBuf> {
     Ok(crate::paths::cache_dir()?.join("kernels"))
 }
 
-/// Asks apt for the newest build of `line` and the version it would download.
-fn resolve_newest(line: &KernelLine) -> Result<(String, String)> {
+/// Asks apt for the builds of `line`, newest first, and the version it would download of each.
+fn resolve_newest(line: &KernelLine) -> Result<Vec<(String, String)>> {
     let archive = line.archive;
     archive.ensure_lists()?;
-    let mut package = newest_package(line, &archive.cache(&["pkgnames", line.package_prefix])?);
-    if package.is_none() {
+    let mut packages = newest_packages(line, &archive.cache(&["pkgnames", line.package_prefix])?);
+    if packages.is_empty() {
         // A fresh machine (or container) has empty package lists until the first update.
         eprintln!("xtask vm-test: apt knows no {line} kernel package; running apt-get update");
         archive.update()?;
-        package = newest_package(line, &archive.cache(&["pkgnames", line.package_prefix])?);
+        packages = newest_packages(line, &archive.cache(&["pkgnames", line.package_prefix])?);
     }
-    let package = package.with_context(|| {
-        format!(
+    if packages.is_empty() {
+        bail!(
             "apt knows no package {}<N>{} (is the Debian archive in the apt sources?)",
-            line.package_prefix, line.package_suffix
-        )
-    })?;
-    let version = archive.candidate(&package)?;
-    Ok((package, version))
+            line.package_prefix,
+            line.package_suffix
+        );
+    }
+    packages
+        .into_iter()
+        .map(|package| {
+            let version = archive.candidate(&package)?;
+            Ok((package, version))
+        })
+        .collect()
 }
 
-/// The package of `line` with the highest build number among `apt-cache pkgnames` output.
-pub fn newest_package(line: &KernelLine, pkgnames: &str) -> Option<String> {
-    pkgnames
-        .lines()
-        .map(str::trim)
-        .filter_map(|name| Some((line.build_of(name)?, name)))
-        .max_by(|a, b| a.0.cmp(&b.0))
-        .map(|(_, name)| name.to_owned())
+/// The packages of `line` among `apt-cache pkgnames` output, highest build number first.
+pub fn newest_packages(line: &KernelLine, pkgnames: &str) -> Vec<String> {
+    let mut builds: Vec<(Vec<u32>, &str)> =
+        pkgnames.lines().map(str::trim).filter_map(|name| Some((line.build_of(name)?, name))).collect();
+    builds.sort_by(|a, b| b.0.cmp(&a.0));
+    builds.dedup_by(|a, b| a.1 == b.1);
+    builds.into_iter().map(|(_, name)| name.to_owned()).collect()
 }
 
 /// The cache directory of one package version; `.complete` marks a finished unpack.
@@ -442,6 +491,10 @@ fn compare_versions(a: &str, b: &str) -> Ordering {
 mod tests {
     use super::*;
 
+    fn newest(line: &KernelLine, pkgnames: &str) -> Option<String> {
+        newest_packages(line, pkgnames).into_iter().next()
+    }
+
     const PKGNAMES_6_1: &str = "\
 linux-image-6.1.0-57-amd64-unsigned
 linux-image-6.1.0-9-amd64-unsigned
@@ -456,9 +509,9 @@ linux-image-6.1.0-61-amd64
     #[test]
     fn newest_build_is_the_highest_number_of_the_same_flavour() {
         let line = KernelLine::by_name("6.1").unwrap();
-        assert_eq!(newest_package(line, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-57-amd64-unsigned"));
+        assert_eq!(newest(line, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-57-amd64-unsigned"));
         let rt = KernelLine::by_name("6.1-rt").unwrap();
-        assert_eq!(newest_package(rt, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-59-rt-amd64-unsigned"));
+        assert_eq!(newest(rt, PKGNAMES_6_1).as_deref(), Some("linux-image-6.1.0-59-rt-amd64-unsigned"));
     }
 
     #[test]
@@ -466,16 +519,36 @@ linux-image-6.1.0-61-amd64
         let names = "linux-image-6.12.57+deb12-amd64-unsigned\nlinux-image-6.12.117+deb12-amd64-unsigned\n\
                      linux-image-6.12.120+deb12-rt-amd64-unsigned\nlinux-image-6.12.111+deb12-cloud-amd64-unsigned\n";
         let line = KernelLine::by_name("6.12").unwrap();
-        assert_eq!(newest_package(line, names).as_deref(), Some("linux-image-6.12.117+deb12-amd64-unsigned"));
+        assert_eq!(newest(line, names).as_deref(), Some("linux-image-6.12.117+deb12-amd64-unsigned"));
         let rt = KernelLine::by_name("6.12-rt").unwrap();
-        assert_eq!(newest_package(rt, names).as_deref(), Some("linux-image-6.12.120+deb12-rt-amd64-unsigned"));
-        assert_eq!(newest_package(line, ""), None);
+        assert_eq!(newest(rt, names).as_deref(), Some("linux-image-6.12.120+deb12-rt-amd64-unsigned"));
+        assert_eq!(newest(line, ""), None);
+    }
+
+    #[test]
+    fn debian_11_lines_pick_their_own_flavour() {
+        let names = "linux-image-5.10.0-45-amd64-unsigned\nlinux-image-5.10.0-46-amd64-unsigned\n\
+                     linux-image-5.10.0-46-rt-amd64-unsigned\nlinux-image-5.10.0-46-cloud-amd64-unsigned\n\
+                     linux-image-5.10.0-47-amd64-dbg\n";
+        let line = KernelLine::by_name("5.10").unwrap();
+        assert_eq!(newest(line, names).as_deref(), Some("linux-image-5.10.0-46-amd64-unsigned"));
+        let rt = KernelLine::by_name("5.10-rt").unwrap();
+        assert_eq!(newest(rt, names).as_deref(), Some("linux-image-5.10.0-46-rt-amd64-unsigned"));
+        assert!(!line.in_matrix && !rt.in_matrix);
+        assert_eq!(
+            newest_packages(line, &format!("{names}linux-image-5.10.0-9-amd64-unsigned\n{names}")),
+            [
+                "linux-image-5.10.0-46-amd64-unsigned",
+                "linux-image-5.10.0-45-amd64-unsigned",
+                "linux-image-5.10.0-9-amd64-unsigned"
+            ]
+        );
     }
 
     #[test]
     fn unknown_line_names_the_known_ones() {
-        let error = KernelLine::by_name("5.10").unwrap_err().to_string();
-        assert!(error.contains("6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt"), "{error}");
+        let error = KernelLine::by_name("4.19").unwrap_err().to_string();
+        assert!(error.contains("5.10, 5.10-rt, 6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt"), "{error}");
     }
 
     #[test]
@@ -512,9 +585,9 @@ linux-binary-7..2+deb14-amd64
     #[test]
     fn unstable_versions_order_by_numeric_components() {
         let line = KernelLine::by_name("unstable").unwrap();
-        assert_eq!(newest_package(line, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.2.13+deb14-amd64"));
+        assert_eq!(newest(line, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.2.13+deb14-amd64"));
         let rt = KernelLine::by_name("unstable-rt").unwrap();
-        assert_eq!(newest_package(rt, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.10.1+deb14-rt-amd64"));
+        assert_eq!(newest(rt, PKGNAMES_UNSTABLE).as_deref(), Some("linux-binary-7.10.1+deb14-rt-amd64"));
         assert_eq!(line.build_of("linux-binary-7.2.13+deb14-amd64"), Some(vec![7, 2, 13]));
         assert_eq!(line.build_of("linux-binary-7..2+deb14-amd64"), None);
         assert_eq!(line.build_of("linux-binary-unsigned-7.2.13+deb14-amd64"), None);

@@ -35,8 +35,9 @@ use self::{
 
 #[derive(clap::Args)]
 pub struct VmTestArgs {
-    /// Run only this kernel line (6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt); repeatable.
-    /// Default: all six.
+    /// Run only this kernel line (5.10, 5.10-rt, 6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt;
+    /// the matrix is all but 5.10 and 5.10-rt); repeatable.
+    /// Default: the six of the matrix.
     #[arg(long = "kernel", value_name = "LINE")]
     pub kernels: Vec<String>,
     /// Run only this integration-test executable of mm-probe (e.g. `foundation`); repeatable.
@@ -278,10 +279,10 @@ fn earlier_failures(run: &BootOutcome) -> Vec<String> {
     run.run_failures.iter().cloned().chain(tests).collect()
 }
 
-/// The requested lines in matrix order; all of them when none is named.
+/// The requested lines in matrix order; the matrix's when none is named.
 fn select_lines(names: &[String]) -> Result<Vec<&'static KernelLine>> {
     if names.is_empty() {
-        return Ok(LINES.iter().collect());
+        return Ok(LINES.iter().filter(|l| l.in_matrix).collect());
     }
     let requested: Vec<&'static KernelLine> = names.iter().map(|n| KernelLine::by_name(n)).collect::<Result<_>>()?;
     Ok(LINES.iter().filter(|l| requested.contains(l)).collect())
@@ -319,7 +320,7 @@ pub fn run_program(line: &str, program: GuestProgram, timeout: Duration) -> Resu
 /// workload beside the tool). The guest sees the host's root, so any host program runs there.
 #[derive(clap::Args)]
 pub struct VmRunArgs {
-    /// The kernel line (6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt).
+    /// The kernel line (5.10, 5.10-rt, 6.1, 6.1-rt, 6.12, 6.12-rt, unstable, unstable-rt).
     #[arg(long = "kernel", value_name = "LINE")]
     pub kernel: String,
     /// Boot with instruction counting and one vCPU, as the timing proofs do.
@@ -369,7 +370,10 @@ fn run_kernel(line: &'static KernelLine, matrix: &Matrix<'_>) -> Result<KernelRu
     let kernel = kernels::obtain(line)?;
     let mut notes = Vec::new();
     if let Origin::Fallback { why } = &kernel.origin {
-        notes.push(format!("the archive's newest build was not available ({why}); ran the newest cached build"));
+        notes.push(format!(
+            "the archive's newest build was not available ({why}); ran {} {}",
+            kernel.package, kernel.version
+        ));
     }
     let _ = fs::remove_dir_all(&work);
     let results = work.join("results");
@@ -578,7 +582,7 @@ fn describe(kernel: &KernelBuild, boots: &[String]) -> String {
     let origin = match kernel.origin {
         Origin::Downloaded => "downloaded",
         Origin::Cached => "cached",
-        Origin::Fallback { .. } => "cached fallback",
+        Origin::Fallback { .. } => "fallback",
     };
     format!("{} {} [{origin}], release {}, {}", kernel.package, kernel.version, kernel.release, boots.join("; "))
 }

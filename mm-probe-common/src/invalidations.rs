@@ -61,6 +61,11 @@ pub const OTHER_MMAP_LOCKS: u64 = 0;
 /// is read.
 pub const NOTIFIER_OPS_WORDS: &str = "INV_NOTIFIER_OPS_WORDS";
 pub const INTERVAL_OPS_WORDS: &str = "INV_INTERVAL_OPS_WORDS";
+/// Global u32: 1 where the kernel has no bpf_get_func_ip() (before 5.15): the callback timing's
+/// kprobe then takes its function from the saved instruction pointer, which an x86 kprobe
+/// leaves one byte past the probed address (its breakpoint's length, emulated the same way by a
+/// kprobe on ftrace). Those kernels predate IBT, so the probed address is the function's own.
+pub const FUNC_IP_FROM_REGS: &str = "INV_FUNC_IP_FROM_REGS";
 /// Globals u32: the field offsets of kvm_unmap_hva_range / kvm_age_hva (identical formats).
 pub const KVM_START_OFFSET: &str = "INV_KVM_START_OFFSET";
 pub const KVM_END_OFFSET: &str = "INV_KVM_END_OFFSET";

@@ -54,6 +54,9 @@ pub const TP_SWITCH_NEXT_PID: &str = "LAT_TP_SWITCH_NEXT_PID";
 pub const TP_SWITCH_NEXT_PRIO: &str = "LAT_TP_SWITCH_NEXT_PRIO";
 /// 1 to read blockers' syscalls from their saved user registers (see [`SyscallState`]).
 pub const SYSCALL_FROM_REGS: &str = "LAT_SYSCALL_FROM_REGS";
+/// 1 where a kretprobe's stack ends at the kretprobe trampoline (kernels before 5.15): a traced
+/// function's stack is then taken at its kprobe entry instead of at its return.
+pub const STACK_AT_ENTRY: &str = "LAT_STACK_AT_ENTRY";
 /// mm-probe's own process id: the timer program learns the sleep timers' callback from a sleep
 /// of one of its threads (see [`TIMER_FN_MAP`]).
 pub const OWN_TGID: &str = "LAT_OWN_TGID";

@@ -76,6 +76,8 @@ static INV_KERNEL_TEXT: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
 static INV_KERNEL_END: Global<u64> = Global::new(0);
 #[unsafe(no_mangle)]
+static INV_FUNC_IP_FROM_REGS: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
 static INV_KVM_START_OFFSET: Global<u32> = Global::new(8);
 #[unsafe(no_mangle)]
 static INV_KVM_END_OFFSET: Global<u32> = Global::new(16);
@@ -808,7 +810,7 @@ pub fn inv_callback_kprobe(ctx: ProbeContext) -> u32 {
     let end: u64 = read_at(range, OFF_NOTIFIER_RANGE_END.load()).unwrap_or(0);
     let flags: u32 = read_at(range, OFF_NOTIFIER_RANGE_FLAGS.load()).unwrap_or(RANGE_BLOCKABLE);
     let stash = CallbackStash {
-        ip: unsafe { generated::bpf_get_func_ip(ctx.as_ptr()) },
+        ip: probed_function(&ctx),
         ts_ns: unsafe { bpf_ktime_get_ns() },
         bytes: end.saturating_sub(start),
         blockable: flags & RANGE_BLOCKABLE,
@@ -817,6 +819,18 @@ pub fn inv_callback_kprobe(ctx: ProbeContext) -> u32 {
     };
     let _ = INV_CALLBACK_STASH.insert(current_pid(), stash, 0);
     0
+}
+
+/// The function this kprobe was attached to. The global is read-only, so the verifier walks
+/// only the branch this kernel takes, and an older kernel never meets the helper it lacks.
+#[inline(always)]
+fn probed_function(ctx: &ProbeContext) -> u64 {
+    if INV_FUNC_IP_FROM_REGS.load() != 0 {
+        // SAFETY: a kprobe's context is the saved registers, readable at any offset in them.
+        unsafe { (*ctx.regs).rip }.wrapping_sub(1)
+    } else {
+        unsafe { generated::bpf_get_func_ip(ctx.as_ptr()) }
+    }
 }
 
 #[kretprobe]

@@ -92,6 +92,11 @@ static LAT_SYSCALL_FROM_REGS: Global<u32> = Global::new(0);
 /// mm-probe's process id, for learning the sleep timers' callback (0: learn nothing).
 #[unsafe(no_mangle)]
 static LAT_OWN_TGID: Global<u32> = Global::new(0);
+/// 1 where a kretprobe's stack ends at the trampoline (before 5.15): the kprobe entry keeps the
+/// stack in LAT_FUNC_ENTRY_STACKS for the return to use. Read-only: elsewhere the verifier never
+/// visits that work.
+#[unsafe(no_mangle)]
+static LAT_STACK_AT_ENTRY: Global<u32> = Global::new(0);
 
 /// Histograms of every quantity, per CPU.
 #[map]
@@ -812,6 +817,10 @@ fn try_sample(ctx: &PerfEventContext) -> Option<()> {
 /// Each task's traced-function state (LRU: exited tasks age out).
 #[map]
 static LAT_FUNC_STATE: LruHashMap<u32, FuncState> = LruHashMap::with_max_entries(32768, 0);
+/// With LAT_STACK_AT_ENTRY: each task's stack id at the entry of the call in progress, per slot
+/// (as bounded as LAT_FUNC_STATE, and aged out the same way).
+#[map]
+static LAT_FUNC_ENTRY_STACKS: LruHashMap<u32, [i64; MAX_FUNCS]> = LruHashMap::with_max_entries(32768, 0);
 /// One all-zero FuncState to insert from (too big for the stack next to everything else).
 #[map]
 static LAT_FUNC_ZERO: Array<FuncState> = Array::with_max_entries(1, 0);
@@ -858,8 +867,45 @@ fn func_entry(slot: usize) -> u32 {
     0
 }
 
+/// Keeps the stack at a kprobe entry, where the return's would end at the trampoline.
 #[inline(always)]
-fn func_exit<C: StackIdContext>(ctx: &C, slot: usize) -> u32 {
+fn keep_entry_stack(ctx: &ProbeContext, slot: usize) {
+    if LAT_STACK_AT_ENTRY.load() == 0 {
+        return;
+    }
+    let pid = current_pid();
+    let stacks = match LAT_FUNC_ENTRY_STACKS.get_ptr_mut(pid) {
+        Some(stacks) => stacks,
+        None => {
+            let _ = LAT_FUNC_ENTRY_STACKS.insert(pid, [0; MAX_FUNCS], 0);
+            match LAT_FUNC_ENTRY_STACKS.get_ptr_mut(pid) {
+                Some(stacks) => stacks,
+                None => {
+                    count(Counter::StackErrors);
+                    return;
+                }
+            }
+        }
+    };
+    if let Some(id) = unsafe { (*stacks).get_mut(slot) } {
+        *id = stack_id(ctx);
+    }
+}
+
+/// The stack a kretprobe's spike shows: the one kept at entry where the return's ends at the
+/// trampoline (ENOENT when none was kept), else its own.
+#[inline(always)]
+fn return_stack_id(ctx: &RetProbeContext, slot: usize) -> i64 {
+    if LAT_STACK_AT_ENTRY.load() == 0 {
+        return stack_id(ctx);
+    }
+    const ENOENT: i64 = 2;
+    let kept = unsafe { LAT_FUNC_ENTRY_STACKS.get(current_pid()) }.and_then(|stacks| stacks.get(slot).copied());
+    kept.unwrap_or(-ENOENT)
+}
+
+#[inline(always)]
+fn func_exit<C: StackIdContext>(ctx: &C, slot: usize, stack: impl FnOnce(&C) -> i64) -> u32 {
     let pid = current_pid();
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(state) = LAT_FUNC_STATE.get_ptr_mut(pid) else { return 0 };
@@ -881,13 +927,13 @@ fn func_exit<C: StackIdContext>(ctx: &C, slot: usize) -> u32 {
     let over = duration_ns > threshold_ns();
     record(1 + slot as u32, duration_ns, over);
     if over && stream_spikes() {
-        emit_func_spike(ctx, slot, pid, entry_ns, duration_ns);
+        emit_func_spike(stack(ctx), slot, pid, entry_ns, duration_ns);
     }
     0
 }
 
 #[inline(always)]
-fn emit_func_spike<C: StackIdContext>(ctx: &C, slot: usize, pid: u32, entry_ns: u64, duration_ns: u64) {
+fn emit_func_spike(stack_id: i64, slot: usize, pid: u32, entry_ns: u64, duration_ns: u64) {
     let Some(mut entry) = LAT_FUNC_SPIKES.reserve::<FuncSpike>(0) else {
         count(Counter::LostFuncSpikes);
         return;
@@ -900,7 +946,7 @@ fn emit_func_spike<C: StackIdContext>(ctx: &C, slot: usize, pid: u32, entry_ns: 
     spike.entry_ns = entry_ns;
     spike.duration_ns = duration_ns;
     spike.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    spike.stack_id = stack_id(ctx);
+    spike.stack_id = stack_id;
     current_syscall(&mut spike.syscall);
     entry.submit(0);
 }
@@ -916,17 +962,18 @@ macro_rules! function_slots {
 
             #[fexit]
             pub fn $exit(ctx: FExitContext) -> u32 {
-                func_exit(&ctx, $slot)
+                func_exit(&ctx, $slot, stack_id)
             }
 
             #[kprobe]
-            pub fn $kprobe(_ctx: ProbeContext) -> u32 {
+            pub fn $kprobe(ctx: ProbeContext) -> u32 {
+                keep_entry_stack(&ctx, $slot);
                 func_entry($slot)
             }
 
             #[kretprobe]
             pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
-                func_exit(&ctx, $slot)
+                func_exit(&ctx, $slot, |ctx| return_stack_id(ctx, $slot))
             }
         )*
         const _: () = assert!([$($slot),*].len() == MAX_FUNCS);

@@ -30,7 +30,10 @@ use mm_probe_common::thp::{
 
 use crate::kernel::{
     btf_read, bump, current_tgid,
-    offsets::{OFF_MM_STRUCT_FLAGS, OFF_TASK_STRUCT_MM, OFF_VMA_VM_END, OFF_VMA_VM_MM, OFF_VMA_VM_START},
+    offsets::{
+        OFF_MM_OWNER, OFF_MM_STRUCT_FLAGS, OFF_TASK_STRUCT_MM, OFF_TASK_STRUCT_TGID, OFF_VMA_VM_END, OFF_VMA_VM_MM,
+        OFF_VMA_VM_START,
+    },
     read_at, tp_field,
 };
 
@@ -407,13 +410,31 @@ pub fn thp_scan_file(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Whether `mm`, met before anything learned the target's mm, is the target's by its owner
+/// (mm->owner, with memcg): learned so when it is. A target that does not fault during the run
+/// is otherwise learned only by the mmap_lock tracepoint (5.11+): whose memory a scan is comes
+/// from the memory.
+#[inline(always)]
+fn owned_by_target(mm: u64) -> bool {
+    if target_mm() != 0 {
+        return false;
+    }
+    let owner: u64 = read_at(mm, OFF_MM_OWNER.load()).unwrap_or(0);
+    let tgid = read_at::<u32>(owner, OFF_TASK_STRUCT_TGID.load()).unwrap_or(0);
+    let target = tgid != 0 && tgid == THP_TARGET_TGID.load();
+    if target {
+        remember_mm(MmSlot::Target, mm);
+    }
+    target
+}
+
 /// Counts one scan result on the target's mm by its raw number; other mms only in a counter.
 /// khugepaged is a kernel thread (no mm); a scan in a process's own context is its
 /// madvise(MADV_COLLAPSE).
 #[inline(always)]
 fn count_scan(ctx: &TracePointContext, path: ScanPath, mm_offset: &Global<u32>, result_offset: &Global<u32>) {
     let Some(mm) = tp_field::<u64>(ctx, mm_offset) else { return };
-    if mm == 0 || mm != target_mm() {
+    if mm == 0 || (mm != target_mm() && !owned_by_target(mm)) {
         count(Counter::OtherMmScans);
         return;
     }

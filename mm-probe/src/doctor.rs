@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::{
     capability::CapabilityId,
     cli::DoctorArgs,
+    invalidations,
     kernel::{Kernel, btf::VMLINUX_BTF, layout::Layout, privileges, tracefs},
     probes::{AttachFailure, Attempt, MapFamily, Outcome, Plan, Planner, ProbePlan, load_object},
     report::{
@@ -15,6 +16,7 @@ use crate::{
         text::{self, Columns, wrap},
     },
     selftest::{self, TypeCheck},
+    thp_why,
 };
 
 #[derive(Debug, Serialize)]
@@ -84,9 +86,14 @@ pub fn examine() -> Result<Report> {
     for capability in CapabilityId::ALL {
         // A fresh object per capability: the plan is what that capability would get alone.
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
-        let mut plan = planner.attach_all(&mut ebpf, capability.catalog());
+        let mut plan = match capability {
+            // The allow-check is not tried where its calls cannot be decoded (before 6.0).
+            CapabilityId::Thp => thp_why::live::attach_catalog(&kernel, &mut ebpf, capability.catalog()),
+            _ => planner.attach_all(&mut ebpf, capability.catalog()),
+        };
         if *capability == CapabilityId::Invalidations {
-            plan.probes.push(subscriber_callbacks(&program_types));
+            let refused = invalidations::probes::runtime_allocation_unsafe(&kernel);
+            plan.probes.push(subscriber_callbacks(&program_types, refused));
         }
         capabilities.push((capability.command().to_string(), plan));
     }
@@ -97,10 +104,18 @@ pub fn examine() -> Result<Report> {
 /// kretprobe on each callback function of the watched memory's subscribers, which it finds at
 /// run time in the kernel's subscription lists: no catalog names them, so nothing can be tried
 /// on them here. Whether they will be timed is whether kprobes and kretprobes attach, which the
-/// program-type check has just tried for real.
-fn subscriber_callbacks(types: &[TypeCheck]) -> ProbePlan {
+/// program-type check has just tried for real, and whether this kernel lets their run-time
+/// allocated table be used from a kprobe (`refused` says why not).
+fn subscriber_callbacks(types: &[TypeCheck], refused: Option<String>) -> ProbePlan {
     const TARGET: &str = "each subscriber callback";
-    let mut failed_attempts: Vec<Attempt> = Vec::new();
+    let mut failed_attempts: Vec<Attempt> = refused
+        .map(|why| Attempt {
+            mechanism: "kprobe+kretprobe".into(),
+            target: TARGET.into(),
+            reason: AttachFailure::Other(why),
+        })
+        .into_iter()
+        .collect();
     for check in types.iter().filter(|t| ["kprobe", "kretprobe"].contains(&t.program_type) && !t.attached) {
         let reason = check.failures.last().cloned().unwrap_or_else(|| AttachFailure::Other("did not attach".into()));
         match failed_attempts.iter_mut().find(|a| a.reason == reason) {
@@ -440,14 +455,18 @@ mod tests {
             type_check("kretprobe", vec![AttachFailure::KprobesNotBuiltIn]),
             type_check("tracepoint", Vec::new()),
         ];
-        let row = subscriber_callbacks(&without);
+        let row = subscriber_callbacks(&without, None);
         assert!(!row.attached());
         assert_eq!(row.failed_attempts.len(), 1, "{row:?}");
         assert_eq!(row.failed_attempts[0].mechanism, "kprobe+kretprobe");
         assert_eq!(row.failed_attempts[0].reason, AttachFailure::KprobesNotBuiltIn);
         let with = [type_check("kprobe", Vec::new()), type_check("kretprobe", Vec::new())];
-        let row = subscriber_callbacks(&with);
+        let row = subscriber_callbacks(&with, None);
         assert_eq!(row.mechanism(), Some("kprobe+kretprobe"), "{row:?}");
+        // Before 6.1 the kprobes attach, but their run-time allocated table would warn: refused.
+        let row = subscriber_callbacks(&with, Some("no BPF memory allocator".into()));
+        assert!(!row.attached(), "{row:?}");
+        assert_eq!(row.failed_attempts[0].reason, AttachFailure::Other("no BPF memory allocator".into()));
     }
 
     /// Every capability's table puts its columns in the same place, and a probe name too long

@@ -460,6 +460,15 @@ fn mirror_callback<'a>(driver: &Value, summary: &'a Value) -> &'a Value {
     row
 }
 
+/// The tool's statement that this kernel cannot have callbacks timed safely (before 6.1 a kprobe
+/// with a run-time allocated map raises a kernel WARNING), if it made one.
+fn callbacks_refused_by_kernel(line: &Value) -> Option<String> {
+    let statements = line["observability"]["statements"].as_array()?;
+    let refused =
+        |s: &&str| s.starts_with("subscriber callbacks are not timed") && s.contains("no BPF memory allocator");
+    statements.iter().filter_map(Value::as_str).find(refused).map(str::to_string)
+}
+
 fn amplification_level(summary: &Value) -> String {
     let metric =
         summary["verdict"]["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "amplification").unwrap();
@@ -483,6 +492,11 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     let fixed: Vec<&str> =
         storm.iter().copied().chain(["--flush-fixed-us", "100", "--device-hold-us", "1000"]).collect();
     let (driver, summary) = traced_workload("hmm_storm", &fixed, &[]);
+    if let Some(why) = callbacks_refused_by_kernel(&summary) {
+        assert_eq!(summary["callbacks_observable"], false, "{summary}");
+        eprintln!("skipped, as the tool says: {why}");
+        return;
+    }
     assert_eq!(summary["callbacks_observable"], true, "kprobes on the matrix kernels");
     let row = mirror_callback(&driver, &summary);
     assert!(row["mean_ns"].as_f64().unwrap() >= 100_000.0, "the flush alone takes 100 µs: {row}");
@@ -492,7 +506,33 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     assert!(fit["amplification"].as_f64().unwrap() > 10.0, "{fit}");
     assert_ne!(amplification_level(&summary), "OK", "{}", summary["verdict"]["metrics"]);
     assert!(causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["verdict"]["advice"]);
-    // The device thread's holds: the callback's waits on the device lock are the driver's.
+    device_lock_waits_are_the_callbacks(&driver, &summary, row);
+
+    // 40 µs a page: under emulation the callback's own fixed cost (the probes' traps, the lock,
+    // the bookkeeping) came out at 30 to 125 µs, and the free-running guest clock adds jumps of
+    // its own; a cheaper per-page flush would not dominate that.
+    let per_page: Vec<&str> = storm.iter().copied().chain(["--flush-per-page-ns", "40000"]).collect();
+    let (driver, summary) = traced_workload("hmm_storm", &per_page, &[]);
+    let row = mirror_callback(&driver, &summary);
+    let fit = &row["fit"];
+    assert!(fit["per_page_ns"].as_f64().unwrap() >= 20_000.0, "about 40 µs a page: {fit}");
+    assert!(fit["amplification"].as_f64().unwrap() < 10.0, "a per-page cost is not amplified: {fit}");
+    assert_eq!(amplification_level(&summary), "OK", "{}", summary["verdict"]["metrics"]);
+    assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["verdict"]["advice"]);
+}
+
+/// The device thread's holds: the callback's waits on the device lock are the driver's. Before
+/// 5.19 no kernel has the lock contention tracepoints: there the tool must say the waits cannot
+/// be measured, and leave the callback's wait time null rather than 0.
+fn device_lock_waits_are_the_callbacks(driver: &Value, summary: &Value, row: &Value) {
+    if summary["lock_waits_observable"] == false {
+        let statements = summary["observability"]["statements"].as_array().unwrap();
+        let said = statements.iter().any(|s| s.as_str().unwrap().starts_with("lock contention is not observable"));
+        assert!(said, "the plan says why lock waits are not measured: {statements:?}");
+        assert_eq!(row["lock_wait_ns"], Value::Null, "{row}");
+        eprintln!("the device lock's waits are not checked: lock contention is not observable on this kernel");
+        return;
+    }
     let device_lock = summary["locks"].as_array().unwrap().iter().find(|l| {
         l["paths"].as_array().unwrap().iter().any(|p| p["in_notifier"] == true && p["caller"] == "mirror_invalidate")
     });
@@ -508,18 +548,6 @@ fn a_device_flush_in_the_callback_is_timed_per_subscriber_and_a_fixed_one_is_amp
     assert!(waited_in_callback <= u(&driver["device_lock_waits"]), "{waited_in_callback} vs {driver}");
     // Those waits are the callback's time, left out of its fit: the fixed cost is the flush's.
     assert!(u(&row["lock_wait_ns"]) >= in_callback("wait_ns"), "{row}");
-
-    // 40 µs a page: under emulation the callback's own fixed cost (the probes' traps, the lock,
-    // the bookkeeping) came out at 30 to 125 µs, and the free-running guest clock adds jumps of
-    // its own; a cheaper per-page flush would not dominate that.
-    let per_page: Vec<&str> = storm.iter().copied().chain(["--flush-per-page-ns", "40000"]).collect();
-    let (driver, summary) = traced_workload("hmm_storm", &per_page, &[]);
-    let row = mirror_callback(&driver, &summary);
-    let fit = &row["fit"];
-    assert!(fit["per_page_ns"].as_f64().unwrap() >= 20_000.0, "about 40 µs a page: {fit}");
-    assert!(fit["amplification"].as_f64().unwrap() < 10.0, "a per-page cost is not amplified: {fit}");
-    assert_eq!(amplification_level(&summary), "OK", "{}", summary["verdict"]["metrics"]);
-    assert!(!causes(&summary).contains(&"device-flush amplification".to_string()), "{}", summary["verdict"]["advice"]);
 }
 
 /// A workload started with `--wait`: it has printed its pid and waits for a line.
@@ -622,6 +650,13 @@ fn a_callback_in_no_name_table_is_found_in_the_kernel_timed_and_named_by_symbol_
     let stderr = lines_of(tool.stderr.take().expect("piped stderr"), true);
     let plan = common::tool_line(&stdout.recv_timeout(Duration::from_secs(90)).expect("a plan line"));
     assert_eq!(plan["type"], "probe_plan", "{plan}");
+    if let Some(why) = callbacks_refused_by_kernel(&plan) {
+        assert_eq!(plan["observability"]["callbacks"], false, "{plan}");
+        eprintln!("skipped, as the tool says: {why}");
+        let _ = (tool.kill(), tool.wait());
+        let _ = (first.run(), second.run());
+        return;
+    }
     assert_eq!(plan["observability"]["callbacks"], true, "kprobes on the matrix kernels: {plan}");
 
     let walked = first.run();

@@ -328,6 +328,19 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
     let tracing = Tracing::start(&["--func", "cpu_hog_hold", "--threshold", "10ms", "--top", "20"]);
     assert!(check_function_plan(&tracing, "cpu_hog_hold"));
     eprintln!("cpu_hog_hold attached by {}", tracing.function("cpu_hog_hold")["mechanism"]);
+    // Before 5.15 (no bpf_task_pt_regs) no syscall is read, and the plan says so.
+    let syscalls = &tracing.plan["syscall_attribution"];
+    let syscalls_read = syscalls["available"] == true;
+    if !syscalls_read {
+        eprintln!("syscalls are not checked: {}", syscalls["reason"]);
+    }
+    let assert_write = |line: &Value| {
+        if syscalls_read {
+            assert_eq!(line["syscall"]["name"], "write", "{line}");
+        } else {
+            assert_eq!(line["syscall"], Value::Null, "no syscall is made up: {line}");
+        }
+    };
     // The waker shares CPU 0 with the holds: each hold delays one of its wakeups.
     let waker =
         std::thread::spawn(|| run_waker(&["--prio", "90", "--period-us", "2000", "--loops", "800", "--cpu", "0"]));
@@ -366,10 +379,12 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
         assert!(call["duration_ns"].as_u64().unwrap() >= HOLD_US * 1000, "{call}");
         assert!(has_frame(&call["stack"], "cpu_hog_write"), "the caller must be on the stack: {call}");
         assert!(has_frame(&call["stack"], "vfs_write"), "{call}");
-        assert_eq!(call["syscall"]["name"], "write", "{call}");
+        assert_write(call);
         // write(fd, buf, count): the arguments come from the writer's saved user registers,
         // read when the call returned.
-        assert_eq!(call["syscall"]["args"][2], HOLD_US.to_string().len(), "write's byte count: {call}");
+        if syscalls_read {
+            assert_eq!(call["syscall"]["args"][2], HOLD_US.to_string().len(), "write's byte count: {call}");
+        }
     }
 
     // The wakeup spikes: the waker waited on the writer, which was inside cpu_hog_hold, and the
@@ -384,7 +399,7 @@ fn a_function_made_slow_shows_in_its_histogram_and_as_spikes_with_its_stack() {
         assert_eq!(spike["held_by"]["pid"], writer_tid, "{spike}");
         assert_eq!(spike["stack_of"]["pid"], writer_tid, "{spike}");
         assert!(has_frame(&spike["stack"], "cpu_hog_hold"), "the hold must be on the writer's stack: {spike}");
-        assert_eq!(spike["syscall"]["name"], "write", "{spike}");
+        assert_write(spike);
         let explanation = spike["explanation"].as_str().unwrap();
         assert!(explanation.contains("cpu_hog_writer"), "{explanation}");
         if spike["prev"]["pid"] == writer_tid {

@@ -95,13 +95,22 @@ fn words(table: &[(u32, OpsMember)]) -> u64 {
     words.fold(0, |bits, word| bits | 1 << word)
 }
 
-/// The globals that tell the kernel side which words of each ops table to read.
-pub fn settings(kernel: &Kernel) -> [(&'static str, GlobalValue); 2] {
+/// The globals that tell the kernel side which words of each ops table to read, and how its
+/// callback kprobe learns which callback it is in.
+pub fn settings(kernel: &Kernel) -> [(&'static str, GlobalValue); 3] {
     let members = OpsMembers::of(kernel);
     [
         (names::NOTIFIER_OPS_WORDS, GlobalValue::U64(words(&members.notifier))),
         (names::INTERVAL_OPS_WORDS, GlobalValue::U64(words(&members.interval))),
+        (names::FUNC_IP_FROM_REGS, GlobalValue::U32(u32::from(!has_func_ip_helper(kernel)))),
     ]
+}
+
+/// Whether this kernel has bpf_get_func_ip(): its BTF names every helper it knows in
+/// `enum bpf_func_id`. Without readable BTF the helper is assumed: a wrong guess fails that one
+/// program's load, and the plan says so.
+fn has_func_ip_helper(kernel: &Kernel) -> bool {
+    kernel.btf().map_or(true, |btf| btf.enumerator("BPF_FUNC_get_func_ip").is_some())
 }
 
 /// The callbacks timed so far and those passed over; polled once per tick of the run loop.

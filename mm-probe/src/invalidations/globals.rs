@@ -66,7 +66,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         let found = root.as_deref().and_then(|r| tracefs::field_offset(r, category, event, field));
         GlobalValue::U32(found.unwrap_or(default))
     };
-    let [notifier_ops, interval_ops] = callbacks::settings(kernel);
+    let [notifier_ops, interval_ops, func_ip] = callbacks::settings(kernel);
     vec![
         (names::FILTER_TGIDS, GlobalValue::U32(u32::from(!pids.is_empty()))),
         (names::KVM_RANGE_START_FN, GlobalValue::U64(kvm_start.unwrap_or(0))),
@@ -76,6 +76,7 @@ pub fn settings(kernel: &Kernel, pids: &[u32]) -> Vec<(&'static str, GlobalValue
         (names::KVM_END_OFFSET, offset("kvm", "kvm_unmap_hva_range", "end", 16)),
         notifier_ops,
         interval_ops,
+        func_ip,
         (names::OTHERS_MEMORY_SYSCALLS_GLOBAL, GlobalValue::Bits(others_memory_syscalls())),
     ]
     .into_iter()

@@ -223,6 +223,9 @@ pub fn attach_callbacks(kernel: &Kernel, ebpf: &mut Ebpf) -> CallbackPlan {
     if !kprobes_available() {
         return CallbackPlan { why_not: Some("this kernel has no kprobes".into()), ..CallbackPlan::default() };
     }
+    if let Some(why) = runtime_allocation_unsafe(kernel) {
+        return CallbackPlan { why_not: Some(why), ..CallbackPlan::default() };
+    }
     let Ok(kallsyms) = kernel.kallsyms() else {
         return CallbackPlan { why_not: Some("/proc/kallsyms is unreadable".into()), ..CallbackPlan::default() };
     };
@@ -242,6 +245,20 @@ pub fn attach_callbacks(kernel: &Kernel, ebpf: &mut Ebpf) -> CallbackPlan {
         plan.why_not = Some(failures.join("; "));
     }
     plan
+}
+
+/// Why the timing kprobes must not load here. Their per-callback table is allocated as calls
+/// come (a preallocated one would reserve several KiB per CPU for every possible callback), and
+/// a kernel without the BPF memory allocator (`struct bpf_mem_alloc` in BTF, 6.1+) refuses such
+/// a map in a kprobe program when it is PREEMPT_RT, and otherwise loads it with a kernel
+/// WARNING, which panic_on_warn turns into a crash.
+pub fn runtime_allocation_unsafe(kernel: &Kernel) -> Option<String> {
+    let safe = kernel.btf().is_ok_and(|btf| btf.has_type("bpf_mem_alloc"));
+    (!safe).then(|| {
+        "this kernel has no BPF memory allocator (6.1+): a kprobe with a run-time allocated map would raise a \
+         kernel WARNING (refused on PREEMPT_RT), so callbacks are not timed"
+            .into()
+    })
 }
 
 /// Times `function` (at `address`), whose refusal is a `returns`.

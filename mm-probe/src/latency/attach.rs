@@ -63,13 +63,14 @@ pub fn check_functions_exist(kernel: &Kernel, options: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Globals: threshold, selection, syscall reading (`syscall_attribution`), and the tracepoint
-/// field offsets of this kernel.
-pub fn settings(options: &Options, syscalls: &Availability) -> Vec<(&'static str, GlobalValue)> {
+/// Globals: threshold, selection, syscall reading (`syscall_attribution`), where function
+/// stacks are taken, and the tracepoint field offsets of this kernel.
+pub fn settings(options: &Options, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
     let mut settings = vec![
         (names::THRESHOLD_NS, GlobalValue::U64(options.threshold_ns)),
         (names::FILTER_MODE, GlobalValue::U32(options.filter)),
-        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscalls.available))),
+        (names::SYSCALL_FROM_REGS, GlobalValue::U32(u32::from(syscall_attribution(kernel).available))),
+        (names::STACK_AT_ENTRY, GlobalValue::U32(u32::from(return_stacks_end_at_trampoline(kernel)))),
         (names::OWN_TGID, GlobalValue::U32(std::process::id())),
     ];
     let Ok(root) = tracefs::root() else { return settings };
@@ -305,6 +306,13 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
 }
 
 /// Whether a blocker's syscall can be read from its saved user registers.
+/// Whether a kretprobe's stack ends at the kretprobe trampoline. Before 5.15 the unwinder does
+/// not step over it; the series that taught it to also renamed the trampoline
+/// `__kretprobe_trampoline`, so the old name in kallsyms says which kernel this is.
+fn return_stacks_end_at_trampoline(kernel: &Kernel) -> bool {
+    kernel.kallsyms().is_ok_and(|k| k.address_of("kretprobe_trampoline").is_some())
+}
+
 pub fn syscall_attribution(kernel: &Kernel) -> Availability {
     let reason = kernel.registers_unreadable();
     Availability { available: reason.is_none(), reason }

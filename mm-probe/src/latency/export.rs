@@ -17,10 +17,7 @@ use mm_probe_common::latency::{self as names, SUB_BUCKETS};
 
 use super::{
     aggregator::Distribution,
-    attach::{
-        Attachment, FunctionPlan, REQUIRED_PROBES, attach_probes, check_functions_exist, select_pids, settings,
-        syscall_attribution,
-    },
+    attach::{Attachment, FunctionPlan, REQUIRED_PROBES, attach_probes, check_functions_exist, select_pids, settings},
     judge,
     options::Options,
     run::{counter, read_totals},
@@ -68,7 +65,7 @@ impl Slice for LatencySlice {
     }
 
     fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-        let mut settings = settings(&self.options, &syscall_attribution(kernel));
+        let mut settings = settings(&self.options, kernel);
         settings.push((names::STREAM_SPIKES, GlobalValue::U32(0)));
         settings
     }

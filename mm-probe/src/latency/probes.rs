@@ -93,9 +93,12 @@ macro_rules! slot_hooks {
                     Hook { mechanism: Mechanism::Fentry, program: concat!("lat_func_entry_", $slot) },
                     Hook { mechanism: Mechanism::Fexit, program: concat!("lat_func_exit_", $slot) },
                 ],
+                // The kretprobe first: before 5.15 kprobes at one address run newest first and
+                // the unwinder stops at the kretprobe trampoline, so the entry, which then keeps
+                // the stack, must run before the kretprobe replaces the return address.
                 [
-                    Hook { mechanism: Mechanism::Kprobe, program: concat!("lat_func_kprobe_", $slot) },
                     Hook { mechanism: Mechanism::Kretprobe, program: concat!("lat_func_kretprobe_", $slot) },
+                    Hook { mechanism: Mechanism::Kprobe, program: concat!("lat_func_kprobe_", $slot) },
                 ],
             ]
         ),*]
@@ -159,11 +162,11 @@ mod tests {
         let a = function_probe(1, "zap_pte_range");
         let b = function_probe(2, "zap_pte_range");
         assert_eq!(a.candidates[0].hooks[0].program, "lat_func_entry_1");
-        assert_eq!(a.candidates[1].hooks[1].program, "lat_func_kretprobe_1");
+        assert_eq!(a.candidates[1].hooks[0].program, "lat_func_kretprobe_1", "the return attaches first");
         assert_eq!(b.candidates[0].hooks[1].program, "lat_func_exit_2");
         assert_eq!(a.candidates[0].label(), "fentry+fexit");
         assert_eq!(a.candidates[1].label(), "kprobe+kretprobe");
         assert_eq!(function_probe(0, DEFAULT_FUNCTION).name, DEFAULT_FUNCTION);
-        assert_eq!(SLOT_HOOKS[7][1][0].program, "lat_func_kprobe_7");
+        assert_eq!(SLOT_HOOKS[7][1][1].program, "lat_func_kprobe_7");
     }
 }

@@ -63,7 +63,7 @@ impl Capability for Latency {
     }
 
     fn settings(&self, kernel: &Kernel) -> Vec<(&'static str, GlobalValue)> {
-        settings(&self.options, &syscall_attribution(kernel))
+        settings(&self.options, kernel)
     }
 
     fn attach(&self, kernel: &Kernel, ebpf: &mut Ebpf) -> Result<Watch> {

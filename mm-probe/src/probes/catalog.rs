@@ -32,6 +32,11 @@ impl Mechanism {
         }
     }
 
+    /// Runs at a function's return.
+    pub fn is_return(self) -> bool {
+        matches!(self, Mechanism::Fexit | Mechanism::Kretprobe)
+    }
+
     /// Function probes need a kernel function symbol; the others attach to trace events.
     pub fn is_function_probe(self) -> bool {
         matches!(self, Mechanism::Fentry | Mechanism::Fexit | Mechanism::Kprobe | Mechanism::Kretprobe)
@@ -129,9 +134,11 @@ pub struct Candidate {
 }
 
 impl Candidate {
-    /// "fentry+fexit", "kprobe+kretprobe", "tracepoint".
+    /// "fentry+fexit", "kprobe+kretprobe", "tracepoint": the entry first, whichever attaches
+    /// first (the hooks' order).
     pub fn label(&self) -> String {
-        self.hooks.iter().map(|h| h.mechanism.name()).collect::<Vec<_>>().join("+")
+        let (returns, entries): (Vec<&Hook>, Vec<&Hook>) = self.hooks.iter().partition(|h| h.mechanism.is_return());
+        entries.iter().chain(&returns).map(|h| h.mechanism.name()).collect::<Vec<_>>().join("+")
     }
 }
 

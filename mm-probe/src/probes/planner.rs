@@ -134,7 +134,7 @@ impl<'k> Planner<'k> {
         ProbePlan { probe: probe.name, purpose: probe.purpose, outcome: Outcome::Unavailable, failed_attempts }
     }
 
-    /// Attaches every hook of `candidate` to `target`, or none of them.
+    /// Attaches every hook of `candidate` to `target` in the order listed, or none of them.
     fn attach_candidate(
         &self,
         ebpf: &mut Ebpf,

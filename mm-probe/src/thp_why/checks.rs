@@ -287,6 +287,22 @@ impl AllowCheck {
     pub fn of(kernel: &Kernel) -> Self {
         kernel.btf().ok().and_then(|btf| Self::from_btf(&btf)).unwrap_or_else(|| Self::from_release(&kernel.release))
     }
+
+    /// Why this kernel's checks cannot be counted: before 6.0 no one out-of-line function takes
+    /// the caller's arguments (the fault path and smaps use inline helpers, and 5.x's
+    /// `hugepage_vma_check(vma, vm_flags)` is khugepaged's own). Told by BTF, which then has
+    /// neither prototype, else by the release. The refusal order still models the judgement.
+    pub fn uncountable(kernel: &Kernel) -> Option<String> {
+        let countable = match kernel.btf() {
+            Ok(btf) => Self::from_btf(&btf).is_some(),
+            Err(_) => kernel.release.at_least(6, 0),
+        };
+        (!countable).then(|| {
+            "this kernel has no single allow-check with its caller's arguments (6.0+; before, inline helpers and \
+             khugepaged's own hugepage_vma_check): eligibility is derived from /proc and sysfs, not counted"
+                .into()
+        })
+    }
 }
 
 /// Which bits of mm->flags mean what: from BTF, else from the release (6.18 split them).

@@ -20,7 +20,7 @@ use crate::{
     capability::CapabilityId,
     exporter::scrape::{Attached, Choice, Reader, Series, Slice, Snapshot, Source, catalog_programs},
     kernel::{Kernel, layout::ThpDisableBits},
-    probes::{GlobalValue, Planner},
+    probes::GlobalValue,
 };
 
 /// How this kernel's allow-check names its caller and which mm->flags bits disable THP.
@@ -60,7 +60,7 @@ impl Slice for ThpSlice {
         let (allow_check, bits) = self.decoding.into_inner().unwrap_or_else(|| thp_allow_check(kernel));
         // Only the allow-check: the faults, prctl and mmap_lock probes serve one target process.
         let probes = [ALLOW_CHECK];
-        let plan = Planner::new(kernel).attach_all(ebpf, &probes);
+        let plan = live::attach_catalog(kernel, ebpf, &probes);
         let attached = Attached { capability: CapabilityId::Thp, plan, programs: catalog_programs(&probes) };
         let checks_seen = attached.plan.probes.iter().any(|p| p.attached());
         Ok(Source { attached, reader: Box::new(ThpReader { checks_seen, allow_check, bits }) })

@@ -69,7 +69,7 @@ impl ThpWhy {
     fn examination<'k>(&self, kernel: &'k Kernel, live: Option<Live>, live_skipped: Option<String>) -> Examination<'k> {
         let allow_check = AllowCheck::of(kernel);
         let mut notes = self.target.notes.clone();
-        if allow_check.decided_from == DecidedFrom::Release {
+        if allow_check.decided_from == DecidedFrom::Release && kernel.btf().is_err() {
             notes.push(format!(
                 "no BTF for {}: the allow-check's arguments are assumed from the release number",
                 allow_check.function
@@ -180,9 +180,14 @@ impl Examination<'_> {
         let start = self.start.take().context("the start of the run was not read")?;
         let end = self.finish.take().context("the end of the run was not read")?;
         let status = self.target.proc.status().ok();
-        let kernel_seen = end.seen.or(self.target_mm.filter(|s| s.mm != 0)).or(start.seen);
         // Without THP in the kernel THP_enabled prints 0 for every process: it says nothing.
         let status_thp_enabled = status.and_then(|s| s.thp_enabled).filter(|_| end.policy.thp_built_in);
+        // A kernel read at the end is current. One from earlier (the programs learning the target's
+        // mm, or the start) predates any prctl made since, which /proc/PID/status, read now, has
+        // seen: it stands in only where status does not answer (before 5.11 no mmap_lock
+        // tracepoint reads the flags at the end).
+        let earlier = self.target_mm.filter(|s| s.mm != 0).or(start.seen);
+        let kernel_seen = end.seen.or(earlier.filter(|_| status_thp_enabled.is_none()));
         let disable = disable_facts(
             kernel_seen,
             status_thp_enabled,

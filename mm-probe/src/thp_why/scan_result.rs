@@ -2,13 +2,12 @@
 //! kernel and what each one means for the process.
 //!
 //! The numbering moves between versions (6.1 added SCAN_PMD_NONE, SCAN_PMD_MAPPED and
-//! SCAN_PTE_MAPPED_HUGEPAGE; 6.18 removed SCAN_PAGE_RO and shifted every later value; 7.2 merged
-//! SCAN_PMD_NULL and SCAN_PMD_NONE and added two), so a raw
-//! result is never decoded by number: the names come from the kernel's BTF (`enum scan_result`),
-//! else from the scan tracepoint's own `__print_symbolic` table in tracefs. The meanings below
-//! are keyed by name and were read from mm/khugepaged.c of 6.1, 6.12 and 6.18 and the 7.2 build's
-//! BTF
-//! (docs/kernel-facts.md#khugepaged).
+//! SCAN_PTE_MAPPED_HUGEPAGE and had dropped 5.10's SCAN_SWAP_CACHE_PAGE; 6.18 removed
+//! SCAN_PAGE_RO and shifted every later value; 7.2 merged SCAN_PMD_NULL and SCAN_PMD_NONE and
+//! added two), so a raw result is never decoded by number: the names come from the kernel's BTF
+//! (`enum scan_result`), else from the scan tracepoint's own `__print_symbolic` table in tracefs.
+//! The meanings below are keyed by name and were read from mm/khugepaged.c of 5.10, 6.1, 6.12
+//! and 6.18 and the 7.2 build's BTF (docs/kernel-facts.md#khugepaged).
 
 use std::collections::BTreeMap;
 
@@ -246,6 +245,12 @@ pub const MEANINGS: &[Meaning] = &[
         "the 2 MiB-aligned range does not fit inside the region",
         "align the region to 2 MiB and make it at least 2 MiB",
     ),
+    failed(
+        "swap_cache_page",
+        "page_swap_cache",
+        "a page mapped read-only is still in the swap cache and in use there (5.x kernels)",
+        "transient after swap-in: writing to the region, or less memory pressure, lets a later scan collapse it",
+    ),
     failed("del_page_lru", "could_not_delete_page_from_lru", "a page could not be taken off its LRU list", ""),
     failed(
         "alloc_huge_page_fail",
@@ -320,6 +325,21 @@ pub(crate) mod tests {
         "SCAN_PAGE_HAS_PRIVATE",
         "SCAN_STORE_FAILED",
     ];
+    /// 5.10.262 (Debian 11, BTF of its build): no SCAN_PMD_NONE, SCAN_PMD_MAPPED,
+    /// SCAN_PTE_MAPPED_HUGEPAGE or SCAN_STORE_FAILED; SCAN_SWAP_CACHE_PAGE after
+    /// SCAN_ADDRESS_RANGE.
+    pub(crate) fn scan_result_5_10() -> Vec<&'static str> {
+        let newer = ["SCAN_PMD_NONE", "SCAN_PMD_MAPPED", "SCAN_PTE_MAPPED_HUGEPAGE", "SCAN_STORE_FAILED"];
+        let mut names: Vec<&str> = Vec::new();
+        for &name in SCAN_RESULT_6_1.iter().filter(|name| !newer.contains(name)) {
+            names.push(name);
+            if name == "SCAN_ADDRESS_RANGE" {
+                names.push("SCAN_SWAP_CACHE_PAGE");
+            }
+        }
+        names
+    }
+
     /// 6.12.118: 6.1's, then SCAN_COPY_MC and SCAN_PAGE_FILLED.
     pub(crate) fn scan_result_6_12() -> Vec<&'static str> {
         [SCAN_RESULT_6_1, &["SCAN_COPY_MC", "SCAN_PAGE_FILLED"]].concat()
@@ -376,12 +396,20 @@ pub(crate) mod tests {
         assert_eq!([1, 2, 3, 4].map(|v| v7_2.name(v)), ["succeed", "no_pte_table", "pmd_mapped", "exceed_none_pte"]);
         assert_eq!((v7_2.name(17).as_str(), v7_2.name(24).as_str()), ("page_lazyfree", "alloc_huge_page_fail"));
         assert_eq!(v7_2.name(31), "page_dirty_or_writeback");
+        // 5.10 numbers the PTE checks lower and has the swap cache result 6.1 dropped.
+        let v5_10 = names_of(&scan_result_5_10());
+        assert_eq!(
+            [3, 8, 21, 26].map(|v| v5_10.name(v)),
+            ["exceed_none_pte", "page_ro", "swap_cache_page", "page_has_private"]
+        );
     }
 
     /// Every result any generation declares has a meaning, and the tracefs spelling maps onto it.
     #[test]
     fn every_declared_result_has_a_meaning_under_either_spelling() {
-        for declared in [SCAN_RESULT_6_1.to_vec(), scan_result_6_12(), scan_result_6_18(), scan_result_7_2()] {
+        let generations =
+            [scan_result_5_10(), SCAN_RESULT_6_1.to_vec(), scan_result_6_12(), scan_result_6_18(), scan_result_7_2()];
+        for declared in generations {
             for name in declared {
                 let short = name.strip_prefix("SCAN_").unwrap().to_ascii_lowercase();
                 assert!(meaning(&short).is_some(), "{name} has no meaning");

@@ -88,7 +88,7 @@ pub fn examine() -> Result<Report> {
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[])?;
         let mut plan = match capability {
             // The allow-check is not tried where its calls cannot be decoded (before 6.0).
-            CapabilityId::Thp => thp_why::live::attach_catalog(&kernel, &mut ebpf, capability.catalog()),
+            CapabilityId::Thp => thp_why::probes::attach_catalog(&kernel, &mut ebpf, capability.catalog()),
             _ => planner.attach_all(&mut ebpf, capability.catalog()),
         };
         if *capability == CapabilityId::Invalidations {

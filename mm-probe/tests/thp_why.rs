@@ -267,7 +267,7 @@ fn kernel_facts() -> &'static KernelFacts {
         let split_disable_bits =
             matches!(btf.as_deref().map(ThpDisableBits::from_btf), Some(ThpDisableBits::Split { .. }));
         let mut ebpf = load_object(&kernel, MapFamily::ALL, &[]).unwrap();
-        let plan = mm_probe::thp_why::live::attach_catalog(&kernel, &mut ebpf, &[probes::ALLOW_CHECK]);
+        let plan = mm_probe::thp_why::probes::attach_catalog(&kernel, &mut ebpf, &[probes::ALLOW_CHECK]);
         let plan = plan.get(probes::ALLOW_CHECK.name).unwrap();
         let allow_check_unavailable = (!plan.attached()).then(|| plan.why_unavailable());
         let thp_built_in = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").is_dir();

@@ -60,7 +60,7 @@ impl Slice for ThpSlice {
         let (allow_check, bits) = self.decoding.into_inner().unwrap_or_else(|| thp_allow_check(kernel));
         // Only the allow-check: the faults, prctl and mmap_lock probes serve one target process.
         let probes = [ALLOW_CHECK];
-        let plan = live::attach_catalog(kernel, ebpf, &probes);
+        let plan = super::probes::attach_catalog(kernel, ebpf, &probes);
         let attached = Attached { capability: CapabilityId::Thp, plan, programs: catalog_programs(&probes) };
         let checks_seen = attached.plan.probes.iter().any(|p| p.attached());
         Ok(Source { attached, reader: Box::new(ThpReader { checks_seen, allow_check, bits }) })

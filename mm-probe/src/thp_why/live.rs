@@ -24,7 +24,7 @@ use super::{
 use crate::{
     collect::{RingReader, counters::percpu_sums},
     kernel::{Kernel, tracefs},
-    probes::{AttachFailure, Attempt, GlobalValue, LogicalProbe, Outcome, Plan, Planner, ProbePlan},
+    probes::{GlobalValue, LogicalProbe, Plan},
 };
 
 /// What the kernel programs counted, summed over CPUs.
@@ -141,7 +141,7 @@ impl Live {
     /// what did not. The prctl ring is read only when its probe attached, and then a tokio
     /// reactor must be running.
     pub fn attach(kernel: &Kernel, ebpf: &mut Ebpf, catalog: &[LogicalProbe]) -> Result<Self> {
-        let plan = attach_catalog(kernel, ebpf, catalog);
+        let plan = probes::attach_catalog(kernel, ebpf, catalog);
         let prctl = if plan.is_attached(probes::PRCTL.name) {
             let map = ebpf.take_map(names::PRCTL_EVENTS).context("prctl ring buffer missing from the object")?;
             Some(RingReader::new(map)?)
@@ -193,32 +193,6 @@ impl Live {
             None => std::future::pending().await,
         }
     }
-}
-
-/// Attaches `catalog`, except the allow-check where its calls cannot be counted: that probe is
-/// not tried (a kprobe on 5.x's two-argument hugepage_vma_check would decode garbage) and the
-/// plan says why.
-pub fn attach_catalog(kernel: &Kernel, ebpf: &mut Ebpf, catalog: &[LogicalProbe]) -> Plan {
-    let Some(why) = AllowCheck::uncountable(kernel) else {
-        return Planner::new(kernel).attach_all(ebpf, catalog);
-    };
-    let others: Vec<LogicalProbe> = catalog.iter().filter(|p| p.name != probes::ALLOW_CHECK.name).copied().collect();
-    let mut plan = Planner::new(kernel).attach_all(ebpf, &others);
-    if others.len() < catalog.len() {
-        let attempt = Attempt {
-            mechanism: "fexit".into(),
-            target: "hugepage_vma_check".into(),
-            reason: AttachFailure::Other(why),
-        };
-        let untried = ProbePlan {
-            probe: probes::ALLOW_CHECK.name,
-            purpose: probes::ALLOW_CHECK.purpose,
-            outcome: Outcome::Unavailable,
-            failed_attempts: vec![attempt],
-        };
-        plan.probes.insert(0, untried);
-    }
-    plan
 }
 
 #[cfg(test)]

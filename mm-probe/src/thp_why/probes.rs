@@ -1,8 +1,14 @@
 //! The kernel hooks thp-why uses, best first.
 
+use aya::Ebpf;
+
+use super::checks::AllowCheck;
 use crate::{
     function_probe,
-    probes::{Candidate, Hook, LogicalProbe, Mechanism, Target},
+    kernel::Kernel,
+    probes::{
+        AttachFailure, Attempt, Candidate, Hook, LogicalProbe, Mechanism, Outcome, Plan, Planner, ProbePlan, Target,
+    },
     tracepoint_probe,
 };
 
@@ -60,3 +66,29 @@ pub const KHUGEPAGED_SCAN_FILE: LogicalProbe = tracepoint_probe!(
 
 pub const PROBES: &[LogicalProbe] =
     &[ALLOW_CHECK, PAGE_FAULTS, PRCTL, MMAP_LOCK, KHUGEPAGED_SCAN, KHUGEPAGED_SCAN_FILE];
+
+/// Attaches `catalog`, except the allow-check where its calls cannot be counted: that probe is
+/// not tried (a kprobe on 5.x's two-argument hugepage_vma_check would decode garbage) and the
+/// plan says why.
+pub fn attach_catalog(kernel: &Kernel, ebpf: &mut Ebpf, catalog: &[LogicalProbe]) -> Plan {
+    let Some(why) = AllowCheck::uncountable(kernel) else {
+        return Planner::new(kernel).attach_all(ebpf, catalog);
+    };
+    let others: Vec<LogicalProbe> = catalog.iter().filter(|p| p.name != ALLOW_CHECK.name).copied().collect();
+    let mut plan = Planner::new(kernel).attach_all(ebpf, &others);
+    if others.len() < catalog.len() {
+        let attempt = Attempt {
+            mechanism: "fexit".into(),
+            target: "hugepage_vma_check".into(),
+            reason: AttachFailure::Other(why),
+        };
+        let untried = ProbePlan {
+            probe: ALLOW_CHECK.name,
+            purpose: ALLOW_CHECK.purpose,
+            outcome: Outcome::Unavailable,
+            failed_attempts: vec![attempt],
+        };
+        plan.probes.insert(0, untried);
+    }
+    plan
+}

@@ -305,7 +305,6 @@ fn sched_probes(kernel: &Kernel) -> Vec<LogicalProbe> {
         .collect()
 }
 
-/// Whether a blocker's syscall can be read from its saved user registers.
 /// Whether a kretprobe's stack ends at the kretprobe trampoline. Before 5.15 the unwinder does
 /// not step over it; the series that taught it to also renamed the trampoline
 /// `__kretprobe_trampoline`, so the old name in kallsyms says which kernel this is.
@@ -313,6 +312,7 @@ fn return_stacks_end_at_trampoline(kernel: &Kernel) -> bool {
     kernel.kallsyms().is_ok_and(|k| k.address_of("kretprobe_trampoline").is_some())
 }
 
+/// Whether a blocker's syscall can be read from its saved user registers.
 pub fn syscall_attribution(kernel: &Kernel) -> Availability {
     let reason = kernel.registers_unreadable();
     Availability { available: reason.is_none(), reason }
